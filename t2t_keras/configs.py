@@ -114,8 +114,12 @@ class DataConfig:
     synthetic_task: "copy" or "reverse" (source "synthetic").
     synthetic_min_length / synthetic_max_length: lengths of synthetic sequences.
     synthetic_vocab_size: symbols used by the synthetic task (ids above reserved).
+    synthetic_train_size / synthetic_eval_size: examples generated per split.
     data_dir: where the vocabulary and tokenized caches live.
-    vocab_type: "bpe" (paper EN-DE), "unigram" or "wordpiece".
+    vocab_type: "bpe" (paper EN-DE) or "unigram" (SentencePiece unigram, the
+      word-piece-like EN-FR choice).
+    vocab_file: explicit SentencePiece model path; None = a name derived from the
+      data inside data_dir. Built there if missing, reused if present.
     vocab_size: target size of the shared subword vocabulary.
     vocab_sample_sentences: sentences sampled to train the vocabulary.
     max_length: pairs with more tokens on either side are dropped (and counted).
@@ -140,8 +144,11 @@ class DataConfig:
   synthetic_min_length: int = 1
   synthetic_max_length: int = 10
   synthetic_vocab_size: int = 16
+  synthetic_train_size: int = 100_000
+  synthetic_eval_size: int = 1_000
   data_dir: Optional[str] = None
   vocab_type: str = "bpe"
+  vocab_file: Optional[str] = None
   vocab_size: int = 8000
   vocab_sample_sentences: int = 1_000_000
   max_length: int = 256
