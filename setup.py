@@ -1,0 +1,29 @@
+"""t2t_keras: the Transformer of "Attention Is All You Need" in TensorFlow 2 / Keras 3."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="t2t_keras",
+    version="0.1.0",
+    description="The paper's Transformer and tensor2tensor's training setup in "
+                "TensorFlow 2 / Keras 3",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["t2t_keras", "t2t_keras.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "tensorflow>=2.21,<2.22",
+        # tensorflow-text must match tensorflow's minor version (its kernels link to it).
+        "tensorflow-text>=2.21,<2.22",
+        "keras>=3.15",
+        "tensorflow-datasets>=4.9",
+        "sacrebleu>=2.4",
+        "absl-py>=2.1",
+        "sentencepiece>=0.2",
+        "matplotlib>=3.8",  # attention maps and learning curves
+    ],
+    extras_require={
+        "test": ["pytest>=8", "pytest-timeout"],
+        "serving": ["tensorflow-serving-api>=2.21,<2.22", "requests"],
+    },
+)

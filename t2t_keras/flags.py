@@ -1,0 +1,299 @@
+"""Every absl flag of t2t_keras, grouped, with validators; FLAGS -> frozen dataclasses.
+
+Entry points (train, decode, export, evaluate) call `define_*` for the groups they use
+and then turn FLAGS into configs with the `*_config` functions below: library code
+never reads FLAGS. Names follow tensor2tensor's hparams so its users recognise them.
+
+Presets are flagfiles under flags/ (`--flagfile=flags/base_en_de.cfg`); a flagfile can
+include another, and later flags override earlier ones. Relative paths in flagfiles
+resolve from the current directory: run the commands from the repository root.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from absl import flags
+
+from t2t_keras.configs import DataConfig, DecodeConfig, ModelConfig, TrainConfig
+
+FLAGS = flags.FLAGS
+
+
+class _Definer:
+  """absl's DEFINE_* and validators bound to one FlagValues (tests use fresh ones)."""
+
+  def __init__(self, flag_values):
+    self.flag_values = flag_values
+
+  def __getattr__(self, name):
+    return functools.partial(getattr(flags, name), flag_values=self.flag_values)
+
+
+def _once(first_flag):
+  """Lets several entry points define the same group without duplicate errors."""
+  def wrapper(fn):
+    @functools.wraps(fn)
+    def define(flag_values=FLAGS):
+      if first_flag not in flag_values:
+        fn(_Definer(flag_values))
+    return define
+  return wrapper
+
+
+@_once("vocab_size")
+def define_model_flags(f):
+  """Architecture flags (paper section 3 and Table 3)."""
+  d = ModelConfig()
+  f.DEFINE_integer("vocab_size", d.vocab_size,
+                       "Shared source/target subword vocabulary size (paper EN-DE ~37000).")
+  f.DEFINE_integer("hidden_size", d.hidden_size, "d_model.")
+  f.DEFINE_integer("filter_size", d.filter_size, "d_ff, feed-forward inner size.")
+  f.DEFINE_integer("num_heads", d.num_heads, "h, attention heads.")
+  f.DEFINE_integer("num_hidden_layers", d.num_hidden_layers,
+                       "N, layers in each stack.")
+  f.DEFINE_integer("num_encoder_layers", 0, "Encoder layers; 0 = num_hidden_layers.")
+  f.DEFINE_integer("num_decoder_layers", 0, "Decoder layers; 0 = num_hidden_layers.")
+  f.DEFINE_integer("key_size", 0,
+                       "d_k per head (Table 3 A, B); 0 = hidden_size / num_heads.")
+  f.DEFINE_integer("value_size", 0,
+                       "d_v per head (Table 3 A); 0 = hidden_size / num_heads.")
+  f.DEFINE_float("layer_prepostprocess_dropout", d.layer_prepostprocess_dropout,
+                     "P_drop: residual and embedding dropout (paper 0.1, big EN-DE 0.3).")
+  f.DEFINE_float("attention_dropout", d.attention_dropout,
+                     "Dropout on attention probabilities.")
+  f.DEFINE_float("relu_dropout", d.relu_dropout, "Dropout after the FFN ReLU.")
+  f.DEFINE_enum("position_embedding", d.position_embedding, ["sinusoid", "learned"],
+                    "Sinusoidal (paper) or learned (Table 3 row E) positions.")
+  f.DEFINE_integer("max_position", d.max_position,
+                       "Positions a learned position table covers.")
+  f.DEFINE_boolean("pre_norm", d.pre_norm,
+                       "LayerNorm before each sublayer (t2t's later default); "
+                       "false = post-norm as in the paper.")
+  f.DEFINE_float("norm_epsilon", d.norm_epsilon, "LayerNorm epsilon.")
+  f.DEFINE_boolean("shared_embeddings", d.shared_embeddings,
+                       "One matrix for source/target embeddings and the pre-softmax layer.")
+  f.DEFINE_enum("dtype", d.dtype, ["float32", "bfloat16", "mixed_float16"],
+                    "Compute precision; variables, logits and loss stay float32.")
+  for name in ("vocab_size", "hidden_size", "filter_size", "num_heads",
+               "num_hidden_layers", "max_position"):
+    f.register_validator(name, lambda v: v > 0, message=f"--{name} must be positive.")
+  for name in ("num_encoder_layers", "num_decoder_layers", "key_size", "value_size"):
+    f.register_validator(name, lambda v: v >= 0,
+                             message=f"--{name} must be >= 0 (0 = default).")
+  for name in ("layer_prepostprocess_dropout", "attention_dropout", "relu_dropout"):
+    f.register_validator(name, lambda v: 0.0 <= v < 1.0,
+                             message=f"--{name} must be in [0, 1).")
+
+  @f.multi_flags_validator(["hidden_size", "num_heads", "key_size", "value_size"])
+  def _heads_divide(v):
+    if v["key_size"] and v["value_size"]:
+      return True
+    if v["num_heads"] > 0 and v["hidden_size"] % v["num_heads"]:
+      raise flags.ValidationError(
+          f"--hidden_size={v['hidden_size']} is not divisible by --num_heads="
+          f"{v['num_heads']}: choose sizes that divide, or set --key_size and "
+          "--value_size (d_k, d_v per head) explicitly.")
+    return True
+
+
+@_once("data_source")
+def define_data_flags(f):
+  """Where the sentence pairs come from and how they are batched."""
+  d = DataConfig()
+  f.DEFINE_enum("data_source", d.source, ["files", "tfds", "synthetic", "parsing"],
+                    "files: --train_src/--train_tgt; tfds: --tfds_name; synthetic: an "
+                    "offline algorithmic task (--synthetic_task); parsing: .mrg trees.")
+  f.DEFINE_string("train_src", None, "Training source file, one sentence per line.")
+  f.DEFINE_string("train_tgt", None, "Training target file, line-aligned with source.")
+  f.DEFINE_string("dev_src", None, "Dev source file (evaluation during training).")
+  f.DEFINE_string("dev_tgt", None, "Dev target file.")
+  f.DEFINE_string("tfds_name", d.tfds_name, "tensorflow-datasets name.")
+  f.DEFINE_string("tfds_data_dir", None, "tensorflow-datasets data directory.")
+  f.DEFINE_string("source_lang", d.source_lang, "Source language (TFDS direction).")
+  f.DEFINE_string("target_lang", d.target_lang, "Target language (TFDS direction).")
+  f.DEFINE_enum("synthetic_task", d.synthetic_task, ["copy", "reverse"],
+                    "Offline algorithmic task.")
+  f.DEFINE_integer("synthetic_min_length", d.synthetic_min_length,
+                       "Shortest synthetic sequence.")
+  f.DEFINE_integer("synthetic_max_length", d.synthetic_max_length,
+                       "Longest synthetic sequence.")
+  f.DEFINE_integer("synthetic_vocab_size", d.synthetic_vocab_size,
+                       "Distinct symbols of the synthetic task.")
+  f.DEFINE_string("data_dir", None,
+                      "Where the vocabulary and tokenized caches live (default: model_dir).")
+  f.DEFINE_enum("vocab_type", d.vocab_type, ["bpe", "unigram", "wordpiece"],
+                    "Subword model: bpe (paper EN-DE) or unigram/wordpiece (EN-FR).")
+  f.DEFINE_integer("vocab_sample_sentences", d.vocab_sample_sentences,
+                       "Sentences sampled from the training data to build the vocabulary.")
+  f.DEFINE_integer("max_length", d.max_length,
+                       "Pairs with more subword tokens on either side are dropped (counted).")
+  f.DEFINE_integer("batch_size", d.batch_size,
+                       "Token budget per replica per batch (t2t semantics).")
+  f.DEFINE_boolean("static_shapes", d.static_shapes,
+                       "Pad every batch to its bucket boundary with a fixed batch size "
+                       "per bucket (TPU / XLA).")
+  f.DEFINE_integer("shuffle_buffer", d.shuffle_buffer, "Shuffle buffer in examples.")
+  f.DEFINE_boolean("skip_invalid_utf8", d.skip_invalid_utf8,
+                       "Skip and count lines with invalid UTF-8 instead of failing.")
+  for name in ("max_length", "batch_size", "synthetic_vocab_size", "synthetic_max_length",
+               "vocab_sample_sentences"):
+    f.register_validator(name, lambda v: v > 0, message=f"--{name} must be positive.")
+
+  @f.multi_flags_validator(["data_source", "train_src", "train_tgt"])
+  def _files_given(v):
+    if v["data_source"] in ("files", "parsing") and not v["train_src"]:
+      raise flags.ValidationError(
+          f"--data_source={v['data_source']} needs --train_src (and --train_tgt for "
+          "files): name the training files, or use --data_source=synthetic.")
+    if v["data_source"] == "files" and not v["train_tgt"]:
+      raise flags.ValidationError("--data_source=files needs --train_tgt.")
+    return True
+
+  @f.multi_flags_validator(["data_source", "dev_src", "dev_tgt"])
+  def _dev_pair(v):
+    if v["data_source"] != "parsing" and bool(v["dev_src"]) != bool(v["dev_tgt"]):
+      raise flags.ValidationError("--dev_src and --dev_tgt go together: give both or "
+                                  "neither.")
+    return True
+
+  @f.multi_flags_validator(["batch_size", "max_length"])
+  def _batch_fits(v):
+    if v["batch_size"] < v["max_length"]:
+      raise flags.ValidationError(
+          f"--batch_size={v['batch_size']} tokens cannot hold one sentence of "
+          f"--max_length={v['max_length']}; raise --batch_size or lower --max_length.")
+    return True
+
+
+@_once("model_dir")
+def define_train_flags(f):
+  """Optimisation, distribution and checkpointing."""
+  d = TrainConfig()
+  f.DEFINE_string("model_dir", None, "Checkpoints, summaries, vocabulary, flags.")
+  f.DEFINE_integer("train_steps", d.train_steps, "Total optimizer updates.")
+  f.DEFINE_enum("learning_rate_schedule", d.learning_rate_schedule, ["paper", "t2t"],
+                    "paper: d^-0.5 min(s^-0.5, s w^-1.5); t2t: constant * "
+                    "min(1, s/w) * rsqrt(max(s, w)) * d^-0.5.")
+  f.DEFINE_float("learning_rate", d.learning_rate,
+                     "Multiplier of the schedule (paper 1.0, t2t 2.0).")
+  f.DEFINE_integer("learning_rate_warmup_steps", d.learning_rate_warmup_steps,
+                       "Warm-up steps (paper 4000, t2t 8000).")
+  f.DEFINE_float("adam_beta1", d.adam_beta1, "Adam beta1.")
+  f.DEFINE_float("adam_beta2", d.adam_beta2, "Adam beta2 (paper 0.98, t2t 0.997).")
+  f.DEFINE_float("adam_epsilon", d.adam_epsilon, "Adam epsilon.")
+  f.DEFINE_float("label_smoothing", d.label_smoothing, "eps_ls.")
+  f.DEFINE_float("clip_grad_norm", d.clip_grad_norm, "Global norm clip; 0 = off.")
+  f.DEFINE_enum("strategy", d.strategy,
+                    ["default", "mirrored", "multi_worker_mirrored", "tpu"],
+                    "tf.distribute strategy.")
+  f.DEFINE_string("tpu", None, "Cloud TPU name or address (--strategy=tpu).")
+  f.DEFINE_integer("num_logical_devices", 0,
+                       "Split the CPU into N logical devices (testing distribution).")
+  f.DEFINE_boolean("jit_compile", d.jit_compile, "Compile train steps with XLA.")
+  f.DEFINE_integer("steps_per_loop", d.steps_per_loop,
+                       "Train steps per host call (TPU).")
+  f.DEFINE_integer("accum_steps", d.accum_steps,
+                       "Micro-batches accumulated per update.")
+  f.DEFINE_integer("seed", d.seed, "Random seed for initialisation and shuffling.")
+  f.DEFINE_boolean("deterministic", d.deterministic,
+                       "Deterministic ops (bitwise reproducible resume).")
+  f.DEFINE_integer("log_every", d.log_every, "Steps between progress lines.")
+  f.DEFINE_integer("eval_every", d.eval_every, "Steps between dev evaluations.")
+  f.DEFINE_integer("eval_steps", d.eval_steps, "Dev batches per evaluation; 0 = all.")
+  f.DEFINE_integer("save_checkpoint_steps", d.save_checkpoint_steps,
+                       "Steps between checkpoints.")
+  f.DEFINE_float("save_checkpoint_minutes", d.save_checkpoint_minutes,
+                     "Minutes between checkpoints (paper: 10).")
+  f.DEFINE_integer("keep_checkpoint_max", d.keep_checkpoint_max,
+                       "Checkpoints kept (paper averages the last 5 or 20).")
+  for name in ("train_steps", "learning_rate_warmup_steps", "steps_per_loop", "accum_steps",
+               "log_every", "eval_every", "save_checkpoint_steps", "keep_checkpoint_max"):
+    f.register_validator(name, lambda v: v > 0, message=f"--{name} must be positive.")
+  f.register_validator("label_smoothing", lambda v: 0.0 <= v < 1.0,
+                           message="--label_smoothing must be in [0, 1).")
+
+  @f.multi_flags_validator(["strategy", "tpu"])
+  def _tpu_named(v):
+    if v["strategy"] == "tpu" and v["tpu"] is None:
+      raise flags.ValidationError("--strategy=tpu needs --tpu (a Cloud TPU name, "
+                                  "'local' on a TPU VM, or grpc://host:port).")
+    return True
+
+
+@_once("beam_size")
+def define_decode_flags(f):
+  """Beam search (paper: beam 4, alpha 0.6, input length + 50)."""
+  d = DecodeConfig()
+  f.DEFINE_integer("beam_size", d.beam_size, "Beam size; 1 = greedy.")
+  f.DEFINE_float("alpha", d.alpha, "GNMT length penalty exponent.")
+  f.DEFINE_integer("extra_decode_length", d.extra_decode_length,
+                       "Maximum output length = input length + this.")
+  f.DEFINE_boolean("return_beams", d.return_beams, "Output every beam with its score.")
+  f.DEFINE_integer("decode_batch_size", d.batch_size, "Sentences per decoding batch.")
+  f.register_validator("beam_size", lambda v: v > 0, message="--beam_size must be > 0.")
+  f.register_validator("alpha", lambda v: v >= 0, message="--alpha must be >= 0.")
+
+
+def define_all(flag_values=FLAGS):
+  define_model_flags(flag_values)
+  define_data_flags(flag_values)
+  define_train_flags(flag_values)
+  define_decode_flags(flag_values)
+
+
+def model_config(vocab_size=None, fv=FLAGS) -> ModelConfig:
+  """ModelConfig from FLAGS (vocab_size from the built vocabulary when given)."""
+  return ModelConfig(
+      vocab_size=vocab_size or fv.vocab_size, hidden_size=fv.hidden_size,
+      filter_size=fv.filter_size, num_heads=fv.num_heads,
+      num_hidden_layers=fv.num_hidden_layers,
+      num_encoder_layers=fv.num_encoder_layers,
+      num_decoder_layers=fv.num_decoder_layers, key_size=fv.key_size,
+      value_size=fv.value_size,
+      layer_prepostprocess_dropout=fv.layer_prepostprocess_dropout,
+      attention_dropout=fv.attention_dropout, relu_dropout=fv.relu_dropout,
+      position_embedding=fv.position_embedding, max_position=fv.max_position,
+      pre_norm=fv.pre_norm, norm_epsilon=fv.norm_epsilon,
+      shared_embeddings=fv.shared_embeddings, dtype=fv.dtype).validate()
+
+
+def data_config(fv=FLAGS) -> DataConfig:
+  return DataConfig(
+      source=fv.data_source, train_src=fv.train_src, train_tgt=fv.train_tgt,
+      dev_src=fv.dev_src, dev_tgt=fv.dev_tgt, tfds_name=fv.tfds_name,
+      tfds_data_dir=fv.tfds_data_dir, source_lang=fv.source_lang,
+      target_lang=fv.target_lang, synthetic_task=fv.synthetic_task,
+      synthetic_min_length=fv.synthetic_min_length,
+      synthetic_max_length=fv.synthetic_max_length,
+      synthetic_vocab_size=fv.synthetic_vocab_size,
+      data_dir=fv.data_dir or (fv.model_dir if "model_dir" in fv else None),
+      vocab_type=fv.vocab_type, vocab_size=fv.vocab_size,
+      vocab_sample_sentences=fv.vocab_sample_sentences, max_length=fv.max_length,
+      batch_size=fv.batch_size, static_shapes=fv.static_shapes,
+      shuffle_buffer=fv.shuffle_buffer, seed=fv.seed if "seed" in fv else 1,
+      skip_invalid_utf8=fv.skip_invalid_utf8)
+
+
+def train_config(fv=FLAGS) -> TrainConfig:
+  return TrainConfig(
+      model_dir=fv.model_dir, train_steps=fv.train_steps,
+      learning_rate_schedule=fv.learning_rate_schedule,
+      learning_rate=fv.learning_rate,
+      learning_rate_warmup_steps=fv.learning_rate_warmup_steps,
+      adam_beta1=fv.adam_beta1, adam_beta2=fv.adam_beta2,
+      adam_epsilon=fv.adam_epsilon, label_smoothing=fv.label_smoothing,
+      clip_grad_norm=fv.clip_grad_norm, strategy=fv.strategy, tpu=fv.tpu,
+      num_logical_devices=fv.num_logical_devices, jit_compile=fv.jit_compile,
+      steps_per_loop=fv.steps_per_loop, accum_steps=fv.accum_steps, seed=fv.seed,
+      deterministic=fv.deterministic, log_every=fv.log_every,
+      eval_every=fv.eval_every, eval_steps=fv.eval_steps,
+      save_checkpoint_steps=fv.save_checkpoint_steps,
+      save_checkpoint_minutes=fv.save_checkpoint_minutes,
+      keep_checkpoint_max=fv.keep_checkpoint_max)
+
+
+def decode_config(fv=FLAGS) -> DecodeConfig:
+  return DecodeConfig(beam_size=fv.beam_size, alpha=fv.alpha,
+                      extra_decode_length=fv.extra_decode_length,
+                      return_beams=fv.return_beams, batch_size=fv.decode_batch_size)

@@ -1,0 +1,231 @@
+"""The Transformer encoder-decoder (paper section 3) as a Keras 3 Model.
+
+Shapes: B batch, S source length, T target length, L cache length, D d_model, V vocab.
+
+Data convention (shared with the data pipeline): `inputs` are source ids + EOS and
+`targets` are target ids + EOS, both padded with PAD_ID = 0. The model shifts targets
+right itself (decoder inputs are BOS followed by targets[:, :-1]), so the logits at
+position t predict targets[:, t].
+
+Besides `call` (teacher forcing), the model exposes the pieces decoding needs:
+`encode`, `cross_key_values` (encoder keys/values projected once per source),
+`init_cache` (fixed-size self-attention caches) and `decode_step` (one token for
+every sequence, returning the updated cache). Beam search (beam_search.py) drives them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import keras
+from keras import ops
+
+from t2t_keras import BOS_ID, PAD_ID
+from t2t_keras.configs import ModelConfig
+from t2t_keras.layers import (DecoderLayer, EncoderLayer, LearnedPosition,
+                              SharedEmbedding, SinusoidalPosition)
+
+_POLICIES = {"float32": "float32", "bfloat16": "mixed_bfloat16",
+             "mixed_bfloat16": "mixed_bfloat16", "mixed_float16": "mixed_float16"}
+
+
+def dtype_policy(dtype: str) -> str:
+  """Keras policy for a --dtype value: variables stay float32 under bf16/fp16."""
+  return _POLICIES[dtype]
+
+
+def padding_mask(ids):
+  """(B, S) ids -> boolean (B, 1, 1, S), True at real (non-PAD) positions."""
+  return ops.not_equal(ids, PAD_ID)[:, None, None, :]
+
+
+def causal_mask(length):
+  """Boolean (1, 1, T, T): position t may attend to positions <= t."""
+  positions = ops.arange(length)
+  return (positions[None, :] <= positions[:, None])[None, None]
+
+
+def shift_right(targets):
+  """(B, T) targets -> (B, T) decoder inputs: BOS, targets[:, :-1]."""
+  bos = ops.full_like(targets[:, :1], BOS_ID)
+  return ops.concatenate([bos, targets[:, :-1]], axis=1)
+
+
+@keras.saving.register_keras_serializable(package="t2t_keras")
+class Transformer(keras.Model):
+  """Encoder-decoder Transformer with shared embeddings and float32 logits.
+
+  Args:
+    config: a ModelConfig (or its dict form, as stored by get_config).
+
+  Call arguments:
+    inputs: dict with "inputs" (B, S) and "targets" (B, T) int ids.
+    training: whether dropout is active.
+
+  Returns:
+    float32 logits (B, T, V).
+  """
+
+  def __init__(self, config, **kwargs):
+    if isinstance(config, dict):
+      config = ModelConfig(**config)
+    config.validate()
+    kwargs.setdefault("dtype", dtype_policy(config.dtype))
+    kwargs.setdefault("name", "transformer")
+    super().__init__(**kwargs)
+    self.model_config = config
+
+  # ---------------------------------------------------------------- building
+  def build(self, input_shape=None):
+    c = self.model_config
+    policy = self.dtype_policy
+    if c.shared_embeddings:
+      shared = SharedEmbedding(c.vocab_size, c.hidden_size, dtype=policy, name="embedding")
+      self.source_embedding = self.target_embedding = self.softmax_embedding = shared
+      embeddings = [shared]
+    else:
+      self.source_embedding = SharedEmbedding(
+          c.vocab_size, c.hidden_size, dtype=policy, name="source_embedding")
+      self.target_embedding = SharedEmbedding(
+          c.vocab_size, c.hidden_size, dtype=policy, name="target_embedding")
+      self.softmax_embedding = SharedEmbedding(
+          c.vocab_size, c.hidden_size, dtype=policy, name="softmax")
+      embeddings = [self.source_embedding, self.target_embedding, self.softmax_embedding]
+    for embedding in embeddings:
+      embedding.build()
+    if c.position_embedding == "learned":
+      self.encoder_position = LearnedPosition(c.max_position, c.hidden_size, dtype=policy,
+                                              name="encoder_position")
+      self.decoder_position = LearnedPosition(c.max_position, c.hidden_size, dtype=policy,
+                                              name="decoder_position")
+    else:
+      self.encoder_position = SinusoidalPosition(dtype=policy, name="encoder_position")
+      self.decoder_position = SinusoidalPosition(dtype=policy, name="decoder_position")
+    self.encoder_position.build((None, None, c.hidden_size))
+    self.decoder_position.build((None, None, c.hidden_size))
+    self.encoder_dropout = keras.layers.Dropout(
+        c.layer_prepostprocess_dropout, dtype=policy, name="encoder_embedding_dropout")
+    self.decoder_dropout = keras.layers.Dropout(
+        c.layer_prepostprocess_dropout, dtype=policy, name="decoder_embedding_dropout")
+    layer_args = dict(hidden_size=c.hidden_size, filter_size=c.filter_size,
+                      num_heads=c.num_heads, key_size=c.head_key_size,
+                      value_size=c.head_value_size, dropout=c.layer_prepostprocess_dropout,
+                      attention_dropout=c.attention_dropout, relu_dropout=c.relu_dropout,
+                      pre_norm=c.pre_norm, norm_epsilon=c.norm_epsilon, dtype=policy)
+    shape = (None, None, c.hidden_size)
+    self.encoder_layers = [EncoderLayer(name=f"encoder_layer_{i}", **layer_args)
+                           for i in range(c.encoder_layers)]
+    self.decoder_layers = [DecoderLayer(name=f"decoder_layer_{i}", **layer_args)
+                           for i in range(c.decoder_layers)]
+    for layer in self.encoder_layers + self.decoder_layers:
+      layer.build(shape)
+    if c.pre_norm:  # pre-norm stacks end with a norm; post-norm ones already did
+      self.encoder_norm = keras.layers.LayerNormalization(
+          epsilon=c.norm_epsilon, dtype=policy, name="encoder_norm")
+      self.decoder_norm = keras.layers.LayerNormalization(
+          epsilon=c.norm_epsilon, dtype=policy, name="decoder_norm")
+      self.encoder_norm.build(shape)
+      self.decoder_norm.build(shape)
+    self.built = True
+
+  # ---------------------------------------------------------------- teacher forcing
+  def encode(self, inputs, training=None, return_attention=False):
+    """Encodes source ids (B, S).
+
+    Returns:
+      (encoded (B, S, D), memory_mask (B, 1, 1, S)); plus a list of per-layer
+      self-attention probabilities (B, H, S, S) if `return_attention`.
+    """
+    mask = padding_mask(inputs)
+    x = self.encoder_position(self.source_embedding(inputs))
+    x = self.encoder_dropout(x, training=training)
+    maps = []
+    for layer in self.encoder_layers:
+      x, probs = layer(x, attention_mask=mask, training=training, return_attention=True)
+      maps.append(probs)
+    if self.model_config.pre_norm:
+      x = self.encoder_norm(x)
+    return (x, mask, maps) if return_attention else (x, mask)
+
+  def decode(self, targets, encoded, memory_mask, training=None, return_attention=False):
+    """Teacher-forced decoder pass over targets (B, T) given the encoder output.
+
+    Returns:
+      float32 logits (B, T, V); plus a list of per-layer (self, cross) probabilities
+      if `return_attention`.
+    """
+    x = self.decoder_position(self.target_embedding(shift_right(targets)))
+    x = self.decoder_dropout(x, training=training)
+    self_mask = causal_mask(ops.shape(targets)[1])
+    maps = []
+    for layer in self.decoder_layers:
+      x, probs = layer(x, self_mask=self_mask, memory_mask=memory_mask, memory=encoded,
+                       training=training, return_attention=True)
+      maps.append(probs)
+    logits = self._logits(x)
+    return (logits, maps) if return_attention else logits
+
+  def call(self, inputs, training=None):
+    encoded, memory_mask = self.encode(inputs["inputs"], training=training)
+    return self.decode(inputs["targets"], encoded, memory_mask, training=training)
+
+  def _logits(self, x):
+    if self.model_config.pre_norm:
+      x = self.decoder_norm(x)
+    return self.softmax_embedding.logits(x)
+
+  # ---------------------------------------------------------------- incremental decoding
+  def cross_key_values(self, encoded):
+    """Projects the encoder output once per source: a (key, value) pair per layer."""
+    return [layer.cross_attention.compute_key_value(encoded) for layer in self.decoder_layers]
+
+  def init_cache(self, batch_size, max_length):
+    """Zero self-attention caches: per layer {"key": (B, L, H, Dk), "value": (B, L, H, Dv)}."""
+    c = self.model_config
+    dtype = self.compute_dtype
+    return [{"key": ops.zeros((batch_size, max_length, c.num_heads, c.head_key_size), dtype),
+             "value": ops.zeros((batch_size, max_length, c.num_heads, c.head_value_size),
+                                dtype)}
+            for _ in self.decoder_layers]
+
+  def decode_step(self, ids, index, cache, cross_key_values, memory_mask):
+    """Decodes one position for every sequence.
+
+    Args:
+      ids: (B,) the previous token of each sequence (BOS at index 0).
+      index: scalar int, the position being decoded (0-based).
+      cache: list of per-layer caches from `init_cache` (or a previous step).
+      cross_key_values: from `cross_key_values(encoded)`.
+      memory_mask: (B, 1, 1, S) source padding mask.
+
+    Returns:
+      (float32 logits (B, V) for position `index`, updated cache).
+    """
+    x = self.target_embedding(ids[:, None])  # (B, 1, D)
+    x = self.decoder_position(x, start=index)
+    length = ops.shape(cache[0]["key"])[1]
+    self_mask = (ops.arange(length) <= index)[None, None, None, :]  # (1, 1, 1, L)
+    new_cache = []
+    for layer, layer_cache, key_value in zip(self.decoder_layers, cache, cross_key_values):
+      x, layer_cache = layer(x, self_mask=self_mask, memory_mask=memory_mask,
+                             cross_key_value=key_value, cache=layer_cache, cache_index=index)
+      new_cache.append(layer_cache)
+    return self._logits(x)[:, 0], new_cache
+
+  # ---------------------------------------------------------------- config
+  def get_config(self):
+    config = super().get_config()
+    config["config"] = dataclasses.asdict(self.model_config)
+    return config
+
+  @classmethod
+  def from_config(cls, config):
+    config = dict(config)
+    return cls(config.pop("config"), **config)
+
+
+def create_model(config: ModelConfig) -> Transformer:
+  """Builds a Transformer with all variables created (call inside a strategy scope)."""
+  model = Transformer(config)
+  model.build()
+  return model

@@ -1,0 +1,99 @@
+"""Layer-level checks: config round trips, the paper's formulas against NumPy."""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+
+from t2t_keras import layers
+from t2t_keras.layers.position import sinusoid
+
+LAYER_CASES = [
+    (layers.MultiHeadAttention, dict(num_heads=2, key_size=3, value_size=5, output_size=8,
+                                     attention_dropout=0.1)),
+    (layers.FeedForward, dict(filter_size=12, output_size=8, relu_dropout=0.2)),
+    (layers.SharedEmbedding, dict(vocab_size=11, hidden_size=8)),
+    (layers.LearnedPosition, dict(max_position=7, hidden_size=8)),
+    (layers.SinusoidalPosition, dict()),
+    (layers.Residual, dict(pre_norm=True, dropout=0.3, norm_epsilon=1e-3)),
+    (layers.EncoderLayer, dict(hidden_size=8, filter_size=12, num_heads=2, key_size=4,
+                               value_size=2, dropout=0.2, attention_dropout=0.1,
+                               relu_dropout=0.1, pre_norm=True, norm_epsilon=1e-5)),
+    (layers.DecoderLayer, dict(hidden_size=8, filter_size=12, num_heads=2, key_size=4,
+                               value_size=4, dropout=0.2, pre_norm=False)),
+]
+
+
+@pytest.mark.parametrize("cls,kwargs", LAYER_CASES, ids=[c.__name__ for c, _ in LAYER_CASES])
+def test_config_round_trip(cls, kwargs):
+  layer = cls(name="probe", **kwargs)
+  config = layer.get_config()
+  for key, value in kwargs.items():
+    assert config[key] == value, key
+  clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
+  assert type(clone) is cls
+  assert clone.get_config() == config
+
+
+def test_sinusoid_matches_paper_formula():
+  d = 6
+  table = np.asarray(sinusoid(np.arange(5), d))
+  for pos in range(5):
+    for i in range(d // 2):
+      angle = pos / 10000 ** (2 * i / d)
+      assert table[pos, 2 * i] == pytest.approx(math.sin(angle), abs=1e-6)
+      assert table[pos, 2 * i + 1] == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+def test_sinusoid_start_offset_matches_slice():
+  layer = layers.SinusoidalPosition()
+  x = np.zeros((1, 4, 8), "float32")
+  full = np.asarray(layer(np.zeros((1, 10, 8), "float32")))
+  np.testing.assert_allclose(np.asarray(layer(x, start=6)), full[:, 6:10], atol=1e-6)
+
+
+def test_attention_matches_numpy_reference():
+  rng = np.random.default_rng(0)
+  attention = layers.MultiHeadAttention(num_heads=2, key_size=3, value_size=4,
+                                        output_size=5)
+  attention.build((None, None, 5))
+  query = rng.normal(size=(1, 2, 5)).astype("float32")
+  memory = rng.normal(size=(1, 3, 5)).astype("float32")
+  mask = np.array([True, True, False])[None, None, None, :]
+  out, probs = attention(query, memory=memory, attention_mask=mask, return_attention=True)
+  wq, wk, wv, wo = (np.asarray(d.kernel) for d in (
+      attention.query_dense, attention.key_dense, attention.value_dense,
+      attention.output_dense))
+  q = np.einsum("btd,dhk->bhtk", query, wq)
+  k = np.einsum("bsd,dhk->bhsk", memory, wk)
+  v = np.einsum("bsd,dhk->bhsk", memory, wv)
+  logits = np.einsum("bhtk,bhsk->bhts", q, k) / math.sqrt(3)
+  logits[..., 2] = -np.inf  # masked position
+  expected_probs = np.exp(logits - logits.max(-1, keepdims=True))
+  expected_probs /= expected_probs.sum(-1, keepdims=True)
+  context = np.einsum("bhts,bhsk->bthk", expected_probs, v)
+  expected = np.einsum("bthk,hkd->btd", context, wo)
+  np.testing.assert_allclose(np.asarray(probs), expected_probs, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(out), expected, atol=1e-5)
+
+
+def test_feed_forward_is_relu_mlp():
+  rng = np.random.default_rng(1)
+  ffn = layers.FeedForward(filter_size=6, output_size=4)
+  ffn.build((None, None, 4))
+  x = rng.normal(size=(2, 3, 4)).astype("float32")
+  w1, b1 = np.asarray(ffn.filter_dense.kernel), np.asarray(ffn.filter_dense.bias)
+  w2, b2 = np.asarray(ffn.output_dense.kernel), np.asarray(ffn.output_dense.bias)
+  expected = np.maximum(0, x @ w1 + b1) @ w2 + b2
+  np.testing.assert_allclose(np.asarray(ffn(x)), expected, atol=1e-5)
+
+
+def test_embedding_scaled_and_tied():
+  emb = layers.SharedEmbedding(vocab_size=7, hidden_size=4)
+  emb.build()
+  table = np.asarray(emb.embeddings)
+  np.testing.assert_allclose(np.asarray(emb(np.array([[3]])))[0, 0], table[3] * 2.0,
+                             atol=1e-6)
+  hidden = np.ones((1, 4), "float32")
+  np.testing.assert_allclose(np.asarray(emb.logits(hidden)), hidden @ table.T, atol=1e-5)
