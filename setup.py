@@ -21,6 +21,7 @@ setup(
         "absl-py>=2.1",
         "sentencepiece>=0.2",
         "matplotlib>=3.8",  # attention maps and learning curves
+        "tensorboard>=2.20",  # tf.summary and the learning-curve tool
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-timeout"],

@@ -1,0 +1,1 @@
+"""Training: schedules, losses, distribution, checkpoints and the trainer loop."""

@@ -1,0 +1,70 @@
+"""Label-smoothed cross-entropy as SUMS over real target tokens (paper section 5.4).
+
+Each replica returns (loss_sum, token_count); the trainer divides by the GLOBAL token
+count, so 1 and N replicas make the same update for the same global batch, and
+metrics are sum / denominator rather than a mean of per-batch means.
+
+Smoothing spreads eps over the true vocabulary: the target gets 1 - eps and every
+other token except PAD gets eps / (V - 2); PAD gets nothing, and PAD positions are
+excluded from both the loss and the counts. As in tensor2tensor, the entropy of the
+smoothed target distribution is subtracted, so a perfect model scores 0 and the
+reported loss is comparable across eps (the constant does not change gradients).
+"""
+
+from __future__ import annotations
+
+import math
+
+from keras import ops
+
+from t2t_keras import PAD_ID
+
+
+def smoothing_constant(vocab_size: int, label_smoothing: float) -> float:
+  """Entropy of the smoothed one-hot target (0 without smoothing)."""
+  if label_smoothing <= 0:
+    return 0.0
+  confidence = 1.0 - label_smoothing
+  low = label_smoothing / (vocab_size - 2)
+  return -(confidence * math.log(confidence) + (vocab_size - 2) * low * math.log(low))
+
+
+def smoothed_cross_entropy(logits, targets, label_smoothing=0.1):
+  """Per-position smoothed cross-entropy minus its minimum.
+
+  Args:
+    logits: float (B, T, V).
+    targets: int (B, T), PAD_ID at padding.
+    label_smoothing: eps_ls.
+
+  Returns:
+    float32 (B, T) losses, zero at padding positions.
+  """
+  logits = ops.cast(logits, "float32")
+  vocab_size = logits.shape[-1]
+  log_probs = ops.log_softmax(logits, axis=-1)  # (B, T, V)
+  target_lp = ops.take_along_axis(log_probs, ops.cast(targets, "int32")[..., None],
+                                  axis=-1)[..., 0]  # (B, T)
+  if label_smoothing > 0:
+    confidence = 1.0 - label_smoothing
+    low = label_smoothing / (vocab_size - 2)
+    others = ops.sum(log_probs, axis=-1) - target_lp - log_probs[..., PAD_ID]  # (B, T)
+    loss = -(confidence * target_lp + low * others)
+    loss = loss - smoothing_constant(vocab_size, label_smoothing)
+  else:
+    loss = -target_lp
+  weights = ops.cast(ops.not_equal(targets, PAD_ID), "float32")
+  return loss * weights
+
+
+def loss_sums(logits, targets, label_smoothing=0.1):
+  """(smoothed loss sum, NLL sum, correct-token count, token count) over real tokens."""
+  weights = ops.cast(ops.not_equal(targets, PAD_ID), "float32")
+  loss = ops.sum(smoothed_cross_entropy(logits, targets, label_smoothing))
+  if label_smoothing > 0:
+    nll = ops.sum(smoothed_cross_entropy(logits, targets, 0.0))
+  else:
+    nll = loss
+  predictions = ops.cast(ops.argmax(logits, axis=-1), targets.dtype)
+  correct = ops.sum(ops.cast(ops.equal(predictions, targets), "float32") * weights)
+  return loss, nll, correct, ops.sum(weights)

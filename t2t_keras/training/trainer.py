@@ -1,0 +1,239 @@
+"""One strategy-agnostic training loop: a host loop around compiled device steps.
+
+The host loop logs progress, writes TensorBoard summaries, evaluates and checkpoints;
+the device function runs `steps_per_loop` steps per call (a `tf.range` loop, as TPUs
+need) with `strategy.run`. Each replica returns SUMS (loss, target tokens) and divides
+its loss by the GLOBAL token count, so 1 and N replicas make the same update for the
+same global batch; Keras' optimizer then sums the replicas' gradients.
+
+The step counter is `optimizer.iterations`; a `tf.train.CheckpointManager` keeps model
+and optimizer state, and the data position is replayed from the step count (see
+`_resuming`), so rerunning the same command resumes at the same step and data position.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Callable, Optional
+
+import keras
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from t2t_keras import PAD_ID
+from t2t_keras.configs import ModelConfig, TrainConfig
+from t2t_keras.model import create_model
+from t2t_keras.training import checkpoints, flops, losses
+from t2t_keras.training.schedules import TransformerSchedule
+
+DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
+SUM = tf.distribute.ReduceOp.SUM
+
+
+class TrainingError(RuntimeError):
+  """Training cannot go on (NaN loss, empty dataset); the message says what to do."""
+
+
+def format_duration(seconds: float) -> str:
+  seconds = int(max(seconds, 0))
+  return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+@dataclasses.dataclass
+class TrainResult:
+  steps: int
+  wall_seconds: float
+  target_tokens: float
+  flops: float
+  final_loss: float
+  eval_metrics: dict
+
+
+class Trainer:
+  """Builds model and optimizer in the strategy scope and trains them.
+
+  Args:
+    model_config: the architecture.
+    train_config: optimisation, checkpointing and logging settings.
+    strategy: from `distribute.create_strategy`.
+  """
+
+  def __init__(self, model_config: ModelConfig, train_config: TrainConfig,
+               strategy: Optional[tf.distribute.Strategy] = None):
+    self.model_config = model_config
+    self.config = train_config
+    self.strategy = strategy or tf.distribute.get_strategy()
+    with self.strategy.scope():
+      self.model = create_model(model_config)
+      self.learning_rate = TransformerSchedule(
+          model_config.hidden_size, train_config.learning_rate_warmup_steps,
+          train_config.learning_rate, train_config.learning_rate_schedule)
+      optimizer = keras.optimizers.Adam(
+          learning_rate=self.learning_rate, beta_1=train_config.adam_beta1,
+          beta_2=train_config.adam_beta2, epsilon=train_config.adam_epsilon)
+      if model_config.dtype == "mixed_float16":
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+      self.optimizer = optimizer
+      self.optimizer.build(self.model.trainable_variables)
+    self._compute_gradients = tf.function(self._gradients,
+                                          jit_compile=train_config.jit_compile or None)
+
+  # ------------------------------------------------------------------ device side
+  def _gradients(self, batch, global_tokens):
+    """Gradients of this replica's share of the globally normalised loss."""
+    variables = self.model.trainable_variables
+    with tf.GradientTape() as tape:
+      logits = self.model(batch, training=True)
+      loss_sum, _, _, tokens = losses.loss_sums(logits, batch["targets"],
+                                                self.config.label_smoothing)
+      loss = loss_sum / tf.maximum(global_tokens, 1.0)
+      if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+        loss = self.optimizer.scale_loss(loss)
+    grads = tape.gradient(loss, variables)
+    step_flops = flops.train_flops(self.model_config,
+                                   *[tf.cast(n, tf.float32) for n in (
+                                       tf.shape(batch["inputs"])[0],
+                                       tf.shape(batch["inputs"])[1],
+                                       tf.shape(batch["targets"])[1])])
+    return grads, loss_sum, tokens, step_flops
+
+  def _replica_step(self, batch):
+    tokens = tf.reduce_sum(tf.cast(tf.not_equal(batch["targets"], PAD_ID), tf.float32))
+    global_tokens = tf.distribute.get_replica_context().all_reduce(SUM, tokens)
+    grads, loss_sum, tokens, step_flops = self._compute_gradients(batch, global_tokens)
+    self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+    return loss_sum, tokens, step_flops
+
+  def _train_loop(self, iterator, num_steps):
+    """Runs `num_steps` steps; returns global (loss_sum, target_tokens, flops)."""
+    totals = (tf.constant(0.0), tf.constant(0.0), tf.constant(0.0))
+    for _ in tf.range(num_steps):
+      per_replica = self.strategy.run(self._replica_step, args=(next(iterator),))
+      totals = tuple(t + self.strategy.reduce(SUM, v, axis=None)
+                     for t, v in zip(totals, per_replica))
+    return totals
+
+  def _eval_step(self, batch):
+    def replica(batch):
+      logits = self.model(batch, training=False)
+      return losses.loss_sums(logits, batch["targets"], self.config.label_smoothing)
+    per_replica = self.strategy.run(replica, args=(batch,))
+    return [self.strategy.reduce(SUM, v, axis=None) for v in per_replica]
+
+  # ------------------------------------------------------------------ host side
+  def current_step(self) -> int:
+    """optimizer.iterations as a Python int (works for mirrored variables too)."""
+    return int(self.optimizer.iterations.numpy())
+
+  def evaluate(self, eval_dataset_fn: DatasetFn, max_batches: int = 0) -> dict:
+    """Loss (smoothed), perplexity (exp NLL per token) and token accuracy on a dev set."""
+    dataset = self.strategy.distribute_datasets_from_function(eval_dataset_fn)
+    step = tf.function(self._eval_step)
+    totals = np.zeros(4)
+    for i, batch in enumerate(dataset):
+      if max_batches and i >= max_batches:
+        break
+      totals += np.array([float(v) for v in step(batch)])
+    loss_sum, nll_sum, correct, tokens = totals
+    if tokens == 0:
+      raise TrainingError("the dev set produced no target tokens: check --dev_src/--dev_tgt "
+                          "(empty files, or every pair longer than --max_length?).")
+    return {"loss": loss_sum / tokens, "perplexity": math.exp(min(nll_sum / tokens, 50.0)),
+            "accuracy": correct / tokens, "tokens": tokens}
+
+  def _resuming(self, train_dataset_fn: DatasetFn, step: int) -> DatasetFn:
+    """Restores the data position by skipping the batches earlier steps consumed.
+
+    Iterators of distributed datasets cannot be checkpointed, so the position is
+    replayed instead: the pipeline is deterministic for a seed (seeded shuffle,
+    deterministic parallel map), and each input pipeline feeds
+    replicas_in_sync / num_input_pipelines replicas per step.
+    """
+    def dataset_fn(ctx):
+      dataset = train_dataset_fn(ctx)
+      per_step = self.strategy.num_replicas_in_sync // max(ctx.num_input_pipelines, 1)
+      return dataset.skip(step * per_step) if step else dataset
+    return dataset_fn
+
+  def train(self, train_dataset_fn: DatasetFn, eval_dataset_fn: Optional[DatasetFn] = None,
+            progress: Callable[[str], None] = print) -> TrainResult:
+    """Trains to `train_steps`, resuming from the latest checkpoint in model_dir."""
+    cfg = self.config
+    checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer)
+    manager = tf.train.CheckpointManager(checkpoint, cfg.model_dir,
+                                         max_to_keep=cfg.keep_checkpoint_max,
+                                         step_counter=self.optimizer.iterations)
+    if manager.latest_checkpoint:
+      checkpoints.restore(checkpoint, manager.latest_checkpoint)
+      progress(f"resumed from {manager.latest_checkpoint} at step "
+               f"{self.current_step()}")
+    iterator = iter(self.strategy.distribute_datasets_from_function(
+        self._resuming(train_dataset_fn, self.current_step())))
+    train_fn = tf.function(self._train_loop)
+    writer = tf.summary.create_file_writer(f"{cfg.model_dir}/train")
+    eval_writer = tf.summary.create_file_writer(f"{cfg.model_dir}/eval")
+
+    step = start_step = self.current_step()
+    start = last_log = last_save = time.time()
+    window = np.zeros(3)  # loss_sum, tokens, flops since the last progress line
+    total_tokens = total_flops = 0.0
+    loss = float("nan")
+    eval_metrics = {}
+    while step < cfg.train_steps:
+      boundary = min(cfg.log_every, cfg.save_checkpoint_steps, cfg.eval_every)
+      n = min(cfg.steps_per_loop, cfg.train_steps - step, boundary - step % boundary)
+      try:
+        sums = np.array([float(v) for v in train_fn(iterator, tf.constant(n))])
+      except tf.errors.OutOfRangeError:
+        raise TrainingError("the training dataset ran out of batches: it is empty or every "
+                            "pair was filtered (see the data log above).") from None
+      step += n
+      if not np.isfinite(sums[0]):
+        raise TrainingError(
+            f"loss became {sums[0]} at step {step} (window of {n} steps): training stopped "
+            f"without saving, so the last good checkpoint "
+            f"({manager.latest_checkpoint or 'none yet'}) is intact. Lower --learning_rate, "
+            "raise --learning_rate_warmup_steps, or check the data.")
+      window += sums
+      total_tokens += sums[1]
+      total_flops += sums[2]
+      if step % cfg.log_every == 0 or step == cfg.train_steps:
+        now = time.time()
+        loss = window[0] / max(window[1], 1.0)
+        rate = window[1] / max(now - last_log, 1e-9)
+        steps_per_sec = (step - start_step) / max(now - start, 1e-9)
+        eta = (cfg.train_steps - step) / max(steps_per_sec, 1e-9)
+        lr = float(self.learning_rate(step - 1))
+        progress(f"step {step}/{cfg.train_steps} | loss {loss:.4f} | lr {lr:.3g} | "
+                 f"{rate:,.0f} tok/s | elapsed {format_duration(now - start)} | "
+                 f"eta {format_duration(eta)}")
+        with writer.as_default(step=step):
+          tf.summary.scalar("loss", loss)
+          tf.summary.scalar("learning_rate", lr)
+          tf.summary.scalar("target_tokens_per_sec", rate)
+          tf.summary.scalar("flops_per_sec", window[2] / max(now - last_log, 1e-9))
+        window[:] = 0
+        last_log = now
+      if (step % cfg.save_checkpoint_steps == 0 or step == cfg.train_steps
+          or time.time() - last_save > 60 * cfg.save_checkpoint_minutes):
+        manager.save(checkpoint_number=step)
+        last_save = time.time()
+      if eval_dataset_fn and (step % cfg.eval_every == 0 or step == cfg.train_steps):
+        eval_metrics = self.evaluate(eval_dataset_fn, cfg.eval_steps)
+        progress(f"eval at step {step}: loss {eval_metrics['loss']:.4f} | perplexity "
+                 f"{eval_metrics['perplexity']:.3f} | accuracy {eval_metrics['accuracy']:.4f}")
+        with eval_writer.as_default(step=step):
+          for name in ("loss", "perplexity", "accuracy"):
+            tf.summary.scalar(name, eval_metrics[name])
+    if manager.latest_checkpoint is None or int(manager.latest_checkpoint.rsplit("-", 1)[1]) \
+        != step:
+      manager.save(checkpoint_number=step)
+    writer.flush()
+    eval_writer.flush()
+    wall = time.time() - start
+    logging.info("trained %d steps in %.1fs", step - start_step, wall)
+    return TrainResult(steps=step, wall_seconds=wall, target_tokens=total_tokens,
+                       flops=total_flops, final_loss=loss, eval_metrics=eval_metrics)

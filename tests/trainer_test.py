@@ -1,0 +1,156 @@
+"""Training: schedules, loss by hand, padding, 1 vs 2 replicas, resume, NaN, model dir."""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from t2t_keras import EOS_ID, PAD_ID
+from t2t_keras.configs import ModelConfig, TrainConfig
+from t2t_keras.training import checkpoints, distribute, losses
+from t2t_keras.training.schedules import TransformerSchedule
+from t2t_keras.training.trainer import Trainer, TrainingError
+
+V = 24
+MODEL = ModelConfig(vocab_size=V, hidden_size=16, filter_size=32, num_heads=2,
+                    num_hidden_layers=1, layer_prepostprocess_dropout=0.0)
+
+
+def test_paper_schedule_values():
+  schedule = TransformerSchedule(512, 4000)
+  for step in (1, 100, 4000, 10000):
+    expected = 512 ** -0.5 * min(step ** -0.5, step * 4000 ** -1.5)
+    assert float(schedule(step - 1)) == pytest.approx(expected, rel=1e-5)
+  peak = float(schedule(3999))
+  assert peak > float(schedule(3998)) and peak > float(schedule(4000))
+
+
+def test_t2t_schedule_values():
+  schedule = TransformerSchedule(512, 8000, multiplier=2.0, kind="t2t")
+  for step in (1, 8000, 20000):
+    expected = 2.0 * min(1, step / 8000) * max(step, 8000) ** -0.5 * 512 ** -0.5
+    assert float(schedule(step - 1)) == pytest.approx(expected, rel=1e-5)
+
+
+def test_label_smoothing_loss_by_hand():
+  rng = np.random.default_rng(0)
+  v, eps = 6, 0.1
+  logits = rng.normal(size=(1, 2, v)).astype("float32")
+  targets = np.array([[4, PAD_ID]], "int32")
+  loss = np.asarray(losses.smoothed_cross_entropy(logits, targets, eps))
+  log_probs = logits[0, 0] - np.log(np.exp(logits[0, 0]).sum())
+  q = np.full(v, eps / (v - 2))
+  q[4], q[PAD_ID] = 1 - eps, 0.0
+  entropy = -sum(p * math.log(p) for p in q if p > 0)
+  assert loss[0, 0] == pytest.approx(-(q * log_probs).sum() - entropy, rel=1e-5)
+  assert loss[0, 1] == 0.0  # padding position
+  # A perfect (one-hot-ish towards q) prediction has loss ~0 after the constant.
+  perfect = np.log(np.where(q > 0, q, 1e-30))[None, None].astype("float32")
+  assert abs(float(losses.smoothed_cross_entropy(perfect, targets[:, :1], eps)[0, 0])) < 1e-4
+
+
+def batch_data(rng, batch, src_len, tgt_len):
+  inputs = rng.integers(4, V, size=(batch, src_len)).astype("int32")
+  targets = rng.integers(4, V, size=(batch, tgt_len)).astype("int32")
+  inputs[:, -1] = targets[:, -1] = EOS_ID
+  return {"inputs": inputs, "targets": targets}
+
+
+def test_padding_changes_neither_loss_nor_gradients():
+  keras.utils.set_random_seed(0)
+  trainer = Trainer(MODEL, TrainConfig(label_smoothing=0.1))
+  rng = np.random.default_rng(1)
+  batch = batch_data(rng, 2, 5, 4)
+  padded = {k: np.pad(v, ((0, 0), (0, 3)), constant_values=PAD_ID) for k, v in batch.items()}
+  results = []
+  for b in (batch, padded):
+    grads, loss_sum, tokens, _ = trainer._gradients(b, tf.constant(8.0))
+    results.append((grads, float(loss_sum), float(tokens)))
+  assert results[0][1] == pytest.approx(results[1][1], rel=1e-5)
+  assert results[0][2] == results[1][2] == 8.0
+  for g1, g2 in zip(results[0][0], results[1][0]):
+    np.testing.assert_allclose(np.asarray(g1), np.asarray(g2), atol=1e-5)
+
+
+def make_dataset_fn(num_batches=8, global_batch=4, seed=0):
+  """Same global batches for any replica count: each replica gets a slice."""
+  rng = np.random.default_rng(seed)
+  data = [batch_data(rng, global_batch, 3 + i % 4, 2 + i % 5) for i in range(num_batches)]
+
+  def dataset_fn(ctx):
+    per_replica = ctx.get_per_replica_batch_size(global_batch)
+    dataset = None
+    for b in data:
+      for start in range(0, global_batch, per_replica):
+        piece = tf.data.Dataset.from_tensors({k: v[start:start + per_replica]
+                                              for k, v in b.items()})
+        dataset = piece if dataset is None else dataset.concatenate(piece)
+    return dataset.repeat()
+  return dataset_fn
+
+
+def train(tmp_path, name, steps, strategy="default", seed=0, **overrides):
+  keras.utils.set_random_seed(seed)
+  config = TrainConfig(model_dir=str(tmp_path / name), train_steps=steps, log_every=2,
+                       eval_every=100, save_checkpoint_steps=2, learning_rate_warmup_steps=4,
+                       label_smoothing=0.1, strategy=strategy, **overrides)
+  trainer = Trainer(MODEL, config, distribute.create_strategy(config))
+  result = trainer.train(make_dataset_fn(), progress=lambda line: None)
+  return trainer, result
+
+
+def weights_of(trainer):
+  return [np.asarray(w) for w in trainer.model.weights]
+
+
+def test_one_and_two_replicas_make_the_same_updates(tmp_path):
+  assert len(tf.config.list_logical_devices("CPU")) >= 2, "conftest splits the CPU"
+  # Adam turns float rounding in near-zero gradients (summation order differs across
+  # replicas) into whole lr-sized steps (g / (|g| + 1e-9) ~ +-1); a larger epsilon keeps
+  # the comparison about the distribution plumbing.
+  settings = dict(learning_rate=0.05, adam_epsilon=1e-4)
+  one, r1 = train(tmp_path, "one", 4, **settings)
+  two, r2 = train(tmp_path, "two", 4, strategy="mirrored", **settings)
+  assert two.strategy.num_replicas_in_sync == 2
+  assert r1.target_tokens == r2.target_tokens
+  assert r1.final_loss == pytest.approx(r2.final_loss, abs=1e-5)
+  for a, b in zip(weights_of(one), weights_of(two)):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_resume_equals_uninterrupted(tmp_path):
+  straight, _ = train(tmp_path, "straight", 6)
+  train(tmp_path, "resumed", 2)  # stops after a checkpoint at step 2 ...
+  resumed, result = train(tmp_path, "resumed", 6, seed=123)  # ... and resumes (new seed)
+  assert result.steps == 6 and resumed.current_step() == 6
+  for a, b in zip(weights_of(straight), weights_of(resumed)):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_nan_loss_stops_with_step_and_keeps_checkpoint(tmp_path):
+  train(tmp_path, "nan", 2)
+  with pytest.raises(TrainingError, match=r"loss became nan at step [34].*ckpt-2"):
+    train(tmp_path, "nan", 6, learning_rate=float("nan"))
+  assert tf.train.latest_checkpoint(str(tmp_path / "nan")).endswith("ckpt-2")
+
+
+def test_model_dir_refuses_another_shape(tmp_path):
+  model_dir = str(tmp_path / "m")
+  checkpoints.write_or_check_config(model_dir, MODEL)
+  checkpoints.write_or_check_config(model_dir, MODEL)  # same shape: fine
+  other = ModelConfig(**{**MODEL.__dict__, "hidden_size": 32, "num_heads": 4})
+  with pytest.raises(checkpoints.ModelDirError,
+                     match=r"--hidden_size: saved 16, requested 32.*--num_heads: saved 2"):
+    checkpoints.write_or_check_config(model_dir, other)
+  assert checkpoints.load_model_config(model_dir) == MODEL
+
+
+def test_corrupt_checkpoint_gives_clear_error(tmp_path):
+  train(tmp_path, "corrupt", 2)
+  model_dir = tmp_path / "corrupt"
+  for data_file in model_dir.glob("ckpt-2.data-*"):
+    data_file.write_bytes(b"garbage")
+  with pytest.raises(checkpoints.CheckpointError, match=r"cannot restore checkpoint .*ckpt-2"):
+    train(tmp_path, "corrupt", 4)
