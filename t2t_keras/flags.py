@@ -120,10 +120,18 @@ def define_data_flags(f):
                        "Longest synthetic sequence.")
   f.DEFINE_integer("synthetic_vocab_size", d.synthetic_vocab_size,
                        "Distinct symbols of the synthetic task.")
+  f.DEFINE_integer("synthetic_train_size", d.synthetic_train_size,
+                   "Synthetic training examples (generated once, then repeated).")
+  f.DEFINE_integer("synthetic_eval_size", d.synthetic_eval_size,
+                   "Held-out synthetic examples (a different seed from training).")
   f.DEFINE_string("data_dir", None,
                       "Where the vocabulary and tokenized caches live (default: model_dir).")
-  f.DEFINE_enum("vocab_type", d.vocab_type, ["bpe", "unigram", "wordpiece"],
-                    "Subword model: bpe (paper EN-DE) or unigram/wordpiece (EN-FR).")
+  f.DEFINE_enum("vocab_type", d.vocab_type, ["bpe", "unigram"],
+                "SentencePiece model: bpe (paper EN-DE) or unigram (the word-piece-like "
+                "EN-FR choice).")
+  f.DEFINE_string("vocab_file", None,
+                  "SentencePiece model to use (built there if missing); default: a name "
+                  "derived from the data inside --data_dir.")
   f.DEFINE_integer("vocab_sample_sentences", d.vocab_sample_sentences,
                        "Sentences sampled from the training data to build the vocabulary.")
   f.DEFINE_integer("max_length", d.max_length,
@@ -268,6 +276,8 @@ def data_config(fv=FLAGS) -> DataConfig:
       synthetic_max_length=fv.synthetic_max_length,
       synthetic_vocab_size=fv.synthetic_vocab_size,
       data_dir=fv.data_dir or (fv.model_dir if "model_dir" in fv else None),
+      synthetic_train_size=fv.synthetic_train_size,
+      synthetic_eval_size=fv.synthetic_eval_size, vocab_file=fv.vocab_file,
       vocab_type=fv.vocab_type, vocab_size=fv.vocab_size,
       vocab_sample_sentences=fv.vocab_sample_sentences, max_length=fv.max_length,
       batch_size=fv.batch_size, static_shapes=fv.static_shapes,

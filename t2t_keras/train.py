@@ -1,13 +1,19 @@
-"""Trains a Transformer: `python -m t2t_keras.train --flagfile=flags/base_en_de.cfg`.
+"""Trains a Transformer: `python -m t2t_keras.train --flagfile=flags/base_en_de.cfg
+--model_dir=...`.
 
-A thin entry point: flags -> configs -> library. `--dry_run` builds the model without
-any data, prints its summary and, as the last line, `parameters: <count>`.
+A thin entry point: flags -> configs -> library. The same command resumes from the
+latest checkpoint in --model_dir. `--dry_run` builds the model without any data,
+prints its summary and, as the last line, `parameters: <count>`.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+
 from absl import app
 from absl import flags
+from absl import logging
 
 from t2t_keras import flags as t2t_flags
 
@@ -16,6 +22,10 @@ t2t_flags.define_all()
 flags.DEFINE_boolean("dry_run", False,
                      "Build the model from the flags, print its summary and parameter "
                      "count, and exit (no data needed).")
+flags.DEFINE_integer("show_examples", 5,
+                     "After training, decode this many dev examples and report their "
+                     "exact-match accuracy over the whole dev set (synthetic tasks) or "
+                     "print them (0 = skip).")
 
 
 def dry_run() -> None:
@@ -30,13 +40,60 @@ def dry_run() -> None:
   print(f"parameters: {model.count_params()}")
 
 
+def train() -> None:
+  # pylint: disable=import-outside-toplevel
+  import keras
+  import tensorflow as tf
+
+  from t2t_keras import data
+  from t2t_keras.training import checkpoints, distribute
+  from t2t_keras.training.trainer import Trainer, format_duration
+
+  tf.get_logger().setLevel("WARNING")  # TF's own INFO chatter (saver timings, ...)
+  train_config = t2t_flags.train_config()
+  strategy = distribute.create_strategy(train_config)  # first: it may split the CPU
+  if train_config.deterministic:
+    tf.config.experimental.enable_op_determinism()
+  keras.utils.set_random_seed(train_config.seed)
+  data_config = t2t_flags.data_config()
+  decode_config = t2t_flags.decode_config()
+  datasets = data.make_datasets(data_config)
+  model_config = t2t_flags.model_config(vocab_size=datasets.vocab_size)
+  checkpoints.write_or_check_config(train_config.model_dir, model_config, data=data_config,
+                                    train=train_config, decode=decode_config)
+  FLAGS.append_flags_into_file(os.path.join(train_config.model_dir, "flags.txt"))
+  print(f"training {model_config.encoder_layers}+{model_config.decoder_layers} layers, "
+        f"d_model {model_config.hidden_size}, vocabulary {model_config.vocab_size} on "
+        f"{strategy.num_replicas_in_sync} replica(s); model_dir {train_config.model_dir}",
+        flush=True)
+  trainer = Trainer(model_config, train_config, strategy)
+  result = trainer.train(datasets.train_fn, datasets.eval_fn,
+                         progress=lambda line: print(line, flush=True))
+  print(f"done: {result.steps} steps in {format_duration(result.wall_seconds)}, "
+        f"{result.target_tokens:,.0f} target tokens this run, estimated training cost "
+        f"{result.flops:.3g} FLOPs this run (matmuls, forward + backward)", flush=True)
+  if FLAGS.show_examples and datasets.eval_fn is not None:
+    from t2t_keras import decoding
+    decoding.report_examples(trainer.model, datasets, data_config, decode_config,
+                             FLAGS.show_examples)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
   if FLAGS.dry_run:
     dry_run()
     return
-  raise app.UsageError("Training is not available yet; use --dry_run.")
+  if not FLAGS.model_dir:
+    raise app.UsageError("--model_dir is required: checkpoints, vocabulary and logs go "
+                         "there (a local path or gs://bucket/path).")
+  from t2t_keras.errors import USER_ERRORS  # pylint: disable=import-outside-toplevel
+  try:
+    train()
+  except USER_ERRORS as error:
+    logging.debug("user error", exc_info=True)
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -80,6 +80,8 @@ class Trainer:
       self.optimizer.build(self.model.trainable_variables)
     self._compute_gradients = tf.function(self._gradients,
                                           jit_compile=train_config.jit_compile or None)
+    # Dev batches come in a few bucket shapes; relax shapes instead of one trace each.
+    self._eval_fn = tf.function(self._eval_step, reduce_retracing=True)
 
   # ------------------------------------------------------------------ device side
   def _gradients(self, batch, global_tokens):
@@ -131,7 +133,7 @@ class Trainer:
   def evaluate(self, eval_dataset_fn: DatasetFn, max_batches: int = 0) -> dict:
     """Loss (smoothed), perplexity (exp NLL per token) and token accuracy on a dev set."""
     dataset = self.strategy.distribute_datasets_from_function(eval_dataset_fn)
-    step = tf.function(self._eval_step)
+    step = self._eval_fn
     totals = np.zeros(4)
     for i, batch in enumerate(dataset):
       if max_batches and i >= max_batches:

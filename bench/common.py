@@ -1,0 +1,43 @@
+"""Shared benchmark helpers: the machine's measured matmul peak, timing, table output."""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # noqa: E402
+
+
+def matmul_peak(dtype: str = "float32", size: int = 2048, seconds: float = 3.0) -> float:
+  """Best achieved FLOP/s of a square matmul in `dtype` on this machine."""
+  a = tf.random.normal((size, size), dtype=tf.float32)
+  a = tf.cast(a, dtype)
+  b = tf.cast(tf.random.normal((size, size)), dtype)
+
+  @tf.function
+  def run(a, b):
+    return tf.reduce_sum(tf.cast(tf.matmul(a, b), tf.float32))
+
+  run(a, b).numpy()  # warm up
+  best, deadline = 0.0, time.time() + seconds
+  while time.time() < deadline:
+    start = time.perf_counter()
+    run(a, b).numpy()
+    best = max(best, 2 * size ** 3 / (time.perf_counter() - start))
+  return best
+
+
+def machine() -> str:
+  return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"TensorFlow {tf.__version__}")
+
+
+def print_table(rows, columns):
+  widths = [max(len(str(c)), *(len(str(r[i])) for r in rows)) for i, c in enumerate(columns)]
+  line = lambda cells: "  ".join(str(c).rjust(w) for c, w in zip(cells, widths))
+  print(line(columns))
+  for row in rows:
+    print(line(row))
