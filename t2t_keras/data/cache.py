@@ -1,0 +1,252 @@
+"""On-disk caches in data_dir, so a second run neither re-validates nor re-tokenizes.
+
+Tokenizing 4.5M WMT pairs costs minutes; re-reading saved int32 ids costs seconds.
+Each cache entry is keyed by a digest of what determines its content (file size,
+mtime and head/tail bytes, or the TFDS name/version/split; the vocabulary's bytes), so
+editing data or rebuilding the vocabulary invalidates it, and nothing stale is reused.
+max_length is deliberately NOT part of the key: the cache holds every pair, and
+filtering happens on load, so trying another max_length does not re-tokenize.
+Entries are written to a temporary directory and renamed into place, so an
+interrupted run never leaves a half-written cache that a later run would trust.
+
+Layout: data_dir/cache/validation-<key>.json and data_dir/cache/<split>-<key>/
+{data/ (tf.data.Dataset.save), lengths.npy (token counts per pair), stats.json}.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import time
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from t2t_keras.configs import DataConfig
+from t2t_keras.data import sources
+
+CACHE_VERSION = 1
+_HEAD_TAIL_BYTES = 1 << 20
+BATCH_ROWS = 1024  # Pairs per cached element.
+_PROGRESS_EVERY = 100_000
+
+
+def digest(obj) -> str:
+  """Stable hex digest of a JSON-serializable object."""
+  return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def file_fingerprint(path: str, with_mtime: bool = True) -> dict:
+  """Cheap content identity of a file: size, head and tail bytes (and mtime)."""
+  if not os.path.isfile(path):
+    raise sources.DataError(f"Data file {path!r} does not exist; check the data flags.")
+  size = os.path.getsize(path)
+  sha = hashlib.sha256()
+  with open(path, "rb") as f:
+    sha.update(f.read(_HEAD_TAIL_BYTES))
+    if size > _HEAD_TAIL_BYTES:
+      f.seek(max(_HEAD_TAIL_BYTES, size - _HEAD_TAIL_BYTES))
+      sha.update(f.read())
+  fingerprint = {"size": size, "sha256_head_tail": sha.hexdigest()}
+  if with_mtime:
+    fingerprint["mtime_ns"] = os.stat(path).st_mtime_ns
+  return fingerprint
+
+
+def source_fingerprint(config: DataConfig, split: str, with_mtime: bool = True,
+                       shared_vocab: bool = False) -> Optional[dict]:
+  """What determines the text of a split; None when the split is not configured.
+
+  Args:
+    config: data configuration.
+    split: "train" or "dev".
+    with_mtime: include file modification times (caches: yes; vocabulary name: no).
+    shared_vocab: identify the language pair regardless of direction (a shared
+      vocabulary is the same for EN->DE and DE->EN).
+  """
+  if config.source == "files":
+    paths = sources.split_files(config, split)
+    if paths is None:
+      return None
+    fps = [file_fingerprint(p, with_mtime) for p in paths]
+    return {"files": sorted(fps, key=json.dumps) if shared_vocab else fps}
+  if config.source == "tfds":
+    fp = sources.tfds_fingerprint(config, split)
+    if shared_vocab:
+      fp["src"], fp["tgt"] = sorted((fp["src"], fp["tgt"]))
+    return fp
+  raise ValueError(f"source={config.source!r} has no text to fingerprint")
+
+
+def _cache_dir(config: DataConfig) -> Optional[str]:
+  return os.path.join(config.data_dir, "cache") if config.data_dir else None
+
+
+def validated_files(config: DataConfig, split: str) -> Optional[dict]:
+  """Validates a split's parallel files once; later calls reuse the stored result.
+
+  Returns:
+    {"num_lines": int, "invalid_pairs": int} or None when the split has no files.
+
+  Raises:
+    sources.DataError: missing files, different line counts, invalid UTF-8.
+  """
+  paths = sources.split_files(config, split)
+  if paths is None:
+    return None
+  key = digest({"v": CACHE_VERSION, "fp": source_fingerprint(config, split),
+                "skip": config.skip_invalid_utf8})
+  directory = _cache_dir(config)
+  path = directory and os.path.join(directory, f"validation-{key}.json")
+  if path and os.path.isfile(path):
+    with open(path) as f:
+      return json.load(f)
+  start = time.time()
+  src, tgt = sources.validate_parallel_files(*paths, config.skip_invalid_utf8)
+  invalid = sorted(set(src.invalid_lines) | set(tgt.invalid_lines))
+  for scan in (src, tgt):
+    if scan.invalid_lines:
+      logging.warning("%s: %d lines of invalid UTF-8 will be skipped (first: line %d)",
+                      scan.path, len(scan.invalid_lines), scan.invalid_lines[0])
+  result = {"num_lines": src.num_lines, "invalid_pairs": len(invalid)}
+  logging.info("Validated %s and %s: %d lines each in %.1fs", *paths, src.num_lines,
+               time.time() - start)
+  if path:
+    os.makedirs(directory, exist_ok=True)
+    _write_json_atomic(path, result)
+  return result
+
+
+def _write_json_atomic(path: str, obj):
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(obj, f)
+  os.replace(tmp, path)
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizedSplit:
+  """Every pair of a split as ids (no EOS), in batches, plus their token counts.
+
+  Elements are batches, not pairs, because tf.data's cost is per element: reading,
+  filtering and appending EOS to 1024 pairs at once is far cheaper than one by one.
+
+  Attributes:
+    path: directory of the saved dataset (None for in-memory synthetic data).
+    lengths: int32 [N, 2] (source, target) token counts per pair, without EOS.
+    invalid_utf8: pairs skipped because a side was not valid UTF-8.
+    make_dataset: returns a fresh dataset of (source_ids, target_ids) int32
+      RaggedTensors [b, None] with b <= BATCH_ROWS, in a fixed order.
+  """
+
+  path: Optional[str]
+  lengths: np.ndarray
+  invalid_utf8: int
+  make_dataset: object
+
+  def dataset(self) -> tf.data.Dataset:
+    return self.make_dataset()
+
+
+def _progress(ds: tf.data.Dataset, what: str) -> tf.data.Dataset:
+  """Logs pairs tokenized and the rate every ~_PROGRESS_EVERY pairs (in-graph)."""
+  start = time.time()
+  every = _PROGRESS_EVERY // BATCH_ROWS
+
+  def log(index, batch):
+    def emit():
+      pairs = index * BATCH_ROWS
+      tf.print("Tokenizing", what + ":", pairs, "pairs,",
+               tf.cast(tf.cast(pairs, tf.float64) / (tf.timestamp() - start), tf.int64),
+               "pairs/s", output_stream=logging.info)
+      return tf.constant(0)
+    done = tf.cond(index % every == 0, emit, lambda: tf.constant(0))
+    with tf.control_dependencies([done]):
+      return tf.nest.map_structure(tf.identity, batch)
+
+  return ds.enumerate(start=1).map(log)
+
+
+def tokenize_pairs(text: tf.data.Dataset, tokenizer,
+                   what: str = "pairs") -> tf.data.Dataset:
+  """(source, target) strings -> batches of ragged ids, tokenized in parallel."""
+  def tokenize(src, tgt):
+    return tokenizer.tokenize(src), tokenizer.tokenize(tgt)
+
+  ds = text.batch(BATCH_ROWS).map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
+  return _progress(ds, what)
+
+
+def _lengths(ds: tf.data.Dataset) -> np.ndarray:
+  counts = ds.map(lambda s, t: tf.stack([s.row_lengths(), t.row_lengths()], axis=1))
+  arrays = [batch for batch in counts.as_numpy_iterator()]
+  return (np.concatenate(arrays) if arrays else np.zeros([0, 2])).astype(np.int32)
+
+
+def tokenized_split(config: DataConfig, split: str, tokenizer,
+                    tokenizer_key: str) -> Optional[TokenizedSplit]:
+  """Loads a split's tokenized cache, building it first if needed.
+
+  Args:
+    config: data configuration ("files" or "tfds"; needs data_dir).
+    split: "train" or "dev".
+    tokenizer: a tokenizer module (see tokenizer.py).
+    tokenizer_key: identifies the vocabulary (tokenizer.tokenizer_digest).
+
+  Returns:
+    The TokenizedSplit, or None when the split is not configured.
+  """
+  invalid = 0
+  if config.source == "files":
+    report = validated_files(config, split)
+    if report is None:
+      return None
+    invalid = report["invalid_pairs"]
+  directory = _cache_dir(config)
+  if directory is None:
+    raise sources.DataError(f"source={config.source!r} needs --data_dir for the "
+                            "tokenized cache.")
+  key = digest({"v": CACHE_VERSION, "fp": source_fingerprint(config, split),
+                "vocab": tokenizer_key, "skip": config.skip_invalid_utf8})
+  path = os.path.join(directory, f"{split}-{key}")
+  if os.path.isdir(path):
+    logging.info("Reusing tokenized %s data %s", split, path)
+  else:
+    _build(config, split, tokenizer, path, invalid)
+  with open(os.path.join(path, "stats.json")) as f:
+    invalid = json.load(f)["invalid_utf8"]
+  data = os.path.join(path, "data")
+  return TokenizedSplit(path=path, lengths=np.load(os.path.join(path, "lengths.npy")),
+                        invalid_utf8=invalid,
+                        make_dataset=lambda: tf.data.Dataset.load(data))
+
+
+def _build(config: DataConfig, split: str, tokenizer, path: str, invalid: int):
+  """Tokenizes a split into `path` (via a temporary directory, then rename)."""
+  text = sources.text_pairs(config, split)
+  tmp = f"{path}.tmp{os.getpid()}"
+  shutil.rmtree(tmp, ignore_errors=True)
+  start = time.time()
+  logging.info("Tokenizing the %s split into %s", split, path)
+  # One shard: loading then yields the same order on every worker (sharding relies
+  # on it), and batches of 1024 pairs make one reader fast enough.
+  tokenize_pairs(text, tokenizer, split).save(
+      os.path.join(tmp, "data"), shard_func=lambda *_: tf.constant(0, tf.int64))
+  lengths = _lengths(tf.data.Dataset.load(os.path.join(tmp, "data")))
+  np.save(os.path.join(tmp, "lengths.npy"), lengths)
+  _write_json_atomic(os.path.join(tmp, "stats.json"),
+                     {"pairs": int(len(lengths)), "invalid_utf8": invalid})
+  seconds = time.time() - start
+  logging.info("Tokenized %d %s pairs in %.1fs (%.0f pairs/s)", len(lengths), split,
+               seconds, len(lengths) / max(seconds, 1e-9))
+  try:
+    os.rename(tmp, path)
+  except OSError:  # Another process finished the same entry first; keep theirs.
+    if not os.path.isdir(path):
+      raise
+    shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,293 @@
+"""Where sentence pairs come from: parallel text files, tensorflow-datasets, synthetic tasks.
+
+Every source is reduced to the same two things, so the vocabulary builder and the
+pipeline never care where data came from:
+  * a `tf.data.Dataset` of (source, target) scalar strings for one split, and
+  * a Python iterator over the same pairs (for sampling the vocabulary).
+Synthetic tasks (copy, reverse: tensor2tensor's algorithmic problems) skip text and
+yield id sequences directly, so demos and tests run with no data and no vocabulary.
+
+Bad input must fail loudly before training starts, never corrupt silently: files are
+checked once (line counts match, valid UTF-8) by a fast chunked scan whose result the
+cache module stores, and every problem raises `DataError` naming file, line and fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Iterator, List, Optional, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from t2t_keras import NUM_RESERVED_IDS
+from t2t_keras.configs import DataConfig
+
+SOURCES = ("files", "tfds", "synthetic")
+SYNTHETIC_TASKS = ("copy", "reverse")
+_CHUNK_BYTES = 16 << 20
+# TFDS split names of the WMT builders for our two splits.
+_TFDS_SPLITS = {"train": "train", "dev": "validation"}
+
+
+class DataError(ValueError):
+  """User-facing data problem: the message names the file/line and what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FileScan:
+  """Result of scanning one text file.
+
+  Attributes:
+    path: the file.
+    num_lines: lines as tf.data.TextLineDataset counts them.
+    invalid_lines: 1-based numbers of lines that are not valid UTF-8.
+  """
+
+  path: str
+  num_lines: int
+  invalid_lines: Tuple[int, ...] = ()
+
+
+def _invalid_utf8_error(path: str, line: int, error: UnicodeDecodeError) -> DataError:
+  bad = error.object[error.start:error.start + 4]
+  return DataError(
+      f"{path}:{line}: invalid UTF-8 (bytes {bad!r}). Convert the file to UTF-8 "
+      "(e.g. `iconv -f latin1 -t utf-8`), or set skip_invalid_utf8 "
+      "(--skip_invalid_utf8) to skip and count such pairs.")
+
+
+def scan_text_file(path: str, skip_invalid_utf8: bool = False) -> FileScan:
+  """Counts lines and checks UTF-8 in large chunks (hundreds of MB/s).
+
+  Args:
+    path: a text file, one sentence per line.
+    skip_invalid_utf8: record invalid lines instead of raising.
+
+  Returns:
+    A FileScan.
+
+  Raises:
+    DataError: the file is missing, or has invalid UTF-8 and skipping is off.
+  """
+  if not path or not os.path.isfile(path):
+    raise DataError(f"Data file {path!r} does not exist; check the --train_src/"
+                    "--train_tgt/--dev_src/--dev_tgt flags (paths resolve from the "
+                    "current directory).")
+  num_lines = 0
+  invalid: List[int] = []
+  carry = b""
+  with open(path, "rb") as f:
+    while True:
+      block = f.read(_CHUNK_BYTES)
+      data = carry + block
+      if not block:  # End of file: a last line without "\n" still counts.
+        complete, carry = data, b""
+      else:
+        cut = data.rfind(b"\n") + 1
+        complete, carry = data[:cut], data[cut:]
+      if complete:
+        try:
+          complete.decode("utf-8")
+        except UnicodeDecodeError as e:
+          if not skip_invalid_utf8:
+            line = num_lines + complete.count(b"\n", 0, e.start) + 1
+            raise _invalid_utf8_error(path, line, e) from None
+          for i, line_bytes in enumerate(complete.split(b"\n")):
+            try:
+              line_bytes.decode("utf-8")
+            except UnicodeDecodeError:
+              invalid.append(num_lines + i + 1)
+        num_lines += complete.count(b"\n")
+        if not block and not complete.endswith(b"\n"):
+          num_lines += 1
+      if not block:
+        break
+  return FileScan(path=path, num_lines=num_lines, invalid_lines=tuple(invalid))
+
+
+def validate_parallel_files(src_path: str, tgt_path: str,
+                            skip_invalid_utf8: bool = False) -> Tuple[FileScan, FileScan]:
+  """Checks that two line-aligned files exist, are UTF-8 and have equal line counts.
+
+  Raises:
+    DataError: with both file names and counts when the files are not aligned.
+  """
+  src, tgt = (scan_text_file(p, skip_invalid_utf8) for p in (src_path, tgt_path))
+  if src.num_lines != tgt.num_lines:
+    raise DataError(
+        f"Parallel files are not line-aligned: {src_path} has {src.num_lines} lines "
+        f"but {tgt_path} has {tgt.num_lines}. Each line of the source file must be "
+        "the translation of the same line of the target file; fix or re-export them.")
+  if src.num_lines == 0:
+    raise DataError(f"Parallel files {src_path} and {tgt_path} are empty; point the "
+                    "flags at files with one sentence per line.")
+  return src, tgt
+
+
+def split_files(config: DataConfig, split: str) -> Optional[Tuple[str, str]]:
+  """(source, target) paths of a split of the "files" source, None if unset."""
+  src, tgt = ((config.train_src, config.train_tgt) if split == "train"
+              else (config.dev_src, config.dev_tgt))
+  if not src and not tgt:
+    if split == "train":
+      raise DataError("source='files' needs --train_src and --train_tgt "
+                      "(line-aligned source and target files).")
+    return None
+  if not src or not tgt:
+    raise DataError(f"Set both source and target files for the {split} split "
+                    f"(got source={src!r}, target={tgt!r}).")
+  return src, tgt
+
+
+def _check_split(split: str):
+  if split not in _TFDS_SPLITS:
+    raise ValueError(f"split={split!r} must be 'train' or 'dev'")
+
+
+def _load_tfds(config: DataConfig, split: str) -> tf.data.Dataset:
+  """The TFDS split as a dataset of feature dicts keyed by language."""
+  import tensorflow_datasets as tfds  # Heavy import, only for this source.
+
+  builder = tfds.builder(config.tfds_name, data_dir=config.tfds_data_dir)
+  languages = sorted(builder.info.features.keys())
+  for lang in (config.source_lang, config.target_lang):
+    if lang not in languages:
+      raise DataError(f"{config.tfds_name} has languages {languages}; "
+                      f"--source_lang/--target_lang={lang!r} is not one of them.")
+  try:
+    return tfds.load(config.tfds_name, split=_TFDS_SPLITS[split],
+                     data_dir=config.tfds_data_dir, as_supervised=False,
+                     shuffle_files=False)
+  except Exception as e:  # Download/preparation failures of any kind.
+    raise DataError(
+        f"Could not load tensorflow-datasets {config.tfds_name!r} split "
+        f"{_TFDS_SPLITS[split]!r} ({type(e).__name__}: {e}). Download it on a "
+        "machine with internet (it is cached in --tfds_data_dir) or use "
+        "--source=files.") from e
+
+
+def tfds_fingerprint(config: DataConfig, split: str) -> dict:
+  """What identifies a TFDS split's content (name, version, split, direction)."""
+  import tensorflow_datasets as tfds
+
+  builder = tfds.builder(config.tfds_name, data_dir=config.tfds_data_dir)
+  return {"tfds": config.tfds_name, "version": str(builder.info.version),
+          "split": _TFDS_SPLITS[split], "src": config.source_lang,
+          "tgt": config.target_lang}
+
+
+def text_pairs(config: DataConfig, split: str) -> Optional[tf.data.Dataset]:
+  """(source, target) scalar-string pairs of a split, in file order.
+
+  Callers validate "files" inputs first (see `validate_parallel_files`); lines that
+  are not valid UTF-8 are dropped here when skip_invalid_utf8 is set (they were
+  counted by the scan), so the tokenizer never sees them.
+
+  Args:
+    config: the data configuration ("files" or "tfds" source).
+    split: "train" or "dev".
+
+  Returns:
+    The dataset, or None when the split is not configured (no dev files).
+  """
+  _check_split(split)
+  if config.source == "files":
+    paths = split_files(config, split)
+    if paths is None:
+      return None
+    ds = tf.data.Dataset.zip(tuple(tf.data.TextLineDataset(p) for p in paths))
+  elif config.source == "tfds":
+    src, tgt = config.source_lang, config.target_lang
+    # Pick sides by language name: TFDS supervised keys are ('de', 'en'), so the
+    # paper's EN->DE direction is the supervised pair swapped.
+    ds = _load_tfds(config, split).map(lambda ex: (ex[src], ex[tgt]))
+  else:
+    raise ValueError(f"source={config.source!r} has no text; use one of "
+                     f"'files', 'tfds'")
+  if config.skip_invalid_utf8:
+    ds = ds.filter(lambda s, t: tf.logical_and(_valid_utf8(s), _valid_utf8(t)))
+  return ds
+
+
+def _valid_utf8(text: tf.Tensor) -> tf.Tensor:
+  fixed = tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace",
+                                       replacement_char=0xFFFD,
+                                       replace_control_characters=False)
+  return tf.equal(fixed, text)
+
+
+def python_text_pairs(config: DataConfig, split: str = "train"
+                      ) -> Iterator[Tuple[str, str]]:
+  """The same pairs as `text_pairs`, as Python strings (for vocabulary sampling)."""
+  _check_split(split)
+  if config.source == "files":
+    paths = split_files(config, split)
+    if paths is None:
+      return
+    with open(paths[0], "rb") as fs, open(paths[1], "rb") as ft:
+      for src, tgt in zip(fs, ft):
+        try:
+          yield src.decode("utf-8").rstrip("\r\n"), tgt.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError:
+          if not config.skip_invalid_utf8:
+            raise DataError(f"{paths[0]} / {paths[1]}: invalid UTF-8; validate the "
+                            "files first or set --skip_invalid_utf8") from None
+  else:
+    for src, tgt in text_pairs(config, split).as_numpy_iterator():
+      yield src.decode("utf-8"), tgt.decode("utf-8")
+
+
+def synthetic_vocab_size(config: DataConfig) -> int:
+  """Reserved ids plus the task's symbols."""
+  return NUM_RESERVED_IDS + config.synthetic_vocab_size
+
+
+def synthetic_examples(config: DataConfig, split: str
+                       ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Generates the copy/reverse task deterministically (seeded per split).
+
+  Returns:
+    (sources, targets, lengths): flat int32 symbol arrays of all examples
+    concatenated (no EOS; symbols in [NUM_RESERVED_IDS, NUM_RESERVED_IDS +
+    synthetic_vocab_size)) and the length of each example (same for both sides).
+  """
+  _check_split(split)
+  if config.synthetic_task not in SYNTHETIC_TASKS:
+    raise ValueError(f"synthetic_task={config.synthetic_task!r} must be one of "
+                     f"{SYNTHETIC_TASKS}")
+  lo, hi = config.synthetic_min_length, config.synthetic_max_length
+  if not 1 <= lo <= hi or config.synthetic_vocab_size < 1:
+    raise ValueError(f"synthetic lengths must satisfy 1 <= min ({lo}) <= max ({hi}) "
+                     f"and synthetic_vocab_size ({config.synthetic_vocab_size}) >= 1")
+  size = config.synthetic_train_size if split == "train" else config.synthetic_eval_size
+  if size < 1:
+    raise DataError(f"synthetic_{split.replace('dev', 'eval')}_size={size} must be "
+                    ">= 1")
+  rng = np.random.default_rng([config.seed, 0 if split == "train" else 1])
+  lengths = rng.integers(lo, hi + 1, size=size).astype(np.int64)
+  sources = rng.integers(NUM_RESERVED_IDS, synthetic_vocab_size(config),
+                         size=int(lengths.sum()), dtype=np.int32)
+  if config.synthetic_task == "copy":
+    return sources, sources.copy(), lengths
+  starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+  ends = np.repeat(np.cumsum(lengths) - 1, lengths)
+  positions = np.arange(len(sources))
+  return sources, sources[starts + ends - positions], lengths
+
+
+def synthetic_ids(config: DataConfig, split: str,
+                  batch_rows: int = 1024) -> tf.data.Dataset:
+  """The synthetic task as batches of ids without EOS, in a fixed order.
+
+  Returns:
+    Dataset of (source_ids, target_ids) int32 RaggedTensors [b, None], b <= batch_rows.
+  """
+  sources, targets, lengths = synthetic_examples(config, split)
+  src = tf.RaggedTensor.from_row_lengths(sources, lengths)
+  tgt = tf.RaggedTensor.from_row_lengths(targets, lengths)
+  num_batches = -(-len(lengths) // batch_rows)
+  return tf.data.Dataset.range(num_batches).map(
+      lambda i: (src[i * batch_rows:(i + 1) * batch_rows],
+                 tgt[i * batch_rows:(i + 1) * batch_rows]))

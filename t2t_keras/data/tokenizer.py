@@ -1,0 +1,294 @@
+"""Subword vocabularies and the in-graph tokenizers that use them.
+
+Tokenization runs inside TensorFlow (tensorflow-text's SentencePiece op), never in
+Python: the training pipeline tokenizes in parallel in tf.data, and the very same
+`tf.Module` is tracked by the exported SavedModel, so a TF Serving client sends text
+and gets text back (tensor2tensor's clients had to encode ids themselves).
+
+The vocabulary is shared by source and target (paper section 5.1): SentencePiece BPE
+(the paper's EN-DE choice) or unigram (the word-piece-like EN-FR choice), trained on
+a bounded reservoir sample of both sides of the training pairs, with the reserved ids
+of `t2t_keras` (PAD 0, EOS 1, UNK 2, BOS 3) so ids agree everywhere. It is written
+once to data_dir (or --vocab_file) and reused by every later run and tool.
+
+Shape notation: B batch, T tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import time
+from typing import Callable, Iterable, Iterator, List, Optional, Tuple
+
+import sentencepiece as spm
+import tensorflow as tf
+import tensorflow_text as tf_text
+from absl import logging
+
+from t2t_keras import BOS_ID, EOS_ID, NUM_RESERVED_IDS, PAD_ID, UNK_ID
+from t2t_keras.configs import DataConfig
+from t2t_keras.data import cache, sources
+
+VOCAB_TYPES = ("bpe", "unigram")
+_PROGRESS_SECONDS = 10.0
+
+
+def strip_special_ids(ids) -> tf.Tensor:
+  """Keeps the ids before the first EOS, minus PAD and BOS.
+
+  Args:
+    ids: int ids, dense (..., T) (e.g. padded model output) or ragged.
+
+  Returns:
+    A ragged (or for rank 1 input, dense) int32 tensor of the remaining ids.
+  """
+  if isinstance(ids, tf.RaggedTensor):
+    ids = ids.to_tensor(default_value=PAD_ID)
+  ids = tf.cast(tf.convert_to_tensor(ids), tf.int32)
+  before_eos = tf.equal(tf.cumsum(tf.cast(tf.equal(ids, EOS_ID), tf.int32), axis=-1), 0)
+  keep = before_eos & tf.not_equal(ids, PAD_ID) & tf.not_equal(ids, BOS_ID)
+  return tf.ragged.boolean_mask(ids, keep)
+
+
+def _uniform(strings) -> tf.Tensor:
+  """Detokenized strings of dense (..., T) ids have uniform outer dims: make dense."""
+  return strings.to_tensor() if isinstance(strings, tf.RaggedTensor) else strings
+
+
+class SentencePieceTokenizer(tf.Module):
+  """Text <-> subword ids with a SentencePiece model, entirely in-graph.
+
+  Attributes:
+    vocab_size: number of ids (reserved ids included).
+    vocab_file: the model file it was loaded from (None if built from bytes).
+    model_proto: the serialized SentencePiece model.
+  """
+
+  def __init__(self, model_proto: bytes, vocab_file: Optional[str] = None,
+               name: str = "sentencepiece_tokenizer"):
+    super().__init__(name=name)
+    processor = spm.SentencePieceProcessor(model_proto=model_proto)
+    reserved = (processor.pad_id(), processor.eos_id(), processor.unk_id(),
+                processor.bos_id())
+    if reserved != (PAD_ID, EOS_ID, UNK_ID, BOS_ID):
+      raise sources.DataError(
+          f"Vocabulary {vocab_file or '<bytes>'} has (pad, eos, unk, bos) ids "
+          f"{reserved}, but t2t_keras needs {(PAD_ID, EOS_ID, UNK_ID, BOS_ID)}. "
+          "Delete it and rebuild it with tools/build_vocab.py.")
+    self.vocab_size = processor.get_piece_size()
+    self.vocab_file = vocab_file
+    self.model_proto = model_proto
+    self._sp = tf_text.SentencepieceTokenizer(model=model_proto, out_type=tf.int32)
+
+  def tokenize(self, strings) -> tf.RaggedTensor:
+    """Strings (any shape) -> int32 ids, ragged in a new last axis; no EOS added."""
+    return self._sp.tokenize(strings)
+
+  def detokenize(self, ids) -> tf.Tensor:
+    """Ids (..., T), dense or ragged -> strings (...); stops at EOS, skips PAD/BOS."""
+    return _uniform(self._sp.detokenize(strip_special_ids(ids)))
+
+
+class IntegerTokenizer(tf.Module):
+  """Tokenizer of the synthetic tasks: text is space-separated ids, e.g. "5 9 4".
+
+  Same interface as SentencePieceTokenizer, so decoding and export work unchanged.
+  Tokens that are not integers in [NUM_RESERVED_IDS, vocab_size) become UNK.
+  """
+
+  def __init__(self, vocab_size: int, name: str = "integer_tokenizer"):
+    super().__init__(name=name)
+    self.vocab_size = int(vocab_size)
+    self.vocab_file = None
+    self.model_proto = None
+
+  def _to_ids(self, words: tf.Tensor) -> tf.Tensor:
+    numeric = tf.strings.regex_full_match(words, "[0-9]{1,9}")
+    ids = tf.strings.to_number(tf.where(numeric, words, str(UNK_ID)), tf.int32)
+    valid = (ids >= NUM_RESERVED_IDS) & (ids < self.vocab_size)
+    return tf.where(valid, ids, UNK_ID)
+
+  def tokenize(self, strings) -> tf.RaggedTensor:
+    words = tf.strings.split(strings)
+    if isinstance(words, tf.RaggedTensor):
+      return tf.ragged.map_flat_values(self._to_ids, words)
+    return self._to_ids(words)
+
+  def detokenize(self, ids) -> tf.Tensor:
+    ids = strip_special_ids(ids)
+    if isinstance(ids, tf.RaggedTensor):
+      words = tf.ragged.map_flat_values(tf.strings.as_string, ids)
+    else:
+      words = tf.strings.as_string(ids)
+    return _uniform(tf.strings.reduce_join(words, axis=-1, separator=" "))
+
+
+def sample_sentences(pairs: Iterable[Tuple[str, str]], max_sentences: int,
+                     seed: int = 1) -> List[str]:
+  """Reservoir-samples pairs and returns both sides: a bounded, unbiased sample.
+
+  Logs progress (sentences read, rate) every few seconds.
+
+  Args:
+    pairs: (source, target) strings, e.g. `sources.python_text_pairs(config)`.
+    max_sentences: at most this many sentences are returned (half per side).
+    seed: sampling seed.
+
+  Returns:
+    Non-empty sentences, sources and targets of the sampled pairs.
+  """
+  keep = max(1, max_sentences // 2)
+  rng = random.Random(seed)
+  reservoir: List[Tuple[str, str]] = []
+  start = last = time.time()
+  seen = 0
+  for pair in pairs:
+    if seen < keep:
+      reservoir.append(pair)
+    else:
+      j = rng.randrange(seen + 1)
+      if j < keep:
+        reservoir[j] = pair
+    seen += 1
+    now = time.time()
+    if now - last > _PROGRESS_SECONDS:
+      last = now
+      logging.info("Vocabulary: read %d sentences (%.0f sentences/s)", 2 * seen,
+                   2 * seen / (now - start))
+  elapsed = max(time.time() - start, 1e-9)
+  logging.info("Vocabulary: read %d sentences in %.1fs (%.0f/s); sampled %d", 2 * seen,
+               elapsed, 2 * seen / elapsed, 2 * len(reservoir))
+  return [s for pair in reservoir for s in pair if s.strip()]
+
+
+def train_sentencepiece(sentences: List[str], vocab_file: str, vocab_size: int,
+                        vocab_type: str = "bpe", verbose: bool = False) -> str:
+  """Trains a SentencePiece model with t2t_keras's reserved ids; writes it atomically.
+
+  Args:
+    sentences: training sentences (already sampled).
+    vocab_file: where the .model goes (a human-readable .vocab is written beside it).
+    vocab_size: target size; smaller corpora may give fewer pieces.
+    vocab_type: "bpe" or "unigram".
+    verbose: let SentencePiece log its training progress.
+
+  Returns:
+    vocab_file.
+  """
+  if vocab_type not in VOCAB_TYPES:
+    raise ValueError(f"vocab_type={vocab_type!r} must be one of {VOCAB_TYPES} "
+                     "(unigram is the word-piece-like choice)")
+  if not sentences:
+    raise sources.DataError(f"No non-empty sentences to build {vocab_file} from; "
+                            "check the training data.")
+  os.makedirs(os.path.dirname(os.path.abspath(vocab_file)), exist_ok=True)
+  logging.info("Training a %s vocabulary of %d pieces on %d sentences -> %s",
+               vocab_type, vocab_size, len(sentences), vocab_file)
+  model = _ProtoWriter()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(sentences), model_writer=model, model_type=vocab_type,
+      vocab_size=vocab_size, pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID,
+      bos_id=BOS_ID, hard_vocab_limit=False, character_coverage=1.0,
+      num_threads=min(os.cpu_count() or 1, 16), minloglevel=0 if verbose else 2)
+  tmp = f"{vocab_file}.tmp{os.getpid()}"
+  with open(tmp, "wb") as f:
+    f.write(model.proto)
+  processor = spm.SentencePieceProcessor(model_proto=model.proto)
+  with open(tmp + ".vocab", "w", encoding="utf-8") as f:
+    for i in range(processor.get_piece_size()):
+      f.write(f"{processor.id_to_piece(i)}\t{processor.get_score(i)}\n")
+  os.replace(tmp + ".vocab", os.path.splitext(vocab_file)[0] + ".vocab")
+  os.replace(tmp, vocab_file)
+  logging.info("Wrote vocabulary %s (%d pieces)", vocab_file, processor.get_piece_size())
+  return vocab_file
+
+
+class _ProtoWriter:
+  """Collects the model bytes SentencePiece writes (model_writer protocol)."""
+
+  proto = b""
+
+  def write(self, data: bytes):
+    self.proto += data
+
+
+def load_tokenizer(vocab_file: str) -> SentencePieceTokenizer:
+  """Loads a SentencePiece vocabulary written by `build_vocab` (e.g. for decoding)."""
+  if not os.path.isfile(vocab_file):
+    raise sources.DataError(f"Vocabulary {vocab_file} does not exist; build it with "
+                            "tools/build_vocab.py or by training once.")
+  with open(vocab_file, "rb") as f:
+    return SentencePieceTokenizer(f.read(), vocab_file=vocab_file)
+
+
+def vocab_path(config: DataConfig) -> str:
+  """config.vocab_file, or a data_dir file named after the data, type and size.
+
+  The name carries a content fingerprint of the training data (not its mtime), so a
+  shared data_dir never hands a vocabulary of other data to a run.
+  """
+  if config.vocab_file:
+    return config.vocab_file
+  if not config.data_dir:
+    raise sources.DataError(f"source={config.source!r} needs --data_dir (or "
+                            "--vocab_file) to store the vocabulary.")
+  tag = cache.digest(cache.source_fingerprint(config, "train", with_mtime=False,
+                                              shared_vocab=True))[:8]
+  return os.path.join(config.data_dir,
+                      f"vocab.{config.vocab_type}{config.vocab_size}.{tag}.model")
+
+
+def build_vocab(config: DataConfig,
+                pairs: Optional[Callable[[], Iterator[Tuple[str, str]]]] = None,
+                overwrite: bool = False, verbose: bool = False) -> str:
+  """Builds the shared vocabulary of config's training data, unless it exists.
+
+  Args:
+    config: data configuration (source, vocab_type, vocab_size, sample size, seed).
+    pairs: returns an iterator of training (source, target) strings; default: the
+      configured training split.
+    overwrite: rebuild even when the file exists.
+    verbose: show SentencePiece's own training log.
+
+  Returns:
+    The vocabulary path.
+  """
+  path = vocab_path(config)
+  if os.path.isfile(path) and not overwrite:
+    logging.info("Reusing vocabulary %s", path)
+    return path
+  if config.vocab_type not in VOCAB_TYPES:
+    raise ValueError(f"vocab_type={config.vocab_type!r} must be one of {VOCAB_TYPES} "
+                     "(unigram is the word-piece-like choice)")
+  if pairs is None:
+    if config.source == "files":
+      cache.validated_files(config, "train")  # Clear errors before reading.
+    pairs = lambda: sources.python_text_pairs(config, "train")  # noqa: E731
+  sample = sample_sentences(pairs(), config.vocab_sample_sentences, config.seed)
+  return train_sentencepiece(sample, path, config.vocab_size, config.vocab_type,
+                             verbose=verbose)
+
+
+def load_or_build_tokenizer(config: DataConfig, **build_kwargs):
+  """The tokenizer of config: IntegerTokenizer for synthetic tasks, else SentencePiece
+  loaded from (or first built into) `vocab_path(config)`.
+
+  Args:
+    config: data configuration.
+    **build_kwargs: forwarded to `build_vocab` (pairs, overwrite, verbose).
+
+  Returns:
+    A tf.Module with tokenize(strings), detokenize(ids) and vocab_size.
+  """
+  if config.source == "synthetic":
+    return IntegerTokenizer(sources.synthetic_vocab_size(config))
+  return load_tokenizer(build_vocab(config, **build_kwargs))
+
+
+def tokenizer_digest(tokenizer) -> str:
+  """Identifies a tokenizer's vocabulary (part of the tokenized-cache key)."""
+  if tokenizer.model_proto is not None:
+    return hashlib.sha256(tokenizer.model_proto).hexdigest()[:16]
+  return f"{type(tokenizer).__name__}-{tokenizer.vocab_size}"

@@ -1,0 +1,210 @@
+"""Tests of t2t_keras.data.pipeline: buckets, token budgets, exactly-once, shards, cache."""
+
+import collections
+import dataclasses
+import logging
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from t2t_keras import BOS_ID, EOS_ID, PAD_ID
+from t2t_keras.configs import DataConfig
+from t2t_keras.data import cache, pipeline
+from t2t_keras.data.sources import DataError
+
+WORDS = "the a house cat dog runs sleeps under over small big green Haus Katze grün".split()
+NUM_NORMAL, NUM_EMPTY, NUM_LONG = 400, 3, 2
+
+
+def _write_corpus(folder, seed=0):
+  rng = np.random.default_rng(seed)
+  src, tgt = [], []
+  for _ in range(NUM_NORMAL):
+    words = list(rng.choice(WORDS, size=rng.integers(1, 12)))
+    src.append(" ".join(words))
+    tgt.append(" ".join(reversed(words)))
+  src += ["", "the cat", ""]  # NUM_EMPTY pairs with an empty side.
+  tgt += ["die Katze", "", ""]
+  src += [" ".join(WORDS * 4)] * NUM_LONG  # Longer than max_length=32 tokens.
+  tgt += ["kurz"] * NUM_LONG
+  paths = []
+  for name, lines in (("src.txt", src), ("tgt.txt", tgt)):
+    paths.append(os.path.join(folder, name))
+    with open(paths[-1], "w", encoding="utf-8") as f:
+      f.write("\n".join(lines) + "\n")
+  return paths, list(zip(src, tgt))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+  folder = str(tmp_path_factory.mktemp("corpus"))
+  (src, tgt), pairs = _write_corpus(folder)
+  config = DataConfig(source="files", train_src=src, train_tgt=tgt, dev_src=src,
+                      dev_tgt=tgt, data_dir=os.path.join(folder, "data"),
+                      vocab_size=100, max_length=32, batch_size=96, shuffle_buffer=1000)
+  return config, pairs, pipeline.make_datasets(config)
+
+
+def _rows(batch, tokenizer):
+  """(source, target) texts of the non-padding rows of a batch."""
+  real = batch["inputs"][:, 0] != PAD_ID
+  return list(zip(tokenizer.detokenize(batch["inputs"][real]).numpy(),
+                  tokenizer.detokenize(batch["targets"][real]).numpy()))
+
+
+def _kept(pairs):
+  return [(s.encode(), t.encode()) for s, t in pairs
+          if s and t and len(s.split()) < 20]
+
+
+def test_bucket_boundaries_follow_t2t():
+  lengths = pipeline.bucket_boundaries(8, 256, 1.1)
+  assert lengths[:4] == [8, 9, 10, 11] and lengths[-1] == 256
+  for prev, cur in zip(lengths[:-2], lengths[1:-1]):
+    assert cur == max(prev + 1, int(prev * 1.1))
+  assert lengths[-2] < 256 <= max(lengths[-2] + 1, int(lengths[-2] * 1.1))
+  assert pipeline.bucket_boundaries(8, 8) == [8]
+  assert pipeline.bucket_batch_sizes([8, 100], 4096) == [512, 40]
+  with pytest.raises(ValueError):
+    pipeline.bucket_boundaries(8, 64, 1.0)
+
+
+def test_counts_are_logged_and_filtered(corpus, caplog):
+  config, _, data = corpus
+  stats = data.train_stats
+  assert (stats.pairs, stats.empty, stats.too_long) == (
+      NUM_NORMAL + NUM_EMPTY + NUM_LONG, NUM_EMPTY, NUM_LONG)
+  assert stats.kept_for_training == NUM_NORMAL
+  with caplog.at_level(logging.INFO, logger="absl"):
+    pipeline.make_datasets(config)
+  assert "3 with an empty side, 2 longer than max_length=32" in caplog.text
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_no_batch_exceeds_its_token_budget(corpus, static):
+  config, _, data = corpus
+  config = dataclasses.replace(config, static_shapes=static)
+  lengths = pipeline.bucket_boundaries(8, config.max_length)
+  expected = {(config.batch_size // n, n) for n in lengths}
+  shapes = set()
+  for batch in pipeline.train_dataset(config, data.tokenizer).take(60):
+    for key in ("inputs", "targets"):
+      rows, length = batch[key].shape
+      assert rows * length <= config.batch_size
+      assert length <= config.max_length
+      shapes.add(tuple(batch[key].shape))
+    if static:
+      assert batch["inputs"].shape == batch["targets"].shape
+  if static:
+    assert shapes <= expected and len(shapes) > 1
+  else:
+    assert not shapes <= expected  # Dynamic batches are trimmed to their content.
+
+
+def test_rows_end_with_eos_and_hold_no_bos(corpus):
+  _, _, data = corpus
+  batch = next(iter(data.train_fn()))
+  for key in ("inputs", "targets"):
+    ids = batch[key].numpy()
+    for row in ids:
+      content = row[row != PAD_ID]
+      assert content[-1] == EOS_ID and EOS_ID not in content[:-1]
+      assert BOS_ID not in content
+      assert (row[len(content):] == PAD_ID).all()  # Padding only at the end.
+
+
+def test_train_epoch_has_every_kept_pair_exactly_once(corpus):
+  config, pairs, data = corpus
+  seen = []
+  for batch in pipeline.train_dataset(config, data.tokenizer, repeat=False):
+    seen += _rows(batch, data.tokenizer)
+  assert collections.Counter(seen) == collections.Counter(_kept(pairs))
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_eval_has_every_pair_exactly_once(corpus, static):
+  config, pairs, data = corpus
+  config = dataclasses.replace(config, static_shapes=static)
+  seen, shapes = [], set()
+  for batch in pipeline.eval_dataset(config, data.tokenizer):
+    seen += _rows(batch, data.tokenizer)
+    shapes.add(tuple(batch["inputs"].shape))
+  expected = [(s.encode(), t.encode()) for s, t in pairs]  # Empty and long ones too.
+  assert collections.Counter(seen) == collections.Counter(expected)
+  if static:
+    longest = data.eval_stats.longest
+    assert longest > config.max_length
+    lengths = pipeline.bucket_boundaries(8, longest)
+    assert shapes <= {(max(1, config.batch_size // n), n) for n in lengths}
+
+
+def test_shards_partition_the_data(corpus):
+  config, pairs, data = corpus
+  seen = []
+  for i in range(2):
+    ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=i,
+                                     num_replicas_in_sync=2)
+    shard = []
+    for batch in pipeline.train_dataset(config, data.tokenizer, ctx, repeat=False):
+      shard += _rows(batch, data.tokenizer)
+      assert batch["inputs"].shape[0] * batch["inputs"].shape[1] <= config.batch_size
+    assert 0.3 < len(shard) / NUM_NORMAL < 0.7
+    seen += shard
+  assert collections.Counter(seen) == collections.Counter(_kept(pairs))
+
+
+def test_shuffle_is_seeded(corpus):
+  config, _, data = corpus
+
+  def first(seed):
+    ds = pipeline.train_dataset(dataclasses.replace(config, seed=seed), data.tokenizer)
+    return [b["inputs"].numpy().tolist() for b in ds.take(3)]
+
+  assert first(1) == first(1)
+  assert first(1) != first(2)
+
+
+def test_cache_is_reused_and_invalidated(corpus, monkeypatch):
+  config, _, data = corpus
+  build = cache._build
+  calls = []
+  monkeypatch.setattr(cache, "_build", lambda *a: calls.append(a[1]) or build(*a))
+  monkeypatch.setattr(pipeline.sources, "validate_parallel_files",
+                      lambda *a: pytest.fail("files validated twice"))
+  again = pipeline.make_datasets(dataclasses.replace(config, max_length=64))
+  assert calls == [] and again.train_stats.too_long == 0  # Same cache, new filter.
+  assert next(iter(again.train_fn())) is not None
+  monkeypatch.undo()
+  monkeypatch.setattr(cache, "_build", lambda *a: calls.append(a[1]) or build(*a))
+  with open(config.train_tgt, "a", encoding="utf-8") as f:  # Edit the data.
+    f.write("")
+  os.utime(config.train_tgt, ns=(1, 1))
+  pipeline.make_datasets(config)
+  assert calls == ["train", "dev"]  # Both splits read the edited file.
+
+
+def test_synthetic_pipeline_and_vocab_size():
+  config = DataConfig(source="synthetic", synthetic_task="reverse",
+                      synthetic_vocab_size=10, batch_size=64, max_length=16,
+                      synthetic_train_size=500, synthetic_eval_size=50)
+  data = pipeline.make_datasets(config)
+  assert data.vocab_size == 14 and data.train_stats.kept_for_training == 500
+  batch = next(iter(data.train_fn()))
+  src = data.tokenizer.detokenize(batch["inputs"]).numpy()
+  tgt = data.tokenizer.detokenize(batch["targets"]).numpy()
+  assert all(s.split()[::-1] == t.split() for s, t in zip(src, tgt))
+  assert sum(len(_rows(b, data.tokenizer)) for b in data.eval_fn()) == 50
+
+
+def test_budget_smaller_than_max_length_is_rejected():
+  with pytest.raises(ValueError, match="batch_size=16.*max_length=32"):
+    pipeline.make_datasets(DataConfig(batch_size=16, max_length=32))
+
+
+def test_nothing_left_after_filtering_is_a_clear_error():
+  config = DataConfig(synthetic_min_length=20, synthetic_max_length=30, max_length=16,
+                      batch_size=64, synthetic_train_size=10)
+  with pytest.raises(DataError, match="No training pairs left.*raise --max_length"):
+    pipeline.make_datasets(config)
