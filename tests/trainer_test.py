@@ -154,3 +154,18 @@ def test_corrupt_checkpoint_gives_clear_error(tmp_path):
     data_file.write_bytes(b"garbage")
   with pytest.raises(checkpoints.CheckpointError, match=r"cannot restore checkpoint .*ckpt-2"):
     train(tmp_path, "corrupt", 4)
+
+
+def test_eval_sums_match_definitions():
+  rng = np.random.default_rng(5)
+  logits = rng.normal(size=(2, 3, 7)).astype("float32")
+  targets = np.array([[4, 5, PAD_ID], [6, 1, 4]], "int32")
+  loss, nll, correct, tokens = (float(x) for x in losses.loss_sums(logits, targets, 0.1))
+  log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  mask = targets != PAD_ID
+  picked = np.take_along_axis(log_probs, targets[..., None], -1)[..., 0]
+  assert tokens == 5
+  assert nll == pytest.approx(-(picked * mask).sum(), rel=1e-5)
+  assert correct == ((logits.argmax(-1) == targets) & mask).sum()
+  smoothed = losses.smoothed_cross_entropy(logits, targets, 0.1)
+  assert loss == pytest.approx(float(np.sum(smoothed)), rel=1e-6)

@@ -29,6 +29,26 @@ def smoothing_constant(vocab_size: int, label_smoothing: float) -> float:
   return -(confidence * math.log(confidence) + (vocab_size - 2) * low * math.log(low))
 
 
+def _smoothed(log_probs, target_lp, label_smoothing):
+  """Smoothed cross-entropy minus its minimum, from log-probs (B, T, V) and the
+  targets' log-probs (B, T)."""
+  if label_smoothing <= 0:
+    return -target_lp
+  vocab_size = log_probs.shape[-1]
+  confidence = 1.0 - label_smoothing
+  low = label_smoothing / (vocab_size - 2)
+  others = ops.sum(log_probs, axis=-1) - target_lp - log_probs[..., PAD_ID]  # (B, T)
+  loss = -(confidence * target_lp + low * others)
+  return loss - smoothing_constant(vocab_size, label_smoothing)
+
+
+def _log_probs(logits, targets):
+  log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)  # (B, T, V)
+  target_lp = ops.take_along_axis(log_probs, ops.cast(targets, "int32")[..., None],
+                                  axis=-1)[..., 0]  # (B, T)
+  return log_probs, target_lp
+
+
 def smoothed_cross_entropy(logits, targets, label_smoothing=0.1):
   """Per-position smoothed cross-entropy minus its minimum.
 
@@ -40,31 +60,20 @@ def smoothed_cross_entropy(logits, targets, label_smoothing=0.1):
   Returns:
     float32 (B, T) losses, zero at padding positions.
   """
-  logits = ops.cast(logits, "float32")
-  vocab_size = logits.shape[-1]
-  log_probs = ops.log_softmax(logits, axis=-1)  # (B, T, V)
-  target_lp = ops.take_along_axis(log_probs, ops.cast(targets, "int32")[..., None],
-                                  axis=-1)[..., 0]  # (B, T)
-  if label_smoothing > 0:
-    confidence = 1.0 - label_smoothing
-    low = label_smoothing / (vocab_size - 2)
-    others = ops.sum(log_probs, axis=-1) - target_lp - log_probs[..., PAD_ID]  # (B, T)
-    loss = -(confidence * target_lp + low * others)
-    loss = loss - smoothing_constant(vocab_size, label_smoothing)
-  else:
-    loss = -target_lp
+  log_probs, target_lp = _log_probs(logits, targets)
   weights = ops.cast(ops.not_equal(targets, PAD_ID), "float32")
-  return loss * weights
+  return _smoothed(log_probs, target_lp, label_smoothing) * weights
 
 
 def loss_sums(logits, targets, label_smoothing=0.1):
-  """(smoothed loss sum, NLL sum, correct-token count, token count) over real tokens."""
+  """(smoothed loss sum, NLL sum, correct-token count, token count) over real tokens.
+
+  For evaluation; training needs only `smoothed_cross_entropy`.
+  """
+  log_probs, target_lp = _log_probs(logits, targets)
   weights = ops.cast(ops.not_equal(targets, PAD_ID), "float32")
-  loss = ops.sum(smoothed_cross_entropy(logits, targets, label_smoothing))
-  if label_smoothing > 0:
-    nll = ops.sum(smoothed_cross_entropy(logits, targets, 0.0))
-  else:
-    nll = loss
+  loss = ops.sum(_smoothed(log_probs, target_lp, label_smoothing) * weights)
+  nll = ops.sum(-target_lp * weights)
   predictions = ops.cast(ops.argmax(logits, axis=-1), targets.dtype)
   correct = ops.sum(ops.cast(ops.equal(predictions, targets), "float32") * weights)
   return loss, nll, correct, ops.sum(weights)

@@ -89,8 +89,9 @@ class Trainer:
     variables = self.model.trainable_variables
     with tf.GradientTape() as tape:
       logits = self.model(batch, training=True)
-      loss_sum, _, _, tokens = losses.loss_sums(logits, batch["targets"],
-                                                self.config.label_smoothing)
+      loss_sum = tf.reduce_sum(losses.smoothed_cross_entropy(
+          logits, batch["targets"], self.config.label_smoothing))
+      tokens = tf.reduce_sum(tf.cast(tf.not_equal(batch["targets"], PAD_ID), tf.float32))
       loss = loss_sum / tf.maximum(global_tokens, 1.0)
       if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
         loss = self.optimizer.scale_loss(loss)
