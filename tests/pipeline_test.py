@@ -208,3 +208,22 @@ def test_nothing_left_after_filtering_is_a_clear_error():
                       batch_size=64, synthetic_train_size=10)
   with pytest.raises(DataError, match="No training pairs left.*raise --max_length"):
     pipeline.make_datasets(config)
+
+
+def test_unknown_source_is_a_clear_error():
+  with pytest.raises(DataError, match="parsing"):
+    pipeline.make_datasets(DataConfig(source="parsing"))
+
+
+def test_iterator_state_checkpoints_and_resumes(tmp_path):
+  config = DataConfig(synthetic_train_size=300, batch_size=64, max_length=16,
+                      shuffle_buffer=100)
+  data = pipeline.make_datasets(config)
+  iterator = iter(data.train_fn())
+  for _ in range(3):
+    next(iterator)
+  path = tf.train.Checkpoint(iterator=iterator).save(str(tmp_path / "ckpt"))
+  expected = [next(iterator)["inputs"].numpy().tolist() for _ in range(4)]
+  resumed = iter(data.train_fn())
+  tf.train.Checkpoint(iterator=resumed).restore(path)
+  assert [next(resumed)["inputs"].numpy().tolist() for _ in range(4)] == expected

@@ -88,6 +88,16 @@ def test_vocabulary_is_reused_not_retrained(tmp_path, monkeypatch):
         DataConfig(**{**config.__dict__, "vocab_size": 100}))
 
 
+def test_vocabulary_found_without_training_files(tmp_path):
+  config = _config(tmp_path)
+  built = tokenizer_lib.load_or_build_tokenizer(config)
+  os.remove(config.train_src)  # E.g. exporting on another machine.
+  assert tokenizer_lib.vocab_path(config) == built.vocab_file
+  assert tokenizer_lib.load_or_build_tokenizer(config).model_proto == built.model_proto
+  with pytest.raises(tokenizer_lib.sources.DataError, match="does not exist"):
+    tokenizer_lib.vocab_path(DataConfig(**{**config.__dict__, "vocab_size": 99}))
+
+
 def test_explicit_vocab_file(tmp_path):
   vocab_file = str(tmp_path / "my" / "spm.model")
   config = _config(tmp_path, vocab_file=vocab_file)

@@ -18,7 +18,7 @@ from absl import app, flags, logging
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from t2t_keras import flags as t2t_flags  # noqa: E402
-from t2t_keras.data import build_vocab, make_datasets  # noqa: E402
+from t2t_keras.data import DataError, build_vocab, make_datasets  # noqa: E402
 
 flags.DEFINE_boolean("overwrite_vocab", False,
                      "Rebuild the vocabulary even if it exists (invalidates caches and "
@@ -31,7 +31,15 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   del argv
-  config = t2t_flags.data_config()
+  try:
+    _build(t2t_flags.data_config())
+  except DataError as error:
+    logging.debug("data error", exc_info=True)
+    sys.exit(f"error: {error}")
+
+
+def _build(config):
+  """Builds (or finds) the vocabulary, then the caches; prints what was found."""
   if config.source == "synthetic":
     print("Synthetic tasks need no vocabulary (ids are the symbols).")
     return

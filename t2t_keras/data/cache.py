@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import time
 from typing import Optional
 
@@ -43,8 +44,7 @@ def digest(obj) -> str:
 
 def file_fingerprint(path: str, with_mtime: bool = True) -> dict:
   """Cheap content identity of a file: size, head and tail bytes (and mtime)."""
-  if not os.path.isfile(path):
-    raise sources.DataError(f"Data file {path!r} does not exist; check the data flags.")
+  sources.check_file_exists(path)
   size = os.path.getsize(path)
   sha = hashlib.sha256()
   with open(path, "rb") as f:
@@ -163,7 +163,7 @@ def _progress(ds: tf.data.Dataset, what: str) -> tf.data.Dataset:
       pairs = index * BATCH_ROWS
       tf.print("Tokenizing", what + ":", pairs, "pairs,",
                tf.cast(tf.cast(pairs, tf.float64) / (tf.timestamp() - start), tf.int64),
-               "pairs/s", output_stream=logging.info)
+               "pairs/s", output_stream=sys.stderr)
       return tf.constant(0)
     done = tf.cond(index % every == 0, emit, lambda: tf.constant(0))
     with tf.control_dependencies([done]):

@@ -293,6 +293,10 @@ def make_datasets(config: DataConfig) -> Datasets:
   Raises:
     sources.DataError: missing/misaligned/invalid files, or no training pair left.
   """
+  if config.source not in sources.SOURCES:
+    raise sources.DataError(
+        f"source={config.source!r} is not supported by t2t_keras.data (one of "
+        f"{sources.SOURCES}); convert the data to line-aligned files and use 'files'.")
   _check_budget(config)
   tokenizer = tokenizer_lib.load_or_build_tokenizer(config)
   train = load_split(config, "train", tokenizer)

@@ -58,6 +58,14 @@ def _invalid_utf8_error(path: str, line: int, error: UnicodeDecodeError) -> Data
       "(--skip_invalid_utf8) to skip and count such pairs.")
 
 
+def check_file_exists(path: str):
+  """Raises DataError naming the file and the flags to check if it is missing."""
+  if not path or not os.path.isfile(path):
+    raise DataError(f"Data file {path!r} does not exist; check the --train_src/"
+                    "--train_tgt/--dev_src/--dev_tgt flags (relative paths resolve "
+                    f"from the current directory, {os.getcwd()}).")
+
+
 def scan_text_file(path: str, skip_invalid_utf8: bool = False) -> FileScan:
   """Counts lines and checks UTF-8 in large chunks (hundreds of MB/s).
 
@@ -71,10 +79,7 @@ def scan_text_file(path: str, skip_invalid_utf8: bool = False) -> FileScan:
   Raises:
     DataError: the file is missing, or has invalid UTF-8 and skipping is off.
   """
-  if not path or not os.path.isfile(path):
-    raise DataError(f"Data file {path!r} does not exist; check the --train_src/"
-                    "--train_tgt/--dev_src/--dev_tgt flags (paths resolve from the "
-                    "current directory).")
+  check_file_exists(path)
   num_lines = 0
   invalid: List[int] = []
   carry = b""

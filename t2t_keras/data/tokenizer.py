@@ -16,6 +16,7 @@ Shape notation: B batch, T tokens.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import random
@@ -227,17 +228,27 @@ def vocab_path(config: DataConfig) -> str:
   """config.vocab_file, or a data_dir file named after the data, type and size.
 
   The name carries a content fingerprint of the training data (not its mtime), so a
-  shared data_dir never hands a vocabulary of other data to a run.
+  shared data_dir never hands a vocabulary of other data to a run. Where the training
+  files are gone (decoding or exporting on another machine), the one vocabulary of
+  this type and size in data_dir is used; pass vocab_file when there are several.
   """
   if config.vocab_file:
     return config.vocab_file
   if not config.data_dir:
     raise sources.DataError(f"source={config.source!r} needs --data_dir (or "
                             "--vocab_file) to store the vocabulary.")
-  tag = cache.digest(cache.source_fingerprint(config, "train", with_mtime=False,
-                                              shared_vocab=True))[:8]
-  return os.path.join(config.data_dir,
-                      f"vocab.{config.vocab_type}{config.vocab_size}.{tag}.model")
+  prefix = f"vocab.{config.vocab_type}{config.vocab_size}."
+  try:
+    fingerprint = cache.source_fingerprint(config, "train", with_mtime=False,
+                                           shared_vocab=True)
+  except sources.DataError:
+    found = sorted(glob.glob(os.path.join(glob.escape(config.data_dir),
+                                          prefix + "*.model")))
+    if len(found) == 1:
+      logging.info("Training data not found; using the vocabulary %s", found[0])
+      return found[0]
+    raise
+  return os.path.join(config.data_dir, f"{prefix}{cache.digest(fingerprint)[:8]}.model")
 
 
 def build_vocab(config: DataConfig,
