@@ -66,7 +66,7 @@ def main(argv):
         f"{data.train_stats.kept_for_training} training pairs")
 
   text = sources.text_pairs(config, "train").take(FLAGS.cold_pairs).cache().repeat()
-  cold = cache.tokenize_pairs(text, data.tokenizer)  # Batches of ragged ids.
+  cold = cache.tokenize_pairs(text, data.tokenizer, None)  # Batches of ragged ids.
   (pairs, tokens), secs = _measure(
       cold, FLAGS.seconds / 2,
       lambda b: [int(b[0].nrows()), int(tf.size(b[0].flat_values) +

@@ -227,3 +227,24 @@ def test_iterator_state_checkpoints_and_resumes(tmp_path):
   resumed = iter(data.train_fn())
   tf.train.Checkpoint(iterator=resumed).restore(path)
   assert [next(resumed)["inputs"].numpy().tolist() for _ in range(4)] == expected
+
+
+def test_interrupted_cache_build_is_not_trusted(tmp_path, monkeypatch):
+  folder = str(tmp_path)
+  (src, tgt), pairs = _write_corpus(folder, seed=1)
+  config = DataConfig(source="files", train_src=src, train_tgt=tgt, vocab_size=100,
+                      data_dir=os.path.join(folder, "data"), max_length=32, batch_size=96)
+
+  def crash(*args):
+    raise KeyboardInterrupt("killed while tokenizing")
+
+  monkeypatch.setattr(cache, "_lengths", crash)
+  with pytest.raises(KeyboardInterrupt):
+    pipeline.make_datasets(config)
+  monkeypatch.undo()
+  data = pipeline.make_datasets(config)
+  assert data.train_stats.pairs == len(pairs)
+  seen = []
+  for batch in pipeline.train_dataset(config, data.tokenizer, repeat=False):
+    seen += _rows(batch, data.tokenizer)
+  assert collections.Counter(seen) == collections.Counter(_kept(pairs))

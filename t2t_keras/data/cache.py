@@ -6,23 +6,27 @@ mtime and head/tail bytes, or the TFDS name/version/split; the vocabulary's byte
 editing data or rebuilding the vocabulary invalidates it, and nothing stale is reused.
 max_length is deliberately NOT part of the key: the cache holds every pair, and
 filtering happens on load, so trying another max_length does not re-tokenize.
-Entries are written to a temporary directory and renamed into place, so an
-interrupted run never leaves a half-written cache that a later run would trust.
+A build writes its own subdirectory and then, last, a small stats.json naming it: an
+interrupted build is never trusted by a later run, and two workers building at once
+cannot corrupt each other. (Directory renames would be neater, but are not atomic, or
+not supported, on every tf.io.gfile filesystem such as gs://.)
 
 Layout: data_dir/cache/validation-<key>.json and data_dir/cache/<split>-<key>/
-{data/ (tf.data.Dataset.save), lengths.npy (token counts per pair), stats.json}.
+{build-<id>/{data/ (tf.data.Dataset.save), lengths.npy (token counts per pair)},
+stats.json}.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import os
-import shutil
 import sys
 import time
-from typing import Optional
+import uuid
+from typing import Callable, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -45,16 +49,17 @@ def digest(obj) -> str:
 def file_fingerprint(path: str, with_mtime: bool = True) -> dict:
   """Cheap content identity of a file: size, head and tail bytes (and mtime)."""
   sources.check_file_exists(path)
-  size = os.path.getsize(path)
+  stat = tf.io.gfile.stat(path)
+  size = stat.length
   sha = hashlib.sha256()
-  with open(path, "rb") as f:
+  with sources.open_binary(path) as f:
     sha.update(f.read(_HEAD_TAIL_BYTES))
     if size > _HEAD_TAIL_BYTES:
       f.seek(max(_HEAD_TAIL_BYTES, size - _HEAD_TAIL_BYTES))
       sha.update(f.read())
   fingerprint = {"size": size, "sha256_head_tail": sha.hexdigest()}
   if with_mtime:
-    fingerprint["mtime_ns"] = os.stat(path).st_mtime_ns
+    fingerprint["mtime_ns"] = stat.mtime_nsec
   return fingerprint
 
 
@@ -103,8 +108,8 @@ def validated_files(config: DataConfig, split: str) -> Optional[dict]:
                 "skip": config.skip_invalid_utf8})
   directory = _cache_dir(config)
   path = directory and os.path.join(directory, f"validation-{key}.json")
-  if path and os.path.isfile(path):
-    with open(path) as f:
+  if path and tf.io.gfile.exists(path):
+    with tf.io.gfile.GFile(path) as f:
       return json.load(f)
   start = time.time()
   src, tgt = sources.validate_parallel_files(*paths, config.skip_invalid_utf8)
@@ -117,16 +122,16 @@ def validated_files(config: DataConfig, split: str) -> Optional[dict]:
   logging.info("Validated %s and %s: %d lines each in %.1fs", *paths, src.num_lines,
                time.time() - start)
   if path:
-    os.makedirs(directory, exist_ok=True)
+    tf.io.gfile.makedirs(directory)
     _write_json_atomic(path, result)
   return result
 
 
 def _write_json_atomic(path: str, obj):
   tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w") as f:
+  with tf.io.gfile.GFile(tmp, "w") as f:
     json.dump(obj, f)
-  os.replace(tmp, path)
+  tf.io.gfile.rename(tmp, path, overwrite=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,7 +142,7 @@ class TokenizedSplit:
   filtering and appending EOS to 1024 pairs at once is far cheaper than one by one.
 
   Attributes:
-    path: directory of the saved dataset (None for in-memory synthetic data).
+    path: the cache entry directory (None for in-memory synthetic data).
     lengths: int32 [N, 2] (source, target) token counts per pair, without EOS.
     invalid_utf8: pairs skipped because a side was not valid UTF-8.
     make_dataset: returns a fresh dataset of (source_ids, target_ids) int32
@@ -147,7 +152,7 @@ class TokenizedSplit:
   path: Optional[str]
   lengths: np.ndarray
   invalid_utf8: int
-  make_dataset: object
+  make_dataset: Callable[[], tf.data.Dataset]
 
   def dataset(self) -> tf.data.Dataset:
     return self.make_dataset()
@@ -172,14 +177,17 @@ def _progress(ds: tf.data.Dataset, what: str) -> tf.data.Dataset:
   return ds.enumerate(start=1).map(log)
 
 
-def tokenize_pairs(text: tf.data.Dataset, tokenizer,
-                   what: str = "pairs") -> tf.data.Dataset:
-  """(source, target) strings -> batches of ragged ids, tokenized in parallel."""
+def tokenize_pairs(text: tf.data.Dataset, tokenizer, what: Optional[str] = "pairs"
+                   ) -> tf.data.Dataset:
+  """(source, target) strings -> batches of ragged ids, tokenized in parallel.
+
+  Progress is logged as "Tokenizing <what>: ..." unless `what` is None.
+  """
   def tokenize(src, tgt):
     return tokenizer.tokenize(src), tokenizer.tokenize(tgt)
 
   ds = text.batch(BATCH_ROWS).map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
-  return _progress(ds, what)
+  return ds if what is None else _progress(ds, what)
 
 
 def _lengths(ds: tf.data.Dataset) -> np.ndarray:
@@ -214,39 +222,39 @@ def tokenized_split(config: DataConfig, split: str, tokenizer,
   key = digest({"v": CACHE_VERSION, "fp": source_fingerprint(config, split),
                 "vocab": tokenizer_key, "skip": config.skip_invalid_utf8})
   path = os.path.join(directory, f"{split}-{key}")
-  if os.path.isdir(path):
+  stats_file = os.path.join(path, "stats.json")
+  if tf.io.gfile.exists(stats_file):
     logging.info("Reusing tokenized %s data %s", split, path)
   else:
     _build(config, split, tokenizer, path, invalid)
-  with open(os.path.join(path, "stats.json")) as f:
-    invalid = json.load(f)["invalid_utf8"]
-  data = os.path.join(path, "data")
-  return TokenizedSplit(path=path, lengths=np.load(os.path.join(path, "lengths.npy")),
-                        invalid_utf8=invalid,
+  with tf.io.gfile.GFile(stats_file) as f:
+    stats = json.load(f)
+  build = os.path.join(path, stats["build"])
+  with tf.io.gfile.GFile(os.path.join(build, "lengths.npy"), "rb") as f:
+    lengths = np.load(io.BytesIO(f.read()))
+  data = os.path.join(build, "data")
+  return TokenizedSplit(path=path, lengths=lengths, invalid_utf8=stats["invalid_utf8"],
                         make_dataset=lambda: tf.data.Dataset.load(data))
 
 
 def _build(config: DataConfig, split: str, tokenizer, path: str, invalid: int):
-  """Tokenizes a split into `path` (via a temporary directory, then rename)."""
+  """Tokenizes a split into a new build directory of `path`, then commits it."""
   text = sources.text_pairs(config, split)
-  tmp = f"{path}.tmp{os.getpid()}"
-  shutil.rmtree(tmp, ignore_errors=True)
+  name = f"build-{uuid.uuid4().hex[:12]}"
+  build = os.path.join(path, name)
   start = time.time()
-  logging.info("Tokenizing the %s split into %s", split, path)
+  logging.info("Tokenizing the %s split into %s", split, build)
   # One shard: loading then yields the same order on every worker (sharding relies
   # on it), and batches of 1024 pairs make one reader fast enough.
   tokenize_pairs(text, tokenizer, split).save(
-      os.path.join(tmp, "data"), shard_func=lambda *_: tf.constant(0, tf.int64))
-  lengths = _lengths(tf.data.Dataset.load(os.path.join(tmp, "data")))
-  np.save(os.path.join(tmp, "lengths.npy"), lengths)
-  _write_json_atomic(os.path.join(tmp, "stats.json"),
-                     {"pairs": int(len(lengths)), "invalid_utf8": invalid})
+      os.path.join(build, "data"), shard_func=lambda *_: tf.constant(0, tf.int64))
+  lengths = _lengths(tf.data.Dataset.load(os.path.join(build, "data")))
+  buffer = io.BytesIO()
+  np.save(buffer, lengths)
+  with tf.io.gfile.GFile(os.path.join(build, "lengths.npy"), "wb") as f:
+    f.write(buffer.getvalue())
   seconds = time.time() - start
   logging.info("Tokenized %d %s pairs in %.1fs (%.0f pairs/s)", len(lengths), split,
                seconds, len(lengths) / max(seconds, 1e-9))
-  try:
-    os.rename(tmp, path)
-  except OSError:  # Another process finished the same entry first; keep theirs.
-    if not os.path.isdir(path):
-      raise
-    shutil.rmtree(tmp, ignore_errors=True)
+  _write_json_atomic(os.path.join(path, "stats.json"),  # The commit.
+                     {"build": name, "pairs": int(len(lengths)), "invalid_utf8": invalid})

@@ -16,7 +16,6 @@ Shape notation: B batch, T tokens.
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import os
 import random
@@ -184,7 +183,8 @@ def train_sentencepiece(sentences: List[str], vocab_file: str, vocab_size: int,
   if not sentences:
     raise sources.DataError(f"No non-empty sentences to build {vocab_file} from; "
                             "check the training data.")
-  os.makedirs(os.path.dirname(os.path.abspath(vocab_file)), exist_ok=True)
+  if os.path.dirname(vocab_file):
+    tf.io.gfile.makedirs(os.path.dirname(vocab_file))
   logging.info("Training a %s vocabulary of %d pieces on %d sentences -> %s",
                vocab_type, vocab_size, len(sentences), vocab_file)
   model = _ProtoWriter()
@@ -194,14 +194,15 @@ def train_sentencepiece(sentences: List[str], vocab_file: str, vocab_size: int,
       bos_id=BOS_ID, hard_vocab_limit=False, character_coverage=1.0,
       num_threads=min(os.cpu_count() or 1, 16), minloglevel=0 if verbose else 2)
   tmp = f"{vocab_file}.tmp{os.getpid()}"
-  with open(tmp, "wb") as f:
+  with tf.io.gfile.GFile(tmp, "wb") as f:
     f.write(model.proto)
   processor = spm.SentencePieceProcessor(model_proto=model.proto)
-  with open(tmp + ".vocab", "w", encoding="utf-8") as f:
+  with tf.io.gfile.GFile(tmp + ".vocab", "w") as f:
     for i in range(processor.get_piece_size()):
       f.write(f"{processor.id_to_piece(i)}\t{processor.get_score(i)}\n")
-  os.replace(tmp + ".vocab", os.path.splitext(vocab_file)[0] + ".vocab")
-  os.replace(tmp, vocab_file)
+  tf.io.gfile.rename(tmp + ".vocab", os.path.splitext(vocab_file)[0] + ".vocab",
+                     overwrite=True)
+  tf.io.gfile.rename(tmp, vocab_file, overwrite=True)
   logging.info("Wrote vocabulary %s (%d pieces)", vocab_file, processor.get_piece_size())
   return vocab_file
 
@@ -217,10 +218,10 @@ class _ProtoWriter:
 
 def load_tokenizer(vocab_file: str) -> SentencePieceTokenizer:
   """Loads a SentencePiece vocabulary written by `build_vocab` (e.g. for decoding)."""
-  if not os.path.isfile(vocab_file):
+  if not tf.io.gfile.exists(vocab_file):
     raise sources.DataError(f"Vocabulary {vocab_file} does not exist; build it with "
                             "tools/build_vocab.py or by training once.")
-  with open(vocab_file, "rb") as f:
+  with tf.io.gfile.GFile(vocab_file, "rb") as f:
     return SentencePieceTokenizer(f.read(), vocab_file=vocab_file)
 
 
@@ -242,8 +243,7 @@ def vocab_path(config: DataConfig) -> str:
     fingerprint = cache.source_fingerprint(config, "train", with_mtime=False,
                                            shared_vocab=True)
   except sources.DataError:
-    found = sorted(glob.glob(os.path.join(glob.escape(config.data_dir),
-                                          prefix + "*.model")))
+    found = sorted(tf.io.gfile.glob(os.path.join(config.data_dir, prefix + "*.model")))
     if len(found) == 1:
       logging.info("Training data not found; using the vocabulary %s", found[0])
       return found[0]
@@ -267,7 +267,7 @@ def build_vocab(config: DataConfig,
     The vocabulary path.
   """
   path = vocab_path(config)
-  if os.path.isfile(path) and not overwrite:
+  if tf.io.gfile.exists(path) and not overwrite:
     logging.info("Reusing vocabulary %s", path)
     return path
   if config.vocab_type not in VOCAB_TYPES:
