@@ -213,6 +213,12 @@ def define_train_flags(f):
                        "Steps between checkpoints.")
   f.DEFINE_float("save_checkpoint_minutes", d.save_checkpoint_minutes,
                      "Minutes between checkpoints (paper: 10).")
+  f.DEFINE_boolean("dry_run", False,
+                   "Build the model from the flags, print its summary and parameter "
+                   "count, and exit (no data needed).")
+  f.DEFINE_integer("show_examples", 5,
+                   "After training, decode the dev set with beam search, print this "
+                   "many examples and the exact-match accuracy (0 = skip).")
   f.DEFINE_integer("keep_checkpoint_max", d.keep_checkpoint_max,
                        "Checkpoints kept (paper averages the last 5 or 20).")
   for name in ("train_steps", "learning_rate_warmup_steps", "steps_per_loop", "accum_steps",

@@ -19,13 +19,6 @@ from t2t_keras import flags as t2t_flags
 
 FLAGS = flags.FLAGS
 t2t_flags.define_all()
-flags.DEFINE_boolean("dry_run", False,
-                     "Build the model from the flags, print its summary and parameter "
-                     "count, and exit (no data needed).")
-flags.DEFINE_integer("show_examples", 5,
-                     "After training, decode this many dev examples and report their "
-                     "exact-match accuracy over the whole dev set (synthetic tasks) or "
-                     "print them (0 = skip).")
 
 
 def dry_run() -> None:

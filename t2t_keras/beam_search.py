@@ -1,0 +1,195 @@
+"""Batched beam search and greedy search over an incremental decoder.
+
+One pure function in the style of tensor2tensor / Flax / Model Garden: at every step
+the K alive hypotheses of each sentence are extended by every token, the 2K best
+candidates are kept (so that even if K of them end in EOS, K can stay alive), those
+ending in EOS join the finished set scored with the GNMT length penalty
+`((5 + length) / 6) ** alpha` (Wu et al. 2016; length counts EOS), and the best K not
+ending in EOS stay alive. The loop stops when no alive hypothesis can still beat the
+worst of K finished ones (the penalised log probability of an alive hypothesis can
+only improve by growing longer up to `decode_length`, so dividing its log probability
+by the largest penalty bounds it), or after `decode_length` steps. Sentences without
+K finished hypotheses fall back to their best alive ones.
+
+Shapes are static given (batch, beam, decode_length), and the loop is a
+`tf.while_loop` with `maximum_iterations`, so the search compiles with XLA and runs
+inside an exported SavedModel. The decoder state (e.g. the self-attention key/value
+cache) is any nest of tensors with leading dimension batch * beam; it is reordered
+by parent beam once per step. Per-source tensors that never change (cross-attention
+keys/values, source mask) belong in the caller's closure, tiled once with
+`tile_beams`, and are never reordered.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Tuple
+
+import tensorflow as tf
+
+from t2t_keras import EOS_ID, PAD_ID
+
+# A large negative score instead of -inf: -inf - -inf is NaN, and XLA dislikes infs.
+NEG_INF = -1.0e9
+
+# symbols_to_logits(ids (B*K,) int32, index scalar int32, state) ->
+#   (float32 logits (B*K, V), new state)
+SymbolsToLogits = Callable[[tf.Tensor, tf.Tensor, Any], Tuple[tf.Tensor, Any]]
+
+
+def length_penalty(length, alpha: float) -> tf.Tensor:
+  """GNMT length penalty ((5 + length) / 6) ** alpha; 1 when alpha == 0."""
+  return tf.pow((5.0 + tf.cast(length, tf.float32)) / 6.0, alpha)
+
+
+def tile_beams(tensor: tf.Tensor, beam_size: int) -> tf.Tensor:
+  """(B, ...) -> (B * K, ...), each batch row repeated K times consecutively."""
+  return tf.repeat(tensor, beam_size, axis=0)
+
+
+def _merge(tensor):
+  """(B, K, ...) -> (B * K, ...)."""
+  shape = tf.shape(tensor)
+  return tf.reshape(tensor, tf.concat([[shape[0] * shape[1]], shape[2:]], 0))
+
+
+def _split(tensor, beam_size):
+  """(B * K, ...) -> (B, K, ...)."""
+  shape = tf.shape(tensor)
+  return tf.reshape(tensor, tf.concat([[shape[0] // beam_size, beam_size], shape[1:]], 0))
+
+
+def _gather(tensor, indices):
+  """Per sentence, picks beams: tensor (B, K, ...), indices (B, N) -> (B, N, ...)."""
+  return tf.gather(tensor, indices, batch_dims=1)
+
+
+def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, state: Any,
+                beam_size: int, decode_length, alpha: float = 0.6,
+                eos_id: int = EOS_ID) -> Tuple[tf.Tensor, tf.Tensor]:
+  """Finds the K best sequences of each sentence.
+
+  Args:
+    symbols_to_logits: the incremental decoder (see `SymbolsToLogits`); it receives
+      the previous token of each hypothesis (`initial_ids` at index 0), the 0-based
+      position being decoded, and the state, and returns float32 logits and the
+      updated state.
+    initial_ids: (B,) int32 start tokens.
+    state: nest of tensors with leading dimension B * K (already tiled).
+    beam_size: K.
+    decode_length: maximum number of generated tokens (EOS included); int or scalar.
+    alpha: length-penalty exponent (0 = plain log probability).
+    eos_id: end-of-sequence id.
+
+  Returns:
+    ids (B, K, decode_length) int32, best first, each ending with EOS (unless it hit
+    the length limit) and PAD after it; scores (B, K) float32 (log probability
+    divided by the length penalty).
+  """
+  k = beam_size
+  batch = tf.shape(initial_ids)[0]
+  decode_length = tf.convert_to_tensor(decode_length, tf.int32)
+  static_length = tf.get_static_value(decode_length)
+
+  def gather_state(nest, parents):
+    return tf.nest.map_structure(lambda t: _merge(_gather(_split(t, k), parents)), nest)
+
+  def step(i, alive_seqs, alive_log_probs, last_ids, finished_seqs, finished_scores,
+           state):
+    logits, state = symbols_to_logits(_merge(last_ids), i, state)
+    log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32))
+    vocab = tf.shape(log_probs)[-1]
+    scores = alive_log_probs[:, :, None] + tf.reshape(log_probs, [batch, k, vocab])
+    top_scores, top_index = tf.math.top_k(tf.reshape(scores, [batch, k * vocab]), 2 * k)
+    top_beams, top_ids = top_index // vocab, top_index % vocab  # (B, 2K)
+    position = tf.one_hot(i, decode_length, on_value=True, off_value=False)  # (L,)
+    top_seqs = tf.where(position, top_ids[:, :, None], _gather(alive_seqs, top_beams))
+    # A candidate of a dead beam (only possible when V < 2K) never counts as finished.
+    ends = tf.equal(top_ids, eos_id) & (top_scores > NEG_INF / 2)
+
+    # Alive: the K best candidates that did not end.
+    alive_scores, alive_pick = tf.math.top_k(tf.where(ends, NEG_INF, top_scores), k)
+    alive_seqs = _gather(top_seqs, alive_pick)
+    last_ids = _gather(top_ids, alive_pick)
+    state = gather_state(state, _gather(top_beams, alive_pick))
+
+    # Finished: merge the candidates that ended with the K finished so far.
+    ended_scores = tf.where(ends, top_scores / length_penalty(i + 1, alpha), NEG_INF)
+    all_scores = tf.concat([finished_scores, ended_scores], axis=1)  # (B, 3K)
+    all_seqs = tf.concat([finished_seqs, top_seqs], axis=1)
+    finished_scores, finished_pick = tf.math.top_k(all_scores, k)
+    finished_seqs = _gather(all_seqs, finished_pick)
+    return (i + 1, alive_seqs, alive_scores, last_ids, finished_seqs, finished_scores,
+            state)
+
+  def not_done(i, alive_seqs, alive_log_probs, last_ids, finished_seqs, finished_scores,
+               state):
+    del alive_seqs, last_ids, finished_seqs, state
+    # Best score any alive hypothesis could still reach vs the worst finished one
+    # (NEG_INF while fewer than K have finished).
+    best_alive = alive_log_probs[:, 0] / length_penalty(decode_length, alpha)
+    worst_finished = finished_scores[:, -1]
+    return tf.logical_and(i < decode_length,
+                          tf.logical_not(tf.reduce_all(worst_finished > best_alive)))
+
+  seq_shape = [None, k, static_length]
+  initial = (
+      tf.constant(0),
+      tf.fill([batch, k, decode_length], tf.constant(PAD_ID, tf.int32)),
+      tf.tile(tf.constant([[0.0] + [NEG_INF] * (k - 1)]), [batch, 1]),
+      tf.tile(tf.cast(initial_ids, tf.int32)[:, None], [1, k]),
+      tf.fill([batch, k, decode_length], tf.constant(PAD_ID, tf.int32)),
+      tf.fill([batch, k], tf.constant(NEG_INF)),
+      state,
+  )
+  shapes = (tf.TensorShape([]), tf.TensorShape(seq_shape), tf.TensorShape([None, k]),
+            tf.TensorShape([None, k]), tf.TensorShape(seq_shape),
+            tf.TensorShape([None, k]),
+            tf.nest.map_structure(lambda t: tf.TensorShape(t.shape), state))
+  (_, alive_seqs, alive_log_probs, _, finished_seqs, finished_scores,
+   _) = tf.while_loop(not_done, step, initial, shape_invariants=shapes,
+                      maximum_iterations=decode_length)
+
+  # Fill the slots of sentences with fewer than K finished hypotheses with their best
+  # alive ones, scored as if they had ended at the length limit. Finished come first:
+  # they are sorted by score and their slots are a prefix.
+  alive_final = alive_log_probs / length_penalty(decode_length, alpha)
+  num_finished = tf.reduce_sum(tf.cast(finished_scores > NEG_INF / 2, tf.int32), axis=1)
+  slot = tf.range(k)[None, :]
+  pick = tf.where(slot < num_finished[:, None], slot, k + slot - num_finished[:, None])
+  ids = _gather(tf.concat([finished_seqs, alive_seqs], axis=1), pick)
+  scores = _gather(tf.concat([finished_scores, alive_final], axis=1), pick)
+  return ids, scores
+
+
+def greedy_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, state: Any,
+                  decode_length, eos_id: int = EOS_ID) -> Tuple[tf.Tensor, tf.Tensor]:
+  """Arg-max decoding: the fast path for beam size 1.
+
+  Returns:
+    ids (B, 1, decode_length) with PAD after EOS, and the sequences' log
+    probabilities (B, 1) (EOS included), matching `beam_search`'s layout.
+  """
+  batch = tf.shape(initial_ids)[0]
+  decode_length = tf.convert_to_tensor(decode_length, tf.int32)
+
+  def step(i, seqs, log_probs, last_ids, done, state):
+    logits, state = symbols_to_logits(last_ids, i, state)
+    step_log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32))
+    ids = tf.argmax(step_log_probs, axis=-1, output_type=tf.int32)
+    ids = tf.where(done, PAD_ID, ids)
+    gained = tf.gather(step_log_probs, ids, batch_dims=1)
+    log_probs += tf.where(done, 0.0, gained)
+    position = tf.one_hot(i, decode_length, on_value=True, off_value=False)
+    seqs = tf.where(position[None, :], ids[:, None], seqs)
+    return i + 1, seqs, log_probs, ids, done | tf.equal(ids, eos_id), state
+
+  def not_done(i, seqs, log_probs, last_ids, done, state):
+    del seqs, log_probs, last_ids, state
+    return tf.logical_and(i < decode_length, tf.logical_not(tf.reduce_all(done)))
+
+  initial = (tf.constant(0), tf.fill([batch, decode_length], tf.constant(PAD_ID, tf.int32)),
+             tf.zeros([batch]), tf.cast(initial_ids, tf.int32),
+             tf.zeros([batch], tf.bool), state)
+  _, seqs, log_probs, _, _, _ = tf.while_loop(not_done, step, initial,
+                                              maximum_iterations=decode_length)
+  return seqs[:, None, :], log_probs[:, None]

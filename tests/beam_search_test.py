@@ -1,0 +1,188 @@
+"""Beam search against brute force on toy scorers whose state carries the history."""
+
+import itertools
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from t2t_keras import BOS_ID, EOS_ID, PAD_ID
+from t2t_keras import beam_search as bs
+
+VOCAB = 5  # 0 PAD, 1 EOS, 2..4 words
+TABLE_ROWS = 97
+
+
+def make_table(seed, eos_bias=0.0):
+  table = np.random.RandomState(seed).normal(0, 2.0, (TABLE_ROWS, VOCAB)).astype(np.float32)
+  table[:, PAD_ID] = -1e4  # the model never emits PAD
+  table[:, EOS_ID] += eos_bias
+  return table
+
+
+def next_hash(h, token):
+  return (h * 7 + token + 1) % 1009
+
+
+def history_scorer(tables):
+  """Logits depend on the whole prefix through a hash kept in the state (B*K,)."""
+  tables = tf.constant(np.stack(tables))  # (B, rows, V): one table per sentence
+
+  def fn(ids, index, state):
+    del index
+    h, row = state
+    h = next_hash(h, ids)
+    logits = tf.gather_nd(tables, tf.stack([row, h % TABLE_ROWS], axis=1))
+    return logits, (h, row)
+  return fn
+
+
+def initial_state(batch, beam):
+  return (tf.zeros([batch * beam], tf.int32),
+          bs.tile_beams(tf.range(batch, dtype=tf.int32), beam))
+
+
+def log_softmax(x):
+  x = x - x.max()
+  return x - np.log(np.exp(x).sum())
+
+
+def brute_force(table, length, alpha):
+  """Every sequence of words ending with EOS within `length`, best first."""
+  results = []
+  for n in range(length):
+    for words in itertools.product(range(2, VOCAB), repeat=n):
+      seq = list(words) + [EOS_ID]
+      h, prev, total = 0, BOS_ID, 0.0
+      for token in seq:
+        h = next_hash(h, prev)
+        total += log_softmax(table[h % TABLE_ROWS])[token]
+        prev = token
+      results.append((total / ((5.0 + len(seq)) / 6.0) ** alpha, seq))
+  results.sort(key=lambda r: -r[0])
+  return results
+
+
+def run(tables, beam, length, alpha):
+  batch = len(tables)
+  ids, scores = bs.beam_search(history_scorer(tables), tf.fill([batch], BOS_ID),
+                               initial_state(batch, beam), beam, length, alpha=alpha)
+  return ids.numpy(), scores.numpy()
+
+
+def strip(seq):
+  seq = list(seq)
+  return seq[:seq.index(EOS_ID) + 1] if EOS_ID in seq else seq
+
+
+def test_length_penalty_formula():
+  assert float(bs.length_penalty(4, 0.6)) == pytest.approx((9 / 6) ** 0.6)
+  assert float(bs.length_penalty(17, 0.0)) == 1.0
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+def test_wide_beam_is_exhaustive_search(alpha):
+  # 3 words, length 4: at most 27 word prefixes with 4 extensions each (3 words and
+  # EOS), so with 2K = 128 >= 108 candidates per step nothing is ever pruned and the
+  # search must return the 40 sequences of exhaustive search, in order.
+  table = make_table(0)
+  ids, scores = run([table], 64, 4, alpha)
+  expected = brute_force(table, 4, alpha)
+  assert len(expected) == 40
+  for k in range(40):
+    assert strip(ids[0, k]) == expected[k][1]
+    assert scores[0, k] == pytest.approx(expected[k][0], rel=1e-5, abs=1e-5)
+
+
+def test_finds_planted_best_that_greedy_misses():
+  # Step 0: word 2 (p=0.55) beats word 3 (0.45). After 2 every next token is nearly
+  # uniform; after 3, EOS is almost certain. The best sequence is [3, EOS].
+  def fn(ids, index, state):
+    first = tf.math.log(tf.constant([1e-9, 1e-9, 0.55, 0.45, 1e-9]))
+    after_2 = tf.math.log(tf.constant([1e-9, 0.25, 0.25, 0.25, 0.25]))
+    after_3 = tf.math.log(tf.constant([1e-9, 0.99, 0.005, 0.005, 1e-9]))
+    logits = tf.where(tf.equal(index, 0), first,
+                      tf.where(tf.equal(ids, 3)[:, None], after_3, after_2))
+    return logits, state
+  state = tf.zeros([2])
+  greedy, _ = bs.greedy_search(fn, tf.fill([1], BOS_ID), tf.zeros([1]), 6)
+  assert strip(greedy[0, 0].numpy())[0] == 2
+  ids, scores = bs.beam_search(fn, tf.fill([1], BOS_ID), state, 2, 6, alpha=0.0)
+  assert strip(ids[0, 0].numpy()) == [3, EOS_ID]
+  assert scores[0, 0].numpy() == pytest.approx(np.log(0.45 * 0.99), rel=1e-4)
+
+
+def test_beam_one_equals_greedy_when_eos_is_never_a_runner_up():
+  # With 2K candidates, beam 1 also records an EOS that was second best; greedy never
+  # does, so they agree exactly when EOS is either the arg-max or hopeless. Here EOS
+  # is certain at a sentence-specific step and impossible before it.
+  tables = [make_table(s) for s in range(4)]
+  stop_at = tf.constant([3, 7, 1, 5])
+  scorer = history_scorer(tables)
+
+  def fn(ids, index, state):
+    logits, state = scorer(ids, index, state)
+    stop = tf.equal(index, tf.gather(stop_at, state[1]))[:, None]
+    eos = tf.one_hot(EOS_ID, VOCAB, on_value=True, off_value=False)[None, :]
+    return tf.where(eos, tf.where(stop, 1e4, -1e4), logits), state
+  beam_ids, beam_scores = bs.beam_search(fn, tf.fill([4], BOS_ID), initial_state(4, 1), 1,
+                                         12, alpha=0.0)
+  greedy_ids, greedy_scores = bs.greedy_search(fn, tf.fill([4], BOS_ID),
+                                               initial_state(4, 1), 12)
+  np.testing.assert_array_equal(beam_ids.numpy(), greedy_ids.numpy())
+  np.testing.assert_allclose(beam_scores.numpy(), greedy_scores.numpy(), rtol=1e-5)
+  assert [len(strip(s)) for s in greedy_ids[:, 0].numpy()] == [4, 8, 2, 6]
+
+
+def test_sentences_are_independent_of_their_batch():
+  tables = [make_table(s) for s in range(3)]
+  ids, scores = run(tables, 4, 6, 0.6)
+  for b, table in enumerate(tables):
+    alone_ids, alone_scores = run([table], 4, 6, 0.6)
+    np.testing.assert_array_equal(ids[b], alone_ids[0])
+    np.testing.assert_allclose(scores[b], alone_scores[0], rtol=1e-6)
+
+
+def test_beams_sorted_and_padded_after_eos():
+  ids, scores = run([make_table(5)], 4, 8, 0.6)
+  assert np.all(np.diff(scores[0]) <= 1e-6)
+  for seq in ids[0]:
+    seq = list(seq)
+    if EOS_ID in seq:
+      assert all(t == PAD_ID for t in seq[seq.index(EOS_ID) + 1:])
+
+
+def test_stops_early_when_no_alive_beam_can_win():
+  calls = []
+
+  def fn(ids, index, state):  # EOS has probability 0.9 everywhere
+    calls.append(1)
+    return tf.math.log(tf.tile([[1e-9, 0.9, 0.04, 0.03, 0.03]], [tf.shape(ids)[0], 1])), state
+  ids, _ = bs.beam_search(fn, tf.fill([2], BOS_ID), tf.zeros([8]), 4, 50, alpha=0.6)
+  # Eager while_loop runs the body in Python: count the decoder calls.
+  assert len(calls) < 6
+  assert strip(ids[0, 0].numpy()) == [EOS_ID]
+
+
+def test_falls_back_to_alive_beams_when_nothing_finished():
+  probs = [[1e-9, 1e-30, 0.3, 0.2, 0.1, 0.1, 0.1, 0.1, 0.05, 0.05]]
+
+  def fn(ids, index, state):  # EOS never makes the 2K = 6 candidates
+    return tf.math.log(tf.tile(probs, [tf.shape(ids)[0], 1])), state
+  ids, scores = bs.beam_search(fn, tf.fill([1], BOS_ID), tf.zeros([3]), 3, 4, alpha=0.6)
+  assert list(ids[0, 0].numpy()) == [2, 2, 2, 2]
+  assert scores[0, 0].numpy() == pytest.approx(4 * np.log(0.3) / (9 / 6) ** 0.6, rel=1e-4)
+  assert np.all(scores.numpy() > -1e3)
+
+
+def test_compiles_with_xla_and_matches_eager():
+  tables = [make_table(s) for s in range(2)]
+  eager = run(tables, 4, 7, 0.6)
+
+  @tf.function(jit_compile=True)
+  def compiled():
+    return bs.beam_search(history_scorer(tables), tf.fill([2], BOS_ID),
+                          initial_state(2, 4), 4, 7, alpha=0.6)
+  ids, scores = compiled()
+  np.testing.assert_array_equal(ids.numpy(), eager[0])
+  np.testing.assert_allclose(scores.numpy(), eager[1], rtol=1e-5)
