@@ -220,7 +220,10 @@ def report_examples(model, datasets, data_config, decode_config: DecodeConfig, n
     return tokenizer.detokenize(tf.constant([ids or [EOS_ID]], tf.int32)).numpy()[0].decode(
         "utf-8", "replace")
 
-  for src, tgt, out in examples[:n]:
+  # Dev batches come sorted by length: show examples spread over all lengths.
+  shown = [examples[i] for i in np.linspace(0, len(examples) - 1, min(n, len(examples)),
+                                            dtype=int)] if examples else []
+  for src, tgt, out in shown:
     mark = "ok " if tgt == out else "BAD"
     print(f"{mark} input:     {text(src)}\n    reference: {text(tgt)}\n"
           f"    output:    {text(out)}", file=stream)

@@ -119,6 +119,9 @@ class Transformer(keras.Model):
                            for i in range(c.decoder_layers)]
     for layer in self.encoder_layers + self.decoder_layers:
       layer.build(shape)
+      # Keras tracks the lists for `weights`, but tf.train.Checkpoint does not see
+      # into them: an attribute per layer puts it in checkpoints under a stable name.
+      setattr(self, layer.name, layer)
     if c.pre_norm:  # pre-norm stacks end with a norm; post-norm ones already did
       self.encoder_norm = keras.layers.LayerNormalization(
           epsilon=c.norm_epsilon, dtype=policy, name="encoder_norm")

@@ -38,7 +38,7 @@ def train() -> None:
   import keras
   import tensorflow as tf
 
-  from t2t_keras import data
+  from t2t_keras import data, inference
   from t2t_keras.training import checkpoints, distribute
   from t2t_keras.training.trainer import Trainer, format_duration
 
@@ -54,6 +54,7 @@ def train() -> None:
   model_config = t2t_flags.model_config(vocab_size=datasets.vocab_size)
   checkpoints.write_or_check_config(train_config.model_dir, model_config, data=data_config,
                                     train=train_config, decode=decode_config)
+  inference.save_vocab(datasets.tokenizer, train_config.model_dir)
   FLAGS.append_flags_into_file(os.path.join(train_config.model_dir, "flags.txt"))
   print(f"training {model_config.encoder_layers}+{model_config.decoder_layers} layers, "
         f"d_model {model_config.hidden_size}, vocabulary {model_config.vocab_size} on "

@@ -148,3 +148,20 @@ def test_validation_names_the_values():
   with pytest.raises(ValueError, match="hidden_size=10 is not divisible by num_heads=3"):
     ModelConfig(hidden_size=10, num_heads=3).validate()
   ModelConfig(hidden_size=10, num_heads=3, key_size=4, value_size=4).validate()
+
+
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_model_checkpoint_holds_every_weight(tmp_path, pre_norm):
+  # tf.train.Checkpoint does not see into Keras' tracked lists of layers: a model
+  # checkpoint alone (as decoding, averaging and export read it) must hold them all.
+  keras.utils.set_random_seed(0)
+  saved = create_model(tiny_config(pre_norm=pre_norm))
+  path = tf.train.Checkpoint(model=saved).save(str(tmp_path / "ckpt"))
+  names = [n for n in tf.train.load_checkpoint(path).get_variable_to_shape_map()
+           if n.startswith("model/")]
+  assert len(names) == len(saved.weights)
+  keras.utils.set_random_seed(1)
+  fresh = create_model(tiny_config(pre_norm=pre_norm))
+  tf.train.Checkpoint(model=fresh).restore(path).assert_consumed()
+  for a, b in zip(saved.weights, fresh.weights):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

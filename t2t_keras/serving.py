@@ -1,0 +1,111 @@
+"""A SavedModel for TensorFlow Serving: strings in, translations out.
+
+The exported graph holds the whole path: UTF-8 repair, SentencePiece tokenization
+(TensorFlow Text's op, which TF Serving has built in), truncation, beam search over
+the key/value cache and detokenization. Nothing but TensorFlow and TensorFlow Text
+ops: a client needs neither t2t_keras nor a tokenizer.
+
+Signatures:
+  serving_default: inputs string [B] -> outputs string [B] (best translation),
+    scores float32 [B]; with return_beams also beams string [B, K] and beam_scores
+    float32 [B, K].
+  translate_ids: input_ids int32 [B, S] (ids + EOS, PAD 0) -> output_ids int32
+    [B, K, T] (PAD after EOS), scores float32 [B, K]; for clients that tokenize
+    themselves with assets/vocab.model (the vocabulary travels as an asset).
+
+Odd requests: invalid UTF-8 bytes become U+FFFD; an empty string translates to
+whatever the model emits for an empty source; sources longer than
+`max_input_length` subwords are truncated to it (EOS included), which bounds the
+memory of the cache (batch * beam * (max_input_length + extra) positions).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Optional
+
+import tensorflow as tf
+
+from t2t_keras import EOS_ID, PAD_ID
+from t2t_keras import decoding
+from t2t_keras.configs import DecodeConfig
+
+
+class Translator(tf.Module):
+  """The exported module: model weights, tokenizer and decoding functions."""
+
+  def __init__(self, model, tokenizer, config: DecodeConfig, max_input_length: int,
+               vocab_file: Optional[str] = None):
+    super().__init__(name="translator")
+    self.model = model
+    # The tf.Variables under the Keras variables, tracked directly: TF Serving and
+    # saved_model_cli load in graph (session) mode, which restores only variables the
+    # SavedModel tracks as tf.Variables (as keras.export.ExportArchive does too).
+    self.model_variables = [getattr(v, "value", v) for v in model.weights]
+    self.tokenizer = tokenizer
+    self.config = config
+    self.max_input_length = int(max_input_length)
+    if vocab_file:
+      self.vocab = tf.saved_model.Asset(vocab_file)
+    self.serve = tf.function(self._serve, input_signature=[
+        tf.TensorSpec([None], tf.string, name="inputs")])
+    self.translate_ids = tf.function(self._translate_ids, input_signature=[
+        tf.TensorSpec([None, None], tf.int32, name="input_ids")])
+
+  def encode_strings(self, strings: tf.Tensor) -> tf.Tensor:
+    """Strings [B] -> int32 ids [B, S] ending with EOS, truncated, PAD after."""
+    strings = tf.strings.unicode_transcode(strings, "UTF-8", "UTF-8", errors="replace",
+                                           replacement_char=0xFFFD)
+    tokens = self.tokenizer.tokenize(strings)
+    tokens = tokens[:, :self.max_input_length - 1]
+    eos = tf.fill([tf.shape(strings)[0], 1], EOS_ID)
+    return tf.concat([tf.cast(tokens, tf.int32), eos], axis=1).to_tensor(PAD_ID)
+
+  def _decode(self, ids):
+    ids = ids[:, :self.max_input_length]
+    return decoding.decode_ids(self.model, ids, self.config)
+
+  def _translate_ids(self, input_ids):
+    batch = tf.shape(input_ids)[0]
+    input_ids = tf.concat([input_ids, tf.one_hot([0], tf.shape(input_ids)[1], EOS_ID, PAD_ID,
+                                                 dtype=tf.int32)], axis=0)
+    output_ids, scores = self._decode(input_ids)
+    return {"output_ids": output_ids[:batch], "scores": scores[:batch]}
+
+  def _serve(self, inputs):
+    # One empty sentence rides along so that an empty request (B = 0) needs no special
+    # graph; it is short, so it never lengthens the search.
+    batch = tf.shape(inputs)[0]
+    inputs = tf.concat([inputs, [""]], axis=0)
+    output_ids, scores = self._decode(self.encode_strings(inputs))
+    texts = self.tokenizer.detokenize(output_ids)[:batch]  # [B, K]
+    scores = scores[:batch]
+    outputs = {"outputs": texts[:, 0], "scores": scores[:, 0]}
+    if self.config.return_beams:
+      outputs.update(beams=texts, beam_scores=scores)
+    return outputs
+
+
+def export(translator: Translator, export_dir: str, version: Optional[int] = None) -> str:
+  """Writes the SavedModel to export_dir/<version>/ (TF Serving's layout).
+
+  Args:
+    translator: the module to export.
+    export_dir: the model base path TF Serving watches.
+    version: a positive integer; default the current Unix time, so later exports
+      have higher versions and TF Serving switches to them.
+
+  Returns:
+    The versioned directory.
+  """
+  version = version or int(time.time())
+  path = os.path.join(export_dir, str(version))
+  if tf.io.gfile.exists(path):
+    raise FileExistsError(f"{path} exists; pass another --export_version or remove it.")
+  tmp = os.path.join(export_dir, f".tmp-{version}")
+  signatures = {"serving_default": translator.serve,
+                "translate_ids": translator.translate_ids}
+  tf.saved_model.save(translator, tmp, signatures=signatures)
+  tf.io.gfile.rename(tmp, path)  # TF Serving never sees a half-written version
+  return path

@@ -1,0 +1,168 @@
+"""The SavedModel translates strings with only TensorFlow + TensorFlow Text, equals
+eager decoding, holds only registered ops and survives odd requests."""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from t2t_keras import inference
+from t2t_keras.configs import DataConfig, DecodeConfig, ModelConfig
+from t2t_keras.data import tokenizer as tokenizer_lib
+from t2t_keras.export import export_model_dir
+from t2t_keras.model import create_model
+from t2t_keras.training import checkpoints
+from tests.conftest import REPO_ROOT
+
+DECODE = DecodeConfig(beam_size=2, alpha=0.6, extra_decode_length=5, return_beams=True)
+MAX_INPUT = 24
+SENTENCES = ["a small dog runs on the grass .", "Zwei Männer spielen Fußball.", "",
+             "the man is smiling", "über", "x " * 40]
+
+
+def corpus():
+  rng = np.random.default_rng(0)
+  words = ("a the man woman dog cat runs sits on in park street red blue small big "
+           "plays with ball . , ein der Mann Frau Hund läuft spielt über Fußball").split()
+  return [" ".join(rng.choice(words, rng.integers(3, 12))) for _ in range(400)]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+  """A model directory as training writes it: config.json, vocab.model, ckpt-7."""
+  path = str(tmp_path_factory.mktemp("model"))
+  vocab = tokenizer_lib.train_sentencepiece(corpus(), os.path.join(path, "v.model"), 120)
+  tokenizer = tokenizer_lib.load_tokenizer(vocab)
+  inference.save_vocab(tokenizer, path)
+  config = ModelConfig(vocab_size=tokenizer.vocab_size, hidden_size=16, filter_size=32,
+                       num_heads=2, num_hidden_layers=2)
+  checkpoints.write_or_check_config(path, config, data=DataConfig(source="files"))
+  keras.utils.set_random_seed(0)
+  model = create_model(config)
+  tf.train.CheckpointManager(tf.train.Checkpoint(model=model), path, 3).save(7)
+  return path
+
+
+@pytest.fixture(scope="module")
+def export_path(model_dir, tmp_path_factory):
+  return export_model_dir(model_dir, str(tmp_path_factory.mktemp("export")), DECODE,
+                          MAX_INPUT, version=1)
+
+
+def eager_translations(model_dir, sentences):
+  from t2t_keras import decoding  # pylint: disable=import-outside-toplevel
+  loaded = inference.load(model_dir)
+  return decoding.translate(loaded.model, loaded.tokenizer, sentences, DECODE,
+                            max_input_length=MAX_INPUT, progress=False)
+
+
+def test_versioned_layout_with_vocab_asset(export_path):
+  assert os.path.basename(export_path) == "1"
+  assert os.path.exists(os.path.join(export_path, "saved_model.pb"))
+  assert os.path.exists(os.path.join(export_path, "assets", "vocab.model"))
+
+
+SERVE_SCRIPT = r"""
+import json, sys
+import tensorflow as tf
+import tensorflow_text  # noqa: F401  registers the SentencePiece ops
+served = tf.saved_model.load(sys.argv[1])
+out = served.signatures["serving_default"](inputs=tf.constant(json.loads(sys.argv[2])))
+assert not any(m.startswith("t2t_keras") for m in sys.modules), "t2t_keras was imported"
+print(json.dumps({"outputs": [t.decode() for t in out["outputs"].numpy()],
+                  "scores": out["scores"].numpy().tolist(),
+                  "beams": [[t.decode() for t in row] for row in out["beams"].numpy()]}))
+"""
+
+
+def test_fresh_process_without_t2t_keras_equals_eager(model_dir, export_path):
+  env = dict(os.environ, PYTHONPATH="")
+  result = subprocess.run(
+      [sys.executable, "-c", SERVE_SCRIPT, export_path, json.dumps(SENTENCES)],
+      capture_output=True, text=True, env=env, cwd="/", timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  served = json.loads(result.stdout.strip().splitlines()[-1])
+  eager = eager_translations(model_dir, SENTENCES)
+  assert served["outputs"] == [t.texts[0] for t in eager]
+  assert served["beams"] == [t.texts for t in eager]
+  np.testing.assert_allclose(served["scores"], [t.scores[0] for t in eager], rtol=1e-4,
+                             atol=1e-5)
+
+
+def test_ids_signature_matches_strings(export_path):
+  served = tf.saved_model.load(export_path)
+  vocab = tokenizer_lib.load_tokenizer(os.path.join(export_path, "assets", "vocab.model"))
+  ids = vocab.tokenize(tf.constant(SENTENCES[:2]))
+  ids = tf.concat([ids, tf.ones([2, 1], tf.int32)], axis=1).to_tensor()
+  by_ids = served.signatures["translate_ids"](input_ids=ids)
+  by_text = served.signatures["serving_default"](inputs=tf.constant(SENTENCES[:2]))
+  np.testing.assert_array_equal(vocab.detokenize(by_ids["output_ids"][:, 0]).numpy(),
+                                by_text["outputs"].numpy())
+
+
+def graph_ops(export_path):
+  """(op types used by any node, names of the graph's own functions)."""
+  from tensorflow.core.protobuf import saved_model_pb2  # pylint: disable=import-outside-toplevel
+  with open(os.path.join(export_path, "saved_model.pb"), "rb") as f:
+    proto = saved_model_pb2.SavedModel.FromString(f.read())
+  ops, functions = set(), set()
+  for meta in proto.meta_graphs:
+    ops.update(node.op for node in meta.graph_def.node)
+    for function in meta.graph_def.library.function:
+      functions.add(function.signature.name)
+      ops.update(node.op for node in function.node_def)
+  return ops, functions
+
+
+def test_only_tensorflow_and_tensorflow_text_ops(export_path):
+  import tensorflow_text  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  from tensorflow.python.framework import op_def_registry  # pylint: disable=import-outside-toplevel
+  ops, functions = graph_ops(export_path)
+  assert any("Sentencepiece" in op for op in ops), sorted(ops)
+  forbidden = {"PyFunc", "PyFuncStateless", "EagerPyFunc"} & ops
+  assert not forbidden, f"python ops in the serving graph: {forbidden}"
+  # A node may call one of the graph's own functions; every other op type must be
+  # registered once tensorflow and tensorflow_text are imported.
+  unknown = sorted(op for op in ops - functions if op_def_registry.get(op) is None)
+  assert not unknown, f"ops registered by neither TensorFlow nor TensorFlow Text: {unknown}"
+
+
+def test_saved_model_cli_shows_and_runs(export_path):
+  cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
+  show = subprocess.run([cli, "show", "--dir", export_path, "--all"], capture_output=True,
+                        text=True, timeout=300, check=False)
+  assert show.returncode == 0, show.stderr[-2000:]
+  assert "serving_default" in show.stdout and "translate_ids" in show.stdout
+  # The stock CLI cannot run it (no TensorFlow Text ops); tools/saved_model_cli.py can.
+  run = subprocess.run(
+      [sys.executable, os.path.join(REPO_ROOT, "tools", "saved_model_cli.py"), "run", "--dir", export_path, "--tag_set", "serve", "--signature_def",
+       "serving_default", "--input_exprs", "inputs=['a small dog', 'the man']"],
+      capture_output=True, text=True, timeout=300, check=False)
+  assert run.returncode == 0, run.stderr[-2000:]
+  assert "outputs" in run.stdout and "scores" in run.stdout
+
+
+@pytest.mark.parametrize("request_", [
+    [""], ["w" * 5000], ["a man " * 800], [b"caf\xe9 \xff\xfe ok"], ["a dog"],
+    ["the red dog sits"] * 256], ids=["empty", "5000_chars", "5000_chars_words",
+                                       "invalid_utf8", "batch_1", "batch_256"])
+def test_odd_requests(export_path, request_):
+  served = tf.saved_model.load(export_path).signatures["serving_default"]
+  out = served(inputs=tf.constant(request_))
+  assert out["outputs"].shape == (len(request_),)
+  assert np.all(np.isfinite(out["scores"].numpy()))
+  for text in out["outputs"].numpy():
+    text.decode("utf-8")  # valid UTF-8 out, always
+  if len(request_) == 256:  # identical inputs, identical outputs
+    assert len(set(out["outputs"].numpy().tolist())) == 1
+
+
+def test_empty_batch(export_path):
+  served = tf.saved_model.load(export_path).signatures["serving_default"]
+  out = served(inputs=tf.constant([], tf.string))
+  assert out["outputs"].shape == (0,)
