@@ -83,9 +83,11 @@ def force_eos_at(symbols_to_logits, limits):
 
 def make_decode_fn(model, config: DecodeConfig, jit_compile: bool = False) -> Callable:
   """A tf.function (B, S) int32 -> (ids, scores), traced once per rank of shapes."""
+  # No autograph: decoding has no Python control flow on tensors (the loops are
+  # explicit tf.while_loops), and tracing plain Python is faster and more predictable.
   return tf.function(lambda inputs: decode_ids(model, inputs, config),
                      input_signature=[tf.TensorSpec([None, None], tf.int32)],
-                     jit_compile=jit_compile or None)
+                     jit_compile=jit_compile or None, autograph=False)
 
 
 def strip_ids(ids: Sequence[int]) -> List[int]:

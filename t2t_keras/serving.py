@@ -49,9 +49,9 @@ class Translator(tf.Module):
     if vocab_file:
       self.vocab = tf.saved_model.Asset(vocab_file)
     self.serve = tf.function(self._serve, input_signature=[
-        tf.TensorSpec([None], tf.string, name="inputs")])
+        tf.TensorSpec([None], tf.string, name="inputs")], autograph=False)
     self.translate_ids = tf.function(self._translate_ids, input_signature=[
-        tf.TensorSpec([None, None], tf.int32, name="input_ids")])
+        tf.TensorSpec([None, None], tf.int32, name="input_ids")], autograph=False)
 
   def encode_strings(self, strings: tf.Tensor) -> tf.Tensor:
     """Strings [B] -> int32 ids [B, S] ending with EOS, truncated, PAD after."""

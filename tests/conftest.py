@@ -18,6 +18,41 @@ def shared_data():
   return SHARED_DATA
 
 
+def build_tiny_model_dir(path, seed=0):
+  """A model directory as training writes it (config.json, vocab.model, ckpt-7): a tiny
+  random-weight Transformer over a small SentencePiece vocabulary of made-up text."""
+  # pylint: disable=import-outside-toplevel
+  import keras
+  import numpy as np
+  import tensorflow as tf
+
+  from t2t_keras import inference
+  from t2t_keras.configs import DataConfig, ModelConfig
+  from t2t_keras.data import tokenizer as tokenizer_lib
+  from t2t_keras.model import create_model
+  from t2t_keras.training import checkpoints
+
+  rng = np.random.default_rng(seed)
+  words = ("a the man woman dog cat runs sits on in park street red blue small big "
+           "plays with ball . , ein der Mann Frau Hund läuft spielt über Fußball").split()
+  corpus = [" ".join(rng.choice(words, rng.integers(3, 12))) for _ in range(400)]
+  vocab = tokenizer_lib.train_sentencepiece(corpus, os.path.join(path, "v.model"), 120)
+  tokenizer = tokenizer_lib.load_tokenizer(vocab)
+  inference.save_vocab(tokenizer, path)
+  config = ModelConfig(vocab_size=tokenizer.vocab_size, hidden_size=16, filter_size=32,
+                       num_heads=2, num_hidden_layers=2)
+  checkpoints.write_or_check_config(path, config, data=DataConfig(source="files"))
+  keras.utils.set_random_seed(seed)
+  model = create_model(config)
+  tf.train.CheckpointManager(tf.train.Checkpoint(model=model), path, 3).save(7)
+  return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+  return build_tiny_model_dir(str(tmp_path_factory.mktemp("tiny_model")))
+
+
 def _split_cpu(num_devices=2):
   """Splits the CPU into logical devices before TensorFlow initialises its runtime,
   so distribution tests can compare 1 and 2 replicas on one machine."""

@@ -25,27 +25,9 @@ SENTENCES = ["a small dog runs on the grass .", "Zwei Männer spielen Fußball."
              "the man is smiling", "über", "x " * 40]
 
 
-def corpus():
-  rng = np.random.default_rng(0)
-  words = ("a the man woman dog cat runs sits on in park street red blue small big "
-           "plays with ball . , ein der Mann Frau Hund läuft spielt über Fußball").split()
-  return [" ".join(rng.choice(words, rng.integers(3, 12))) for _ in range(400)]
-
-
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-  """A model directory as training writes it: config.json, vocab.model, ckpt-7."""
-  path = str(tmp_path_factory.mktemp("model"))
-  vocab = tokenizer_lib.train_sentencepiece(corpus(), os.path.join(path, "v.model"), 120)
-  tokenizer = tokenizer_lib.load_tokenizer(vocab)
-  inference.save_vocab(tokenizer, path)
-  config = ModelConfig(vocab_size=tokenizer.vocab_size, hidden_size=16, filter_size=32,
-                       num_heads=2, num_hidden_layers=2)
-  checkpoints.write_or_check_config(path, config, data=DataConfig(source="files"))
-  keras.utils.set_random_seed(0)
-  model = create_model(config)
-  tf.train.CheckpointManager(tf.train.Checkpoint(model=model), path, 3).save(7)
-  return path
+def model_dir(tiny_model_dir):
+  return tiny_model_dir
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,78 @@
+"""End-to-end runs of the decode CLI and the attention-map tool on a model directory."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from t2t_keras import attention_maps, inference
+from t2t_keras.configs import DecodeConfig
+from tests.conftest import REPO_ROOT
+
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+
+
+def run(*args, stdin=None):
+  return subprocess.run([sys.executable, *args], input=stdin, capture_output=True,
+                        text=True, cwd=REPO_ROOT, env=ENV, timeout=600, check=False)
+
+
+def test_decode_cli_keeps_input_order_and_scores(tiny_model_dir, tmp_path):
+  sentences = ["the man runs", "", "a small red dog plays with the big ball in the park",
+               "Hund", "ein Mann läuft über der street"]
+  source = tmp_path / "src.txt"
+  source.write_text("\n".join(sentences) + "\n", encoding="utf-8")
+  output = tmp_path / "out.txt"
+  result = run("-m", "t2t_keras.decode", f"--model_dir={tiny_model_dir}",
+               f"--input_file={source}", f"--output_file={output}", "--beam_size=2",
+               "--extra_decode_length=3", "--decode_batch_size=2",
+               f"--reference_file={source}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  lines = output.read_text(encoding="utf-8").split("\n")[:-1]
+  assert len(lines) == len(sentences)
+  assert "decoded 5/5 sentences" in result.stderr and "sentences/s" in result.stderr
+  assert "BLEU" in result.stderr and "chrF" in result.stderr
+  # Each line equals decoding that sentence alone through stdin.
+  for sentence, line in zip(sentences, lines):
+    alone = run("-m", "t2t_keras.decode", f"--model_dir={tiny_model_dir}", "--beam_size=2",
+                "--extra_decode_length=3", stdin=sentence + "\n")
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    assert alone.stdout == line + "\n"
+
+
+def test_decode_cli_errors_are_clear(tiny_model_dir, tmp_path):
+  bad = tmp_path / "bad.txt"
+  bad.write_bytes(b"fine\n\xff\xfe broken\n")
+  result = run("-m", "t2t_keras.decode", f"--model_dir={tiny_model_dir}",
+               f"--input_file={bad}")
+  assert result.returncode == 1
+  assert f"{bad} line 2 is not valid UTF-8" in result.stderr
+  assert "Traceback" not in result.stderr
+  result = run("-m", "t2t_keras.decode", f"--model_dir={tmp_path}", f"--input_file={bad}")
+  assert result.returncode == 1 and "config.json not found" in result.stderr
+  result = run("-m", "t2t_keras.decode", f"--model_dir={tiny_model_dir}",
+               "--average_last_n=3", f"--input_file={bad}")
+  assert result.returncode == 1 and "holds 1 checkpoint" in result.stderr
+
+
+def test_attention_maps_are_distributions_and_pictures(tiny_model_dir, tmp_path):
+  loaded = inference.load(tiny_model_dir)
+  maps = attention_maps.attention_maps(loaded.model, loaded.tokenizer, "the man runs",
+                                       DecodeConfig(beam_size=2, extra_decode_length=3))
+  s, t = len(maps.source_tokens), len(maps.target_tokens)
+  assert len(maps.encoder) == len(maps.decoder) == len(maps.cross) == 2
+  assert maps.encoder[0].shape == (2, s, s) and maps.cross[1].shape == (2, t, s)
+  for probs in maps.encoder + maps.decoder + maps.cross:
+    np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-4)
+  assert np.allclose(np.triu(maps.decoder[0][0], 1), 0.0)  # causal
+  result = run(os.path.join("tools", "visualize_attention.py"),
+               f"--model_dir={tiny_model_dir}", "--sentence=the man runs",
+               f"--output_dir={tmp_path / 'png'}", "--beam_size=2",
+               "--extra_decode_length=3")
+  assert result.returncode == 0, result.stderr[-3000:]
+  names = sorted(os.listdir(tmp_path / "png"))
+  assert names == sorted(f"{k}_layer{i}.png" for k in ("encoder", "decoder", "cross")
+                         for i in range(2))
+  with open(tmp_path / "png" / "cross_layer1.png", "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"

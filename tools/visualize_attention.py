@@ -1,0 +1,54 @@
+"""Draws the attention of a trained model on one sentence (the paper's Figures 3-5).
+
+  python tools/visualize_attention.py --model_dir=/tmp/t2t_demo \
+      --sentence="3 1 4 1 5 9" --output_dir=/tmp/attention
+
+Writes encoder_layer<i>.png (encoder self-attention), decoder_layer<i>.png (decoder
+self-attention) and cross_layer<i>.png (encoder-decoder attention), one heatmap per
+head with the subword tokens on the axes, for the model's own translation.
+"""
+
+import os
+import sys
+
+from absl import app, flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from t2t_keras import flags as t2t_flags  # noqa: E402
+
+t2t_flags.define_decode_flags()
+flags.DEFINE_string("model_dir", None, "A model directory written by training.")
+flags.DEFINE_string("checkpoint_path", None, "A specific checkpoint (default: latest).")
+flags.DEFINE_string("sentence", None, "The source sentence.")
+flags.DEFINE_string("output_dir", "attention", "Where the PNG files go.")
+flags.DEFINE_integer("max_input_length", 64, "Truncate the source to this many subwords.")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
+  if not FLAGS.model_dir or FLAGS.sentence is None:
+    raise app.UsageError("--model_dir and --sentence are required.")
+  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
+
+  from t2t_keras import attention_maps, inference
+  from t2t_keras.errors import USER_ERRORS
+  tf.get_logger().setLevel("ERROR")
+  try:
+    loaded = inference.load(FLAGS.model_dir, FLAGS.checkpoint_path)
+  except USER_ERRORS as error:
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(1)
+  maps = attention_maps.attention_maps(loaded.model, loaded.tokenizer, FLAGS.sentence,
+                                       t2t_flags.decode_config(), FLAGS.max_input_length)
+  paths = attention_maps.plot_maps(maps, FLAGS.output_dir)
+  print(f"source:      {' '.join(maps.source_tokens)}\n"
+        f"translation: {maps.translation}\n"
+        f"wrote {len(paths)} pictures to {FLAGS.output_dir}")
+
+
+if __name__ == "__main__":
+  app.run(main)
