@@ -174,7 +174,6 @@ class TrainConfig:
   adam_beta2: float = 0.98
   adam_epsilon: float = 1e-9
   label_smoothing: float = 0.1
-  clip_grad_norm: float = 0.0
   strategy: str = "default"  # default | mirrored | multi_worker_mirrored | tpu
   tpu: Optional[str] = None
   num_logical_devices: int = 0  # split the CPU into N devices (tests, demos)

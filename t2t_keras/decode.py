@@ -29,9 +29,6 @@ flags.DEFINE_string("output_file", None, "Where translations go (default stdout)
 flags.DEFINE_string("reference_file", None, "Reference translations: print BLEU and chrF.")
 flags.DEFINE_string("checkpoint_path", None, "A specific checkpoint (default: latest).")
 flags.DEFINE_integer("average_last_n", 0, "Average the last N checkpoints on the fly.")
-flags.DEFINE_integer("max_input_length", 0,
-                     "Truncate sources to this many subword tokens (EOS included); "
-                     "0 = no limit.")
 flags.DEFINE_string("decode_dtype", None,
                     "Override the model's dtype for decoding (e.g. float32).")
 

@@ -191,7 +191,6 @@ def define_train_flags(f):
   f.DEFINE_float("adam_beta2", d.adam_beta2, "Adam beta2 (paper 0.98, t2t 0.997).")
   f.DEFINE_float("adam_epsilon", d.adam_epsilon, "Adam epsilon.")
   f.DEFINE_float("label_smoothing", d.label_smoothing, "eps_ls.")
-  f.DEFINE_float("clip_grad_norm", d.clip_grad_norm, "Global norm clip; 0 = off.")
   f.DEFINE_enum("strategy", d.strategy,
                     ["default", "mirrored", "multi_worker_mirrored", "tpu"],
                     "tf.distribute strategy.")
@@ -213,6 +212,11 @@ def define_train_flags(f):
                        "Steps between checkpoints.")
   f.DEFINE_float("save_checkpoint_minutes", d.save_checkpoint_minutes,
                      "Minutes between checkpoints (paper: 10).")
+  f.DEFINE_boolean("export", False,
+                   "After training, export a SavedModel for TensorFlow Serving to "
+                   "--export_dir (decoding settings from the decode flags).")
+  f.DEFINE_string("export_dir", None, "Where exports go (default <model_dir>/export); "
+                  "each export is a numbered version below it.")
   f.DEFINE_boolean("dry_run", False,
                    "Build the model from the flags, print its summary and parameter "
                    "count, and exit (no data needed).")
@@ -245,6 +249,11 @@ def define_decode_flags(f):
                        "Maximum output length = input length + this.")
   f.DEFINE_boolean("return_beams", d.return_beams, "Output every beam with its score.")
   f.DEFINE_integer("decode_batch_size", d.batch_size, "Sentences per decoding batch.")
+  f.DEFINE_integer("max_input_length", 256,
+                   "Sources longer than this many subwords (EOS included) are truncated "
+                   "when decoding and in exports: bounds the memory of a batch.")
+  f.register_validator("max_input_length", lambda v: v >= 2,
+                       message="--max_input_length must be >= 2 (a token and EOS).")
   f.register_validator("beam_size", lambda v: v > 0, message="--beam_size must be > 0.")
   f.register_validator("alpha", lambda v: v >= 0, message="--alpha must be >= 0.")
 
@@ -299,7 +308,7 @@ def train_config(fv=FLAGS) -> TrainConfig:
       learning_rate_warmup_steps=fv.learning_rate_warmup_steps,
       adam_beta1=fv.adam_beta1, adam_beta2=fv.adam_beta2,
       adam_epsilon=fv.adam_epsilon, label_smoothing=fv.label_smoothing,
-      clip_grad_norm=fv.clip_grad_norm, strategy=fv.strategy, tpu=fv.tpu,
+      strategy=fv.strategy, tpu=fv.tpu,
       num_logical_devices=fv.num_logical_devices, jit_compile=fv.jit_compile,
       steps_per_loop=fv.steps_per_loop, accum_steps=fv.accum_steps, seed=fv.seed,
       deterministic=fv.deterministic, log_every=fv.log_every,

@@ -70,6 +70,14 @@ def train() -> None:
     from t2t_keras import decoding
     decoding.report_examples(trainer.model, datasets, data_config, decode_config,
                              FLAGS.show_examples)
+  if FLAGS.export or FLAGS.export_dir:
+    from t2t_keras import serving
+    vocab = inference.save_vocab(datasets.tokenizer, train_config.model_dir)
+    translator = serving.Translator(trainer.model, datasets.tokenizer, decode_config,
+                                    FLAGS.max_input_length, vocab_file=vocab)
+    path = serving.export(translator, FLAGS.export_dir or
+                          os.path.join(train_config.model_dir, "export"))
+    print(f"exported {path} (serving_default: strings in, translations out)", flush=True)
 
 
 def main(argv):

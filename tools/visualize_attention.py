@@ -22,7 +22,6 @@ flags.DEFINE_string("model_dir", None, "A model directory written by training.")
 flags.DEFINE_string("checkpoint_path", None, "A specific checkpoint (default: latest).")
 flags.DEFINE_string("sentence", None, "The source sentence.")
 flags.DEFINE_string("output_dir", "attention", "Where the PNG files go.")
-flags.DEFINE_integer("max_input_length", 64, "Truncate the source to this many subwords.")
 FLAGS = flags.FLAGS
 
 

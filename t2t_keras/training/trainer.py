@@ -63,6 +63,10 @@ class Trainer:
 
   def __init__(self, model_config: ModelConfig, train_config: TrainConfig,
                strategy: Optional[tf.distribute.Strategy] = None):
+    if train_config.accum_steps != 1:
+      raise TrainingError(f"--accum_steps={train_config.accum_steps}: gradient accumulation "
+                          "is not implemented yet; use --accum_steps=1 and a --batch_size "
+                          "that fits, or more replicas.")
     self.model_config = model_config
     self.config = train_config
     self.strategy = strategy or tf.distribute.get_strategy()
