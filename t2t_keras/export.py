@@ -25,18 +25,6 @@ flags.DEFINE_string("checkpoint_path", None, "A specific checkpoint (default: la
 flags.DEFINE_integer("average_last_n", 0, "Export the average of the last N checkpoints.")
 
 
-def export_model_dir(model_dir: str, export_dir: str, decode_config, max_input_length: int,
-                     checkpoint_path=None, average_last_n: int = 0, version: int = 0) -> str:
-  """Loads model_dir and exports it; returns the versioned export path."""
-  from t2t_keras import inference, serving  # pylint: disable=import-outside-toplevel
-  loaded = inference.load(model_dir, checkpoint_path, average_last_n)
-  vocab = os.path.join(model_dir, inference.VOCAB_FILE)
-  translator = serving.Translator(
-      loaded.model, loaded.tokenizer, decode_config, max_input_length,
-      vocab_file=vocab if getattr(loaded.tokenizer, "model_proto", None) else None)
-  return serving.export(translator, export_dir, version or None)
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
@@ -46,10 +34,11 @@ def main(argv):
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
 
+  from t2t_keras import serving
   from t2t_keras.errors import USER_ERRORS
   tf.get_logger().setLevel("ERROR")
   try:
-    path = export_model_dir(FLAGS.model_dir, export_dir, t2t_flags.decode_config(),
+    path = serving.export_model_dir(FLAGS.model_dir, export_dir, t2t_flags.decode_config(),
                             FLAGS.max_input_length, FLAGS.checkpoint_path,
                             FLAGS.average_last_n, FLAGS.export_version)
   except (*USER_ERRORS, FileExistsError) as error:

@@ -14,7 +14,7 @@ import tensorflow as tf
 from t2t_keras import inference
 from t2t_keras.configs import DataConfig, DecodeConfig, ModelConfig
 from t2t_keras.data import tokenizer as tokenizer_lib
-from t2t_keras.export import export_model_dir
+from t2t_keras.serving import export_model_dir
 from t2t_keras.model import create_model
 from t2t_keras.training import checkpoints
 from tests.conftest import REPO_ROOT
