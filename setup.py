@@ -24,7 +24,8 @@ setup(
         "tensorboard>=2.20",  # tf.summary and the learning-curve tool
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout"],
-        "serving": ["tensorflow-serving-api>=2.21,<2.22", "requests"],
+        # tensorflow-serving-api: tests/serving_test.py runs the gRPC client.
+        "test": ["pytest>=8", "pytest-timeout", "tensorflow-serving-api>=2.21,<2.22"],
+        "serving": ["tensorflow-serving-api>=2.21,<2.22"],
     },
 )

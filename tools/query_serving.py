@@ -1,4 +1,4 @@
-"""Sends sentences to a running TensorFlow Serving and prints the translations.
+r"""Sends sentences to a running TensorFlow Serving and prints the translations.
 
   # REST (port 8501): POST /v1/models/<name>:predict {"instances": [...]}
   python tools/query_serving.py --server=localhost:8501 --model_name=transformer \
@@ -19,6 +19,7 @@ The REST client needs only the standard library; the gRPC client imports TensorF
 from __future__ import annotations
 
 import json
+import os
 import sys
 import urllib.error
 import urllib.request
@@ -38,7 +39,8 @@ flags.DEFINE_string("signature_name", "serving_default",
                     "`outputs` and `scores`, as serving_default does.")
 flags.DEFINE_string("input_file", None, "Sentences, one per line (instead of arguments).")
 flags.DEFINE_integer("batch_size", 64, "Sentences per request.", lower_bound=1)
-flags.DEFINE_float("timeout", 300.0, "Seconds to wait for one request.", lower_bound=0.0)
+flags.DEFINE_float("timeout", 300.0, "Seconds to wait for one request.")
+flags.register_validator("timeout", lambda v: v > 0, message="--timeout must be > 0 seconds.")
 FLAGS = flags.FLAGS
 
 
@@ -106,6 +108,7 @@ class GrpcClient:
   """PredictionService.Predict over one channel, with a string tensor `inputs`."""
 
   def __init__(self, server: str, model: str, signature: str, timeout: float):
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # no C++ start-up logs
     try:
       # pylint: disable=import-outside-toplevel
       import grpc
@@ -157,8 +160,12 @@ def main(argv):
   sentences = argv[1:]
   if FLAGS.input_file:
     # Invalid UTF-8 becomes U+FFFD, as the exported model would do on its own.
-    with open(FLAGS.input_file, encoding="utf-8", errors="replace") as f:
-      sentences += [line.rstrip("\r\n") for line in f]
+    try:
+      with open(FLAGS.input_file, encoding="utf-8", errors="replace") as f:
+        sentences += [line.rstrip("\r\n") for line in f]
+    except OSError as error:
+      print(f"error: cannot read --input_file: {error}", file=sys.stderr)
+      sys.exit(1)
   if not sentences:
     raise app.UsageError("Give sentences as arguments or --input_file.")
   server = FLAGS.server or f"localhost:{DEFAULT_PORTS[FLAGS.protocol]}"
