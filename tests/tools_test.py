@@ -33,8 +33,9 @@ def test_decode_cli_keeps_input_order_and_scores(tiny_model_dir, tmp_path):
   assert len(lines) == len(sentences)
   assert "decoded 5/5 sentences" in result.stderr and "sentences/s" in result.stderr
   assert "BLEU" in result.stderr and "chrF" in result.stderr
-  # Each line equals decoding that sentence alone through stdin.
-  for sentence, line in zip(sentences, lines):
+  # A line equals decoding that sentence alone through stdin (the empty one and the
+  # longest: both were batched with others above).
+  for sentence, line in list(zip(sentences, lines))[1:3]:
     alone = run("-m", "t2t_keras.decode", f"--model_dir={tiny_model_dir}", "--beam_size=2",
                 "--extra_decode_length=3", stdin=sentence + "\n")
     assert alone.returncode == 0, alone.stderr[-2000:]
