@@ -1,42 +1,72 @@
-"""Translation metrics with sacreBLEU: BLEU (cased and uncased) and chrF, with the
-signatures that make the numbers comparable across papers."""
+"""Corpus BLEU and chrF with sacreBLEU, shared by evaluate, decode and training.
+
+Scores are sacreBLEU's on detokenized text, so they compare with published numbers
+only together with their signature (tokenizer, casing, smoothing, sacreBLEU version);
+every score here carries its signature. The paper's tokenized BLEU (multi-bleu.perl on
+its own tokenization) is a different number, typically higher.
+
+Kept free of TensorFlow so `python -m t2t_keras.evaluate` starts in a second.
+"""
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from typing import Sequence
 
-import sacrebleu
+from sacrebleu.metrics import BLEU, CHRF
+
+REPORT_KEYS = ("bleu", "bleu_uncased", "chrf")
 
 
-def bleu_report(hypotheses: Sequence[str], references: List[Sequence[str]]) -> Dict:
-  """Corpus BLEU (cased, uncased) and chrF of hypotheses against reference sets.
+def bleu_report(hypotheses: Sequence[str], references: Sequence[Sequence[str]],
+                lowercase_chrf: bool = False) -> dict:
+  """Corpus BLEU (cased and uncased) and chrF of line-aligned hypotheses.
 
   Args:
-    hypotheses: one string per segment.
-    references: one or more reference sets, each with one string per segment.
+    hypotheses: one detokenized translation per segment.
+    references: one or more reference streams, each line-aligned with `hypotheses`
+      (`[refs]` for a single reference).
+    lowercase_chrf: compute chrF case-insensitively too (BLEU always comes both ways).
 
   Returns:
-    {"bleu", "bleu_uncased", "chrf"} scores and their "*_signature" strings.
+    A dict with the scores `bleu`, `bleu_uncased`, `chrf` (floats, 0-100), their
+    signatures `bleu_signature`, `bleu_uncased_signature`, `chrf_signature`, and
+    sacreBLEU's one-line summaries `bleu_details`, `bleu_uncased_details`,
+    `chrf_details` (n-gram precisions, brevity penalty, lengths).
+
+  Raises:
+    ValueError: no hypotheses or references, or a reference stream of another length.
   """
   hypotheses = list(hypotheses)
-  references = [list(r) for r in references]
-  for refs in references:
-    if len(refs) != len(hypotheses):
-      raise ValueError(f"{len(hypotheses)} hypotheses but a reference set of {len(refs)}")
-  cased = sacrebleu.metrics.BLEU()
-  uncased = sacrebleu.metrics.BLEU(lowercase=True)
-  chrf = sacrebleu.metrics.CHRF()
-  return {
-      "bleu": cased.corpus_score(hypotheses, references).score,
-      "bleu_signature": str(cased.get_signature()),
-      "bleu_uncased": uncased.corpus_score(hypotheses, references).score,
-      "bleu_uncased_signature": str(uncased.get_signature()),
-      "chrf": chrf.corpus_score(hypotheses, references).score,
-      "chrf_signature": str(chrf.get_signature()),
-  }
+  references = [list(stream) for stream in references]
+  if not hypotheses:
+    raise ValueError("no hypotheses to score.")
+  if not references:
+    raise ValueError("no references to score against.")
+  for i, stream in enumerate(references):
+    if len(stream) != len(hypotheses):
+      raise ValueError(f"reference stream {i} has {len(stream)} segments but there are "
+                       f"{len(hypotheses)} hypotheses: they must be line-aligned.")
+  report = {}
+  for key, metric in (("bleu", BLEU()), ("bleu_uncased", BLEU(lowercase=True)),
+                      ("chrf", CHRF(lowercase=lowercase_chrf))):
+    score = metric.corpus_score(hypotheses, references)
+    report[key] = float(score.score)
+    report[f"{key}_signature"] = str(metric.get_signature())
+    report[f"{key}_details"] = score.format(width=2)
+  return report
 
 
-def format_report(report: Dict) -> str:
-  return (f"BLEU {report['bleu']:.2f} ({report['bleu_signature']})\n"
-          f"BLEU uncased {report['bleu_uncased']:.2f} ({report['bleu_uncased_signature']})\n"
-          f"chrF {report['chrf']:.2f} ({report['chrf_signature']})")
+def format_report(report: dict, details: bool = False) -> str:
+  """The report of `bleu_report` as one line per score, each with its signature.
+
+  Args:
+    report: from `bleu_report`.
+    details: also print sacreBLEU's summaries (n-gram precisions, brevity penalty).
+  """
+  lines = [f"BLEU {report['bleu']:.2f} ({report['bleu_signature']})",
+           f"BLEU uncased {report['bleu_uncased']:.2f} ({report['bleu_uncased_signature']})",
+           f"chrF {report['chrf']:.2f} ({report['chrf_signature']})"]
+  if details:
+    labels = {"bleu": "cased", "bleu_uncased": "uncased", "chrf": "chrF"}
+    lines += [f"  {labels[key]}: {report[f'{key}_details']}" for key in REPORT_KEYS]
+  return "\n".join(lines)
