@@ -4,14 +4,16 @@ Transformer base (6+6 layers, d_model 512, d_ff 2048, 8 heads), shared 32,000
 vocabulary, 64 sentence pairs x 32 tokens on each side per step, random ids; float32
 and bfloat16 (mixed: float32 variables), with and without XLA. Prints target tokens/s
 and the ratio of achieved matmul FLOP/s to the machine's measured matmul peak of the
-matching precision.
+matching precision. Each configuration is timed `--repeats` times (`--steps` steps
+each) and the median is reported: on a shared machine single timings vary by +-30%.
 
-    python bench/train_throughput.py [--steps=5] [--configs=float32,float32+xla,...]
+    python bench/train_throughput.py [--steps=5] [--repeats=3] [--configs=float32,...]
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import time
 
@@ -21,7 +23,8 @@ from absl import app, flags  # noqa: E402
 
 from bench.common import machine, matmul_peak, print_table  # noqa: E402
 
-flags.DEFINE_integer("steps", 5, "Timed steps per configuration (after 2 warm-up steps).")
+flags.DEFINE_integer("steps", 5, "Steps per timed run (after 2 warm-up steps).")
+flags.DEFINE_integer("repeats", 3, "Timed runs per configuration; the median is reported.")
 flags.DEFINE_list("configs", ["float32", "float32+xla", "bfloat16", "bfloat16+xla"],
                   "Configurations: dtype[+xla].")
 flags.DEFINE_integer("batch", 64, "Sentence pairs per step.")
@@ -48,9 +51,14 @@ def measure(dtype: str, xla: bool):
   iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
   loop = tf.function(trainer._train_loop)  # pylint: disable=protected-access
   float(loop(iterator, tf.constant(2))[0])  # compile + warm up
-  start = time.perf_counter()
-  float(loop(iterator, tf.constant(FLAGS.steps))[0])
-  seconds = (time.perf_counter() - start) / FLAGS.steps
+  runs = []
+  for _ in range(FLAGS.repeats):
+    start = time.perf_counter()
+    float(loop(iterator, tf.constant(FLAGS.steps))[0])
+    runs.append((time.perf_counter() - start) / FLAGS.steps)
+  print(f"  {dtype}{'+xla' if xla else ''} s/step per run: "
+        + " ".join(f"{r:.2f}" for r in runs), flush=True)
+  seconds = statistics.median(runs)
   step_flops = flops.train_flops(model_config, FLAGS.batch, FLAGS.length, FLAGS.length)
   return FLAGS.batch * FLAGS.length / seconds, step_flops / seconds, seconds
 

@@ -22,7 +22,7 @@ from keras import ops
 
 from t2t_keras import BOS_ID, PAD_ID
 from t2t_keras.configs import ModelConfig
-from t2t_keras.layers import (DecoderLayer, EncoderLayer, LearnedPosition,
+from t2t_keras.layers import (DecoderLayer, Dropout, EncoderLayer, LearnedPosition,
                               SharedEmbedding, SinusoidalPosition)
 
 _POLICIES = {"float32": "float32", "bfloat16": "mixed_bfloat16",
@@ -103,10 +103,10 @@ class Transformer(keras.Model):
       self.decoder_position = SinusoidalPosition(dtype=policy, name="decoder_position")
     self.encoder_position.build((None, None, c.hidden_size))
     self.decoder_position.build((None, None, c.hidden_size))
-    self.encoder_dropout = keras.layers.Dropout(
-        c.layer_prepostprocess_dropout, dtype=policy, name="encoder_embedding_dropout")
-    self.decoder_dropout = keras.layers.Dropout(
-        c.layer_prepostprocess_dropout, dtype=policy, name="decoder_embedding_dropout")
+    self.encoder_dropout = Dropout(c.layer_prepostprocess_dropout, dtype=policy,
+                                   name="encoder_embedding_dropout")
+    self.decoder_dropout = Dropout(c.layer_prepostprocess_dropout, dtype=policy,
+                                   name="decoder_embedding_dropout")
     layer_args = dict(hidden_size=c.hidden_size, filter_size=c.filter_size,
                       num_heads=c.num_heads, key_size=c.head_key_size,
                       value_size=c.head_value_size, dropout=c.layer_prepostprocess_dropout,

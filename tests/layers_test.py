@@ -1,17 +1,21 @@
-"""Layer-level checks: config round trips, the paper's formulas against NumPy."""
+"""Layer-level checks: config round trips, the paper's formulas against NumPy, dropout."""
 
 import math
 
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from t2t_keras import layers
+from t2t_keras.layers.attention import HeadDense
 from t2t_keras.layers.position import sinusoid
 
 LAYER_CASES = [
     (layers.MultiHeadAttention, dict(num_heads=2, key_size=3, value_size=5, output_size=8,
                                      attention_dropout=0.1)),
+    (HeadDense, dict(equation="btd,dhk->bthk", output_shape=(None, 2, 3))),
+    (layers.Dropout, dict(rate=0.25, seed=3)),
     (layers.FeedForward, dict(filter_size=12, output_size=8, relu_dropout=0.2)),
     (layers.SharedEmbedding, dict(vocab_size=11, hidden_size=8)),
     (layers.LearnedPosition, dict(max_position=7, hidden_size=8)),
@@ -97,3 +101,93 @@ def test_embedding_scaled_and_tied():
                              atol=1e-6)
   hidden = np.ones((1, 4), "float32")
   np.testing.assert_allclose(np.asarray(emb.logits(hidden)), hidden @ table.T, atol=1e-5)
+
+
+@pytest.mark.parametrize("equation,input_shape,output_shape", [
+    ("btd,dhk->bthk", (2, 3, 6), (None, 4, 5)), ("bthk,hkd->btd", (2, 3, 4, 5), (None, 6))])
+def test_head_dense_equals_einsum_dense_with_gradients(equation, input_shape, output_shape):
+  rng = np.random.default_rng(2)
+  reference = keras.layers.EinsumDense(equation, output_shape)
+  head = HeadDense(equation, output_shape)
+  reference.build(input_shape)
+  head.build(input_shape)
+  head.kernel.assign(reference.kernel)
+  x = tf.constant(rng.normal(size=input_shape), tf.float32)
+  cotangent = tf.constant(rng.normal(size=reference(x).shape), tf.float32)
+  results = []
+  for layer in (reference, head):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      y = layer(x)
+      loss = tf.reduce_sum(y * cotangent)
+    results.append([y] + tape.gradient(loss, [x, layer.kernel]))
+  for a, b in zip(*results):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="bthk,bshk->bhts"):
+    HeadDense("bthk,bshk->bhts", (None, None, None))
+
+
+def test_dropout_zeroes_rate_and_scales_the_rest_keeping_the_mean():
+  rate = 0.25
+  y = np.asarray(layers.Dropout(rate)(np.ones((100, 1000), "float32"), training=True))
+  kept = y[y != 0]
+  np.testing.assert_allclose(kept, 1 / (1 - rate), rtol=1e-6)
+  assert abs((y == 0).mean() - rate) < 0.01  # 7 standard deviations of 1e5 draws
+  assert abs(y.mean() - 1.0) < 0.01
+
+
+def test_dropout_is_identity_at_inference_and_at_rate_zero():
+  x = np.random.default_rng(3).normal(size=(4, 5)).astype("float32")
+  layer = layers.Dropout(0.5)
+  for training in (False, None):
+    np.testing.assert_array_equal(np.asarray(layer(x, training=training)), x)
+  np.testing.assert_array_equal(np.asarray(layers.Dropout(0.0)(x, training=True)), x)
+  with pytest.raises(ValueError, match="rate=1.0"):
+    layers.Dropout(1.0)
+
+
+def test_dropout_gradient_is_the_same_mask():
+  x = tf.ones((8, 64))
+  with tf.GradientTape() as tape:
+    tape.watch(x)
+    y = layers.Dropout(0.5)(x, training=True)
+  np.testing.assert_array_equal(np.asarray(tape.gradient(y, x)), np.asarray(y))
+
+
+def test_dropout_masks_differ_between_calls_and_replay_with_the_seed():
+  def two_outputs():
+    layer = layers.Dropout(0.5)
+    return [np.asarray(layer(np.ones(256, "float32"), training=True)) for _ in range(2)]
+  keras.utils.set_random_seed(7)
+  first = two_outputs()
+  keras.utils.set_random_seed(7)
+  replayed = two_outputs()
+  keras.utils.set_random_seed(8)
+  other = two_outputs()
+  assert not np.array_equal(first[0], first[1])
+  for a, b in zip(first, replayed):
+    np.testing.assert_array_equal(a, b)
+  assert not np.array_equal(first[0], other[0])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
+def test_dropout_compiles_with_xla(dtype):
+  layer = layers.Dropout(0.5, dtype=dtype)
+  step = tf.function(lambda x: layer(x, training=True), jit_compile=True)
+  x = np.full((16, 256), 3.0, "float32")
+  first, second = np.asarray(step(x), "float32"), np.asarray(step(x), "float32")
+  assert step(x).dtype == layer.compute_dtype
+  assert set(np.unique(first)) == {0.0, 6.0}
+  assert 0.45 < (first == 0).mean() < 0.55
+  assert not np.array_equal(first, second)  # the seed advanced inside the compiled step
+
+
+def test_dropout_replicas_draw_different_masks():
+  assert len(tf.config.list_logical_devices("CPU")) >= 2, "conftest splits the CPU"
+  strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  with strategy.scope():
+    layer = layers.Dropout(0.5)
+  step = tf.function(lambda: strategy.run(lambda: layer(tf.ones(256), training=True)))
+  first, second = (np.asarray(t) for t in strategy.experimental_local_results(step()))
+  assert set(np.unique(first)) == {0.0, 2.0}
+  assert not np.array_equal(first, second)

@@ -1,10 +1,11 @@
 """Keras 3 layers of the Transformer."""
 
 from t2t_keras.layers.attention import MultiHeadAttention
+from t2t_keras.layers.dropout import Dropout
 from t2t_keras.layers.embedding import SharedEmbedding
 from t2t_keras.layers.feed_forward import FeedForward
 from t2t_keras.layers.position import LearnedPosition, SinusoidalPosition
 from t2t_keras.layers.transformer_layers import DecoderLayer, EncoderLayer, Residual
 
-__all__ = ["MultiHeadAttention", "SharedEmbedding", "FeedForward", "LearnedPosition",
+__all__ = ["MultiHeadAttention", "Dropout", "SharedEmbedding", "FeedForward", "LearnedPosition",
            "SinusoidalPosition", "DecoderLayer", "EncoderLayer", "Residual"]

@@ -19,8 +19,12 @@ so one decoding path works eagerly, in tf.function, under XLA and on TPU.
 
 from __future__ import annotations
 
+import math
+
 import keras
 from keras import ops
+
+from t2t_keras.layers.dropout import Dropout
 
 # Large negative logit for masked positions (the paper's -inf, without NaNs for rows
 # that are entirely masked).
@@ -37,6 +41,44 @@ def update_cache(cache, update, index):
   at_index = ops.equal(ops.arange(length), index)  # (L,)
   at_index = ops.reshape(at_index, (1, length) + (1,) * (len(cache.shape) - 2))
   return ops.where(at_index, ops.cast(update, cache.dtype), cache)
+
+
+@keras.saving.register_keras_serializable(package="t2t_keras")
+class HeadDense(keras.layers.EinsumDense):
+  """An EinsumDense "<lead><in>,<in><out>-><lead><out>" computed as one 2-D matmul.
+
+  The projections to and from heads, (B, T, D) x (D, H, K) and (B, T, H, K) x (H, K, D),
+  contract the trailing input axes with the leading kernel axes. Keras' TensorFlow
+  backend runs them as a batch matmul that broadcasts the kernel over B, whose kernel
+  gradient is B per-example products summed over B; flattening to (B*T, in) x
+  (in, out) makes the forward pass and both gradients plain MatMuls (about 1.5x faster
+  for a base-size projection forward and backward on CPU, see bench/). Variables, names,
+  shapes and checkpoint layout are EinsumDense's. No bias or activation (none is used).
+  """
+
+  def __init__(self, equation, output_shape, **kwargs):
+    super().__init__(equation, output_shape, **kwargs)
+    inputs, kernel = equation.split("->")[0].split(",")
+    contracted = len(set(inputs) & set(kernel))
+    lead, free = inputs[:-contracted], kernel[contracted:]
+    if (self.bias_axes or self.activation is not keras.activations.linear
+        or inputs[-contracted:] != kernel[:contracted]
+        or equation != f"{inputs},{kernel}->{lead}{free}"):
+      raise ValueError(f"HeadDense needs an equation '<lead><in>,<in><out>-><lead><out>' "
+                       f"without bias or activation, got {equation!r} (bias_axes="
+                       f"{self.bias_axes!r}, activation={self.activation.__name__}); use "
+                       "keras.layers.EinsumDense for other contractions.")
+    self.contracted_axes = contracted
+
+  def call(self, inputs, training=None):
+    kernel = self.kernel  # (*in, *out)
+    in_shape = tuple(kernel.shape[:self.contracted_axes])
+    out_shape = tuple(kernel.shape[self.contracted_axes:])
+    in_size, out_size = math.prod(in_shape), math.prod(out_shape)
+    lead = ops.shape(inputs)[:-self.contracted_axes]
+    flat = ops.matmul(ops.reshape(inputs, (-1, in_size)),
+                      ops.reshape(kernel, (in_size, out_size)))  # (prod(lead), out)
+    return ops.reshape(flat, (*lead, *out_shape))
 
 
 @keras.saving.register_keras_serializable(package="t2t_keras")
@@ -80,19 +122,19 @@ class MultiHeadAttention(keras.layers.Layer):
     dim = input_shape[-1]
     common = dict(dtype=self.dtype_policy,
                   kernel_initializer=keras.initializers.GlorotUniform())
-    self.query_dense = keras.layers.EinsumDense(
+    self.query_dense = HeadDense(
         "btd,dhk->bthk", output_shape=(None, self.num_heads, self.key_size),
         name="query", **common)
-    self.key_dense = keras.layers.EinsumDense(
+    self.key_dense = HeadDense(
         "btd,dhk->bthk", output_shape=(None, self.num_heads, self.key_size),
         name="key", **common)
-    self.value_dense = keras.layers.EinsumDense(
+    self.value_dense = HeadDense(
         "btd,dhk->bthk", output_shape=(None, self.num_heads, self.value_size),
         name="value", **common)
-    self.output_dense = keras.layers.EinsumDense(
+    self.output_dense = HeadDense(
         "bthk,hkd->btd", output_shape=(None, self.output_size), name="output", **common)
-    self.dropout = keras.layers.Dropout(self.attention_dropout, dtype=self.dtype_policy,
-                                        name="attention_dropout")
+    self.dropout = Dropout(self.attention_dropout, dtype=self.dtype_policy,
+                           name="attention_dropout")
     for dense in (self.query_dense, self.key_dense, self.value_dense):
       dense.build((None, None, dim))
     self.output_dense.build((None, None, self.num_heads, self.value_size))

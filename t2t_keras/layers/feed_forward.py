@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import keras
 
+from t2t_keras.layers.dropout import Dropout
+
 
 @keras.saving.register_keras_serializable(package="t2t_keras")
 class FeedForward(keras.layers.Layer):
@@ -35,8 +37,7 @@ class FeedForward(keras.layers.Layer):
     self.output_dense = keras.layers.Dense(
         self.output_size, dtype=self.dtype_policy, name="output",
         kernel_initializer="glorot_uniform")
-    self.dropout = keras.layers.Dropout(self.relu_dropout, dtype=self.dtype_policy,
-                                        name="relu_dropout")
+    self.dropout = Dropout(self.relu_dropout, dtype=self.dtype_policy, name="relu_dropout")
     self.filter_dense.build((None, None, input_shape[-1]))
     self.output_dense.build((None, None, self.filter_size))
     self.built = True

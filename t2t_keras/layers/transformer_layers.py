@@ -12,6 +12,7 @@ from __future__ import annotations
 import keras
 
 from t2t_keras.layers.attention import MultiHeadAttention
+from t2t_keras.layers.dropout import Dropout
 from t2t_keras.layers.feed_forward import FeedForward
 
 
@@ -28,8 +29,7 @@ class Residual(keras.layers.Layer):
   def build(self, input_shape):
     self.norm = keras.layers.LayerNormalization(
         epsilon=self.norm_epsilon, dtype=self.dtype_policy, name="norm")
-    self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=self.dtype_policy,
-                                        name="dropout")
+    self.dropout = Dropout(self.dropout_rate, dtype=self.dtype_policy, name="dropout")
     self.norm.build(input_shape)
     self.built = True
 
