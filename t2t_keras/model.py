@@ -183,11 +183,11 @@ class Transformer(keras.Model):
     return [layer.cross_attention.compute_key_value(encoded) for layer in self.decoder_layers]
 
   def init_cache(self, batch_size, max_length):
-    """Zero self-attention caches: per layer {"key": (B, L, H, Dk), "value": (B, L, H, Dv)}."""
+    """Zero self-attention caches: per layer {"key": (B, H, L, Dk), "value": (B, H, L, Dv)}."""
     c = self.model_config
     dtype = self.compute_dtype
-    return [{"key": ops.zeros((batch_size, max_length, c.num_heads, c.head_key_size), dtype),
-             "value": ops.zeros((batch_size, max_length, c.num_heads, c.head_value_size),
+    return [{"key": ops.zeros((batch_size, c.num_heads, max_length, c.head_key_size), dtype),
+             "value": ops.zeros((batch_size, c.num_heads, max_length, c.head_value_size),
                                 dtype)}
             for _ in self.decoder_layers]
 
@@ -206,7 +206,7 @@ class Transformer(keras.Model):
     """
     x = self.target_embedding(ids[:, None])  # (B, 1, D)
     x = self.decoder_position(x, start=index)
-    length = ops.shape(cache[0]["key"])[1]
+    length = ops.shape(cache[0]["key"])[2]
     self_mask = (ops.arange(length) <= index)[None, None, None, :]  # (1, 1, 1, L)
     new_cache = []
     for layer, layer_cache, key_value in zip(self.decoder_layers, cache, cross_key_values):

@@ -32,14 +32,14 @@ _MASK_VALUE = -1e9
 
 
 def update_cache(cache, update, index):
-  """Writes `update` (B, 1, ...) at position `index` of `cache` (B, L, ...).
+  """Writes `update` (B, H, 1, K) at position `index` of `cache` (B, H, L, K).
 
   A `where` over a one-hot position mask instead of a scatter: a single select op that
   every runtime (eager, XLA, TPU, TF Serving) has, with static shapes.
   """
-  length = ops.shape(cache)[1]
+  length = ops.shape(cache)[2]
   at_index = ops.equal(ops.arange(length), index)  # (L,)
-  at_index = ops.reshape(at_index, (1, length) + (1,) * (len(cache.shape) - 2))
+  at_index = ops.reshape(at_index, (1, 1, length, 1))
   return ops.where(at_index, ops.cast(update, cache.dtype), cache)
 
 
@@ -141,28 +141,34 @@ class MultiHeadAttention(keras.layers.Layer):
     self.built = True
 
   def compute_key_value(self, memory):
-    """Projects memory (B, S, D) to keys (B, S, H, Dk) and values (B, S, H, Dv)."""
-    return self.key_dense(memory), self.value_dense(memory)
+    """Projects memory (B, S, D) to keys (B, H, S, Dk) and values (B, H, S, Dv).
+
+    Heads-major, the layout the attention matmuls read: cross-attention keys/values and
+    the decoding cache are stored this way, so a decoding step reads them without
+    transposing the whole cache (as an einsum over (B, S, H, K) would, every step).
+    """
+    return (ops.transpose(self.key_dense(memory), (0, 2, 1, 3)),
+            ops.transpose(self.value_dense(memory), (0, 2, 1, 3)))
 
   def call(self, query, memory=None, attention_mask=None, cache=None, cache_index=None,
            key_value=None, training=None, return_attention=False):
-    q = self.query_dense(query)  # (B, T, H, Dk)
+    q = ops.transpose(self.query_dense(query), (0, 2, 1, 3))  # (B, H, T, Dk)
     if key_value is not None:
       k, v = key_value
     else:
       k, v = self.compute_key_value(query if memory is None else memory)
     if cache is not None:
-      k = update_cache(cache["key"], k, cache_index)  # (B, L, H, Dk)
-      v = update_cache(cache["value"], v, cache_index)  # (B, L, H, Dv)
+      k = update_cache(cache["key"], k, cache_index)  # (B, H, L, Dk)
+      v = update_cache(cache["value"], v, cache_index)  # (B, H, L, Dv)
       cache = {"key": k, "value": v}
     q = q * ops.cast(1.0 / (self.key_size ** 0.5), q.dtype)
-    logits = ops.einsum("bthk,bshk->bhts", q, k)  # (B, H, T, S)
+    logits = ops.einsum("bhtk,bhsk->bhts", q, k)  # (B, H, T, S)
     logits = ops.cast(logits, "float32")
     if attention_mask is not None:
       logits = ops.where(attention_mask, logits, _MASK_VALUE)
     probs = ops.softmax(logits, axis=-1)
     weights = self.dropout(ops.cast(probs, self.compute_dtype), training=training)
-    context = ops.einsum("bhts,bshk->bthk", weights, v)  # (B, T, H, Dv)
+    context = ops.transpose(ops.einsum("bhts,bhsk->bhtk", weights, v), (0, 2, 1, 3))  # (B, T, H, Dv)
     output = self.output_dense(context)  # (B, T, D)
     results = (output,)
     if cache is not None:
