@@ -167,6 +167,7 @@ class TrainConfig:
 
   model_dir: str = "/tmp/t2t_keras"
   train_steps: int = 100_000
+  train_minutes: float = 0.0  # training-time budget of this process; 0 = none
   learning_rate_schedule: str = "paper"  # "paper" or "t2t" (constant * warmup * rsqrt)
   learning_rate: float = 1.0  # multiplier of the schedule (t2t: 2.0)
   learning_rate_warmup_steps: int = 4000

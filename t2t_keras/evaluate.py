@@ -1,13 +1,29 @@
 """Scores translations: `python -m t2t_keras.evaluate --hypotheses=hyp.txt
---references=ref.txt [--references=ref2.txt] [--lowercase]`.
+--references=ref.txt [--references=ref2.txt] [--lowercase]`, or parses:
+`python -m t2t_keras.evaluate --task=parsing --hypotheses=hyp.txt
+--references=test.mrg [--sources=test.words]`.
 
-Prints sacreBLEU (cased and uncased) and chrF, each with its signature, then
-sacreBLEU's summaries (n-gram precisions, brevity penalty, lengths). Files are
+Translation prints sacreBLEU (cased and uncased) and chrF, each with its signature,
+then sacreBLEU's summaries (n-gram precisions, brevity penalty, lengths). Files are
 line-aligned UTF-8 text, one detokenized segment per line (sacreBLEU tokenizes);
 several --references files score against multiple references.
 
-A thin entry point over t2t_keras.metrics.bleu_report. It does not import
-TensorFlow (only for gs:// and other remote paths), so it starts in about a second.
+Parsing prints labeled bracketing F1, recall and precision as EVALB computes them with
+COLLINS.prm (t2t_keras.evalb), for all sentences and those of <= 40 words, and how many
+hypotheses had to be repaired into a tree. --hypotheses holds the decoder's linearized
+trees, one per line (`(S (NP NNP ) (VP VBZ ) . )`, as t2t_keras.decode writes them);
+--references is ONE treebank file of bracketed trees (.mrg, one tree per line or
+spanning lines, cleaned here as for training: -NONE-, function tags and the empty root
+removed), the same file the sources were taken from, so no separately prepared gold
+file can drift out of step. The words that rebuild each hypothesis are those of its
+reference tree, or of --sources (the decoder's input, one sentence per line), which
+must then be the same words. --output_trees writes the rebuilt trees (Penn Treebank
+brackets) for other tools. Trees from another parser can be scored by linearizing them
+first (tools/linearize_trees.py).
+
+A thin entry point over t2t_keras.metrics.bleu_report and t2t_keras.evalb. It does not
+import TensorFlow (only for gs:// and other remote paths), so it starts in about a
+second.
 """
 
 from __future__ import annotations
@@ -25,8 +41,16 @@ flags.DEFINE_multi_string("references", None,
 flags.DEFINE_boolean("lowercase", False,
                      "Score chrF case-insensitively too (BLEU is always printed both cased "
                      "and uncased).")
-flags.DEFINE_enum("task", "translation", ["translation"],
-                  "What is scored: translation (BLEU and chrF).")
+flags.DEFINE_enum("task", "translation", ["translation", "parsing"],
+                  "What is scored: translation (BLEU and chrF) or parsing (EVALB "
+                  "labeled bracketing F1 of linearized trees against a .mrg file).")
+flags.DEFINE_string("sources", None,
+                    "Parsing only: the decoded sentences, one per line (words separated "
+                    "by spaces), line-aligned with --hypotheses; default: the words of "
+                    "the --references trees.")
+flags.DEFINE_string("output_trees", None,
+                    "Parsing only: also write the rebuilt (and repaired) hypothesis trees "
+                    "here, one Penn Treebank bracketing per line, e.g. for evalb.")
 flags.mark_flags_as_required(["hypotheses", "references"])
 FLAGS = flags.FLAGS
 
@@ -85,9 +109,60 @@ def read_inputs(hypotheses_path: str, reference_paths: list) -> tuple:
   return hypotheses, references
 
 
+def read_parsing_inputs(hypotheses_path: str, references_path: str,
+                        sources_path=None) -> tuple:
+  """Linearized hypotheses, cleaned reference trees and (optionally) source words.
+
+  Raises:
+    InputError: a missing or undecodable file, a malformed reference tree (naming file
+      and line), or files that do not hold one entry per sentence.
+  """
+  # pylint: disable=import-outside-toplevel
+  from t2t_keras import parsing
+  hypotheses = read_segments(hypotheses_path, "--hypotheses")
+  data = _read_bytes(references_path, "--references")
+  try:
+    trees = parsing.parse_trees(parsing.decode_utf8(data, references_path),
+                                references_path)
+    references = [parsing.clean(tree, f"{references_path}:{line}") for line, tree in trees]
+  except parsing.TreeError as error:
+    raise InputError(f"--references {error}") from None
+  if not references:
+    raise InputError(f"--references {references_path} holds no bracketed trees.")
+  if len(hypotheses) != len(references):
+    raise InputError(f"--hypotheses {hypotheses_path} has {len(hypotheses)} lines but "
+                     f"--references {references_path} has {len(references)} trees: give "
+                     "one decoded tree per reference tree, in the same order.")
+  words = None
+  if sources_path:
+    words = [line.split() for line in read_segments(sources_path, "--sources")]
+    if len(words) != len(references):
+      raise InputError(f"--sources {sources_path} has {len(words)} lines but --references "
+                       f"{references_path} has {len(references)} trees.")
+    for number, (sentence, (line, _), tree) in enumerate(zip(words, trees, references), 1):
+      if sentence != tree.words():
+        raise InputError(f"--sources {sources_path} line {number} is not the sentence of "
+                         f"the tree at {references_path}:{line}: "
+                         f"{_first_difference(sentence, tree.words())}; were they made "
+                         "from another file?")
+  return hypotheses, references, words
+
+
+def _first_difference(words: list, expected: list) -> str:
+  for i, (word, gold) in enumerate(zip(words, expected)):
+    if word != gold:
+      return f"word {i + 1} is {word!r}, the tree has {gold!r}"
+  return f"{len(words)} words, the tree has {len(expected)}"
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
+  if (FLAGS.sources or FLAGS.output_trees) and FLAGS.task != "parsing":
+    raise app.UsageError("--sources and --output_trees are for --task=parsing.")
+  if FLAGS.task == "parsing":
+    _evaluate_parsing()
+    return
   from t2t_keras import metrics  # pylint: disable=import-outside-toplevel
   try:
     hypotheses, references = read_inputs(FLAGS.hypotheses, FLAGS.references)
@@ -97,6 +172,26 @@ def main(argv):
     sys.exit(1)
   report = metrics.bleu_report(hypotheses, references, lowercase_chrf=FLAGS.lowercase)
   print(metrics.format_report(report, details=True))
+
+
+def _evaluate_parsing():
+  from t2t_keras import evalb  # pylint: disable=import-outside-toplevel
+  try:
+    if len(FLAGS.references) != 1:
+      raise InputError(f"--task=parsing takes one --references treebank file, got "
+                       f"{len(FLAGS.references)}.")
+    hypotheses, references, words = read_parsing_inputs(
+        FLAGS.hypotheses, FLAGS.references[0], FLAGS.sources)
+  except InputError as error:
+    logging.debug("input error", exc_info=True)
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(1)
+  report = evalb.score_linearized(hypotheses, references, words)
+  print(evalb.format_report(report))
+  if FLAGS.output_trees:
+    with open(FLAGS.output_trees, "w", encoding="utf-8") as f:
+      f.writelines(f"{tree}\n" for tree in report.trees)
+    print(f"rebuilt trees: {FLAGS.output_trees}")
 
 
 if __name__ == "__main__":

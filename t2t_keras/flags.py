@@ -104,9 +104,11 @@ def define_data_flags(f):
   f.DEFINE_enum("data_source", d.source, ["files", "tfds", "synthetic", "parsing"],
                     "files: --train_src/--train_tgt; tfds: --tfds_name; synthetic: an "
                     "offline algorithmic task (--synthetic_task); parsing: .mrg trees.")
-  f.DEFINE_string("train_src", None, "Training source file, one sentence per line.")
+  f.DEFINE_string("train_src", None, "Training source file, one sentence per line "
+                  "(--data_source=parsing: a .mrg file of bracketed trees).")
   f.DEFINE_string("train_tgt", None, "Training target file, line-aligned with source.")
-  f.DEFINE_string("dev_src", None, "Dev source file (evaluation during training).")
+  f.DEFINE_string("dev_src", None, "Dev source file (evaluation during training; "
+                  "parsing: a .mrg file).")
   f.DEFINE_string("dev_tgt", None, "Dev target file.")
   f.DEFINE_string("tfds_name", d.tfds_name, "tensorflow-datasets name.")
   f.DEFINE_string("tfds_data_dir", None, "tensorflow-datasets data directory.")
@@ -180,6 +182,13 @@ def define_train_flags(f):
   d = TrainConfig()
   f.DEFINE_string("model_dir", None, "Checkpoints, summaries, vocabulary, flags.")
   f.DEFINE_integer("train_steps", d.train_steps, "Total optimizer updates.")
+  f.DEFINE_float("train_minutes", d.train_minutes,
+                 "Training-time budget of this run in minutes (dev evaluation not "
+                 "counted): training stops with a checkpoint at --train_steps or when the "
+                 "budget is spent, whichever comes first; 0 = no budget.")
+  f.DEFINE_integer("eval_bleu_sentences", 0,
+                   "At each dev evaluation, also decode the first N dev sentences with the "
+                   "decode flags and log sacreBLEU (files data source; 0 = off).")
   f.DEFINE_enum("learning_rate_schedule", d.learning_rate_schedule, ["paper", "t2t"],
                     "paper: d^-0.5 min(s^-0.5, s w^-1.5); t2t: constant * "
                     "min(1, s/w) * rsqrt(max(s, w)) * d^-0.5.")
@@ -228,6 +237,10 @@ def define_train_flags(f):
   for name in ("train_steps", "learning_rate_warmup_steps", "steps_per_loop", "accum_steps",
                "log_every", "eval_every", "save_checkpoint_steps", "keep_checkpoint_max"):
     f.register_validator(name, lambda v: v > 0, message=f"--{name} must be positive.")
+  f.register_validator("train_minutes", lambda v: v >= 0,
+                       message="--train_minutes must be >= 0 (0 = no budget).")
+  f.register_validator("eval_bleu_sentences", lambda v: v >= 0,
+                       message="--eval_bleu_sentences must be >= 0 (0 = off).")
   f.register_validator("label_smoothing", lambda v: 0.0 <= v < 1.0,
                            message="--label_smoothing must be in [0, 1).")
 
@@ -302,7 +315,7 @@ def data_config(fv=FLAGS) -> DataConfig:
 
 def train_config(fv=FLAGS) -> TrainConfig:
   return TrainConfig(
-      model_dir=fv.model_dir, train_steps=fv.train_steps,
+      model_dir=fv.model_dir, train_steps=fv.train_steps, train_minutes=fv.train_minutes,
       learning_rate_schedule=fv.learning_rate_schedule,
       learning_rate=fv.learning_rate,
       learning_rate_warmup_steps=fv.learning_rate_warmup_steps,

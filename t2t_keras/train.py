@@ -33,6 +33,39 @@ def dry_run() -> None:
   print(f"parameters: {model.count_params()}")
 
 
+def dev_bleu_hook(model, tokenizer, data_config, decode_config, n: int):
+  """A Trainer eval hook: sacreBLEU of the first `n` dev sentences, decoded as configured.
+
+  Needs the dev set as text (`--dev_src`/`--dev_tgt`); the returned function gives
+  {"bleu": cased sacreBLEU}.
+  """
+  # pylint: disable=import-outside-toplevel
+  from t2t_keras import decoding, metrics
+  from t2t_keras.errors import DataError
+  if not (data_config.dev_src and data_config.dev_tgt):
+    raise DataError("--eval_bleu_sentences needs the dev set as text files: set --dev_src "
+                    "and --dev_tgt (or --eval_bleu_sentences=0).")
+  sources, references = [], []
+  for path, lines in ((data_config.dev_src, sources), (data_config.dev_tgt, references)):
+    with open(path, encoding="utf-8", errors="replace") as f:
+      for line in f:
+        if len(lines) == n:
+          break
+        lines.append(line.rstrip("\n"))
+  if len(sources) != len(references):
+    raise DataError(f"--dev_src {data_config.dev_src} has {len(sources)} lines but --dev_tgt "
+                    f"{data_config.dev_tgt} has {len(references)} within the first {n}.")
+  decode_fn = decoding.make_decode_fn(model, decode_config)
+
+  def hook(step):
+    del step
+    outputs = decoding.translate(model, tokenizer, sources, decode_config,
+                                 decode_fn=decode_fn, progress=False)
+    report = metrics.bleu_report([o.texts[0] for o in outputs], [references])
+    return {"bleu": report["bleu"]}
+  return hook
+
+
 def train() -> None:
   # pylint: disable=import-outside-toplevel
   import keras
@@ -61,8 +94,12 @@ def train() -> None:
         f"{strategy.num_replicas_in_sync} replica(s); model_dir {train_config.model_dir}",
         flush=True)
   trainer = Trainer(model_config, train_config, strategy)
+  eval_hook = None
+  if FLAGS.eval_bleu_sentences and datasets.eval_fn is not None:
+    eval_hook = dev_bleu_hook(trainer.model, datasets.tokenizer, data_config, decode_config,
+                              FLAGS.eval_bleu_sentences)
   result = trainer.train(datasets.train_fn, datasets.eval_fn,
-                         progress=lambda line: print(line, flush=True))
+                         progress=lambda line: print(line, flush=True), eval_hook=eval_hook)
   print(f"done: {result.steps} steps in {format_duration(result.wall_seconds)}, "
         f"{result.target_tokens:,.0f} target tokens this run, estimated training cost "
         f"{result.flops:.3g} FLOPs this run (matmuls, forward + backward)", flush=True)

@@ -169,3 +169,39 @@ def test_eval_sums_match_definitions():
   assert correct == ((logits.argmax(-1) == targets) & mask).sum()
   smoothed = losses.smoothed_cross_entropy(logits, targets, 0.1)
   assert loss == pytest.approx(float(np.sum(smoothed)), rel=1e-6)
+
+
+def test_time_budget_stops_with_a_checkpoint_and_logs_eval_time(tmp_path):
+  """--train_minutes ends training early, saves, evaluates; eval time is not counted."""
+  from tools.plot_learning_curve import read_scalars  # pylint: disable=import-outside-toplevel
+  clock = {"now": 1000.0}
+  config = TrainConfig(model_dir=str(tmp_path / "budget"), train_steps=50, log_every=1,
+                       eval_every=2, save_checkpoint_steps=100, train_minutes=1.0,
+                       learning_rate_warmup_steps=4)
+  trainer = Trainer(MODEL, config, distribute.create_strategy(config))
+  trainer.clock = lambda: clock["now"]
+  lines, hook_steps = [], []
+
+  def progress(line):  # each step's progress line: that step "took" 10 s of training
+    lines.append(line)
+    if line.startswith("step "):
+      clock["now"] += 10.0
+
+  def hook(step):  # evaluation "takes" 100 s, which the budget must not count
+    hook_steps.append(step)
+    clock["now"] += 100.0
+    return {"bleu": 12.5}
+  eval_fn = lambda ctx: make_dataset_fn(num_batches=2)(ctx).take(2)  # one finite pass
+  result = trainer.train(make_dataset_fn(), eval_fn, progress=progress, eval_hook=hook)
+  # Checked after step k: 10 (k - 1) s trained; 60 s reached after step 7, despite
+  # 300 s of evaluations before it.
+  assert result.steps == 7, lines
+  assert trainer.current_step() == 7
+  assert tf.train.latest_checkpoint(str(tmp_path / "budget")).endswith("ckpt-7")
+  assert hook_steps == [2, 4, 6, 7]
+  assert any("stopping at step 7" in line and "budget is spent" in line for line in lines)
+  assert any("bleu 12.50" in line for line in lines)
+  scalars = read_scalars(str(tmp_path / "budget" / "eval"))
+  assert [s for s, _ in scalars["bleu"]] == [2, 4, 6, 7]
+  np.testing.assert_allclose([m for _, m in scalars["train_minutes"]],
+                             [20 / 60, 40 / 60, 60 / 60, 70 / 60], atol=1e-6)

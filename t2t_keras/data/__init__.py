@@ -1,4 +1,5 @@
-"""Data: sources (files, TFDS, synthetic), in-graph tokenizers, tf.data pipelines.
+"""Data: sources (files, TFDS, synthetic, treebanks for parsing), in-graph tokenizers,
+tf.data pipelines.
 
 The trainer needs one call, `make_datasets(config)`; decoding and export need
 `load_or_build_tokenizer(config)` or `load_tokenizer(vocab_file)`.

@@ -32,6 +32,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from t2t_keras import parsing
 from t2t_keras.configs import DataConfig
 from t2t_keras.data import sources
 
@@ -80,6 +81,13 @@ def source_fingerprint(config: DataConfig, split: str, with_mtime: bool = True,
       return None
     fps = [file_fingerprint(p, with_mtime) for p in paths]
     return {"files": sorted(fps, key=json.dumps) if shared_vocab else fps}
+  if config.source == "parsing":
+    path = sources.treebank_file(config, split)
+    if path is None:
+      return None
+    # The linearization version: a new target format must not reuse old caches.
+    return {"treebank": file_fingerprint(path, with_mtime),
+            "linearization": parsing.LINEARIZATION_VERSION}
   if config.source == "tfds":
     fp = sources.tfds_fingerprint(config, split)
     if shared_vocab:
@@ -201,7 +209,7 @@ def tokenized_split(config: DataConfig, split: str, tokenizer,
   """Loads a split's tokenized cache, building it first if needed.
 
   Args:
-    config: data configuration ("files" or "tfds"; needs data_dir).
+    config: data configuration ("files", "tfds" or "parsing"; needs data_dir).
     split: "train" or "dev".
     tokenizer: a tokenizer module (see tokenizer.py).
     tokenizer_key: identifies the vocabulary (tokenizer.tokenizer_digest).
@@ -215,6 +223,8 @@ def tokenized_split(config: DataConfig, split: str, tokenizer,
     if report is None:
       return None
     invalid = report["invalid_pairs"]
+  elif config.source == "parsing" and sources.treebank_file(config, split) is None:
+    return None
   directory = _cache_dir(config)
   if directory is None:
     raise sources.DataError(f"source={config.source!r} needs --data_dir for the "

@@ -102,7 +102,7 @@ def load_split(config: DataConfig, split: str, tokenizer
         path=None, lengths=np.stack([lengths, lengths], axis=1).astype(np.int32),
         invalid_utf8=0,
         make_dataset=lambda: sources.synthetic_ids(config, split, cache.BATCH_ROWS))
-  if config.source not in ("files", "tfds"):
+  if config.source not in ("files", "tfds", "parsing"):
     raise ValueError(f"source={config.source!r} is not one of {sources.SOURCES}")
   return cache.tokenized_split(config, split, tokenizer,
                                tokenizer_lib.tokenizer_digest(tokenizer))

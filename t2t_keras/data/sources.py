@@ -1,4 +1,5 @@
-"""Where sentence pairs come from: parallel text files, tensorflow-datasets, synthetic tasks.
+"""Where sentence pairs come from: parallel text files, tensorflow-datasets, synthetic
+tasks, and treebanks for parsing.
 
 Every source is reduced to the same two things, so the vocabulary builder and the
 pipeline never care where data came from:
@@ -6,6 +7,9 @@ pipeline never care where data came from:
   * a Python iterator over the same pairs (for sampling the vocabulary).
 Synthetic tasks (copy, reverse: tensor2tensor's algorithmic problems) skip text and
 yield id sequences directly, so demos and tests run with no data and no vocabulary.
+The parsing source reads bracketed trees (.mrg: --train_src, --dev_src) and pairs each
+sentence with its linearized tree (t2t_keras.parsing), so parsing uses the vocabulary,
+caches, bucketing and training loop of translation unchanged.
 
 Bad input must fail loudly before training starts, never corrupt silently: files are
 checked once (line counts match, valid UTF-8) by a fast chunked scan whose result the
@@ -21,10 +25,10 @@ from typing import Iterator, List, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from t2t_keras import NUM_RESERVED_IDS
+from t2t_keras import NUM_RESERVED_IDS, parsing
 from t2t_keras.configs import DataConfig
 
-SOURCES = ("files", "tfds", "synthetic")
+SOURCES = ("files", "tfds", "synthetic", "parsing")
 SYNTHETIC_TASKS = ("copy", "reverse")
 _CHUNK_BYTES = 16 << 20
 # TFDS split names of the WMT builders for our two splits.
@@ -151,6 +155,35 @@ def split_files(config: DataConfig, split: str) -> Optional[Tuple[str, str]]:
   return src, tgt
 
 
+def treebank_file(config: DataConfig, split: str) -> Optional[str]:
+  """The .mrg file of a split of the "parsing" source, None if the split is unset."""
+  path = config.train_src if split == "train" else config.dev_src
+  if not path and split == "train":
+    raise DataError("source='parsing' needs --train_src: a file of bracketed trees "
+                    "(.mrg, e.g. ../shared/data/ptb_wsj_sample/train.mrg).")
+  return path or None
+
+
+def parsing_pairs(path: str) -> List[Tuple[str, str]]:
+  """(sentence, linearized tree) of every tree of a treebank file, in file order.
+
+  Raises:
+    DataError: the file is missing, not UTF-8, or holds a malformed tree (naming the
+      file and line).
+  """
+  check_file_exists(path)
+  with open_binary(path) as f:
+    data = f.read()
+  try:
+    pairs = parsing.read_examples(parsing.decode_utf8(data, path), path)
+  except parsing.TreeError as error:
+    raise DataError(f"{error} Fix the tree or remove it from the file.") from None
+  if not pairs:
+    raise DataError(f"Treebank {path} holds no trees; point --train_src/--dev_src at "
+                    ".mrg files with one bracketed tree per line.")
+  return pairs
+
+
 def _check_split(split: str):
   if split not in _TFDS_SPLITS:
     raise ValueError(f"split={split!r} must be 'train' or 'dev'")
@@ -196,7 +229,7 @@ def text_pairs(config: DataConfig, split: str) -> Optional[tf.data.Dataset]:
   counted by the scan), so the tokenizer never sees them.
 
   Args:
-    config: the data configuration ("files" or "tfds" source).
+    config: the data configuration ("files", "tfds" or "parsing" source).
     split: "train" or "dev".
 
   Returns:
@@ -208,6 +241,12 @@ def text_pairs(config: DataConfig, split: str) -> Optional[tf.data.Dataset]:
     if paths is None:
       return None
     ds = tf.data.Dataset.zip(tuple(tf.data.TextLineDataset(p) for p in paths))
+  elif config.source == "parsing":
+    path = treebank_file(config, split)
+    if path is None:
+      return None
+    sentences, trees = zip(*parsing_pairs(path))
+    return tf.data.Dataset.from_tensor_slices((list(sentences), list(trees)))
   elif config.source == "tfds":
     src, tgt = config.source_lang, config.target_lang
     # Pick sides by language name: TFDS supervised keys are ('de', 'en'), so the
@@ -215,7 +254,7 @@ def text_pairs(config: DataConfig, split: str) -> Optional[tf.data.Dataset]:
     ds = _load_tfds(config, split).map(lambda ex: (ex[src], ex[tgt]))
   else:
     raise ValueError(f"source={config.source!r} has no text; use one of "
-                     f"'files', 'tfds'")
+                     f"'files', 'tfds', 'parsing'")
   if config.skip_invalid_utf8:
     ds = ds.filter(lambda s, t: tf.logical_and(_valid_utf8(s), _valid_utf8(t)))
   return ds
@@ -244,6 +283,10 @@ def python_text_pairs(config: DataConfig, split: str = "train"
           if not config.skip_invalid_utf8:
             raise DataError(f"{paths[0]} / {paths[1]}: invalid UTF-8; validate the "
                             "files first or set --skip_invalid_utf8") from None
+  elif config.source == "parsing":
+    path = treebank_file(config, split)
+    if path is not None:
+      yield from parsing_pairs(path)
   else:  # Batched: tf.data costs per element, and TFDS splits have millions.
     for src_batch, tgt_batch in text_pairs(config, split).batch(4096).as_numpy_iterator():
       for src, tgt in zip(src_batch, tgt_batch):

@@ -11,6 +11,10 @@ a bounded reservoir sample of both sides of the training pairs, with the reserve
 of `t2t_keras` (PAD 0, EOS 1, UNK 2, BOS 3) so ids agree everywhere. It is written
 once to data_dir (or --vocab_file) and reused by every later run and tool.
 
+For parsing, SentencePiece may merge across Unicode scripts (split_by_unicode_script
+off): the linearized trees' tokens `(NP`, `-LRB-`, `PRP$` then become one piece each
+(by default "(" and "NP" are separate pieces, making targets 31% longer).
+
 Shape notation: B batch, T tokens.
 """
 
@@ -164,7 +168,8 @@ def sample_sentences(pairs: Iterable[Tuple[str, str]], max_sentences: int,
 
 
 def train_sentencepiece(sentences: List[str], vocab_file: str, vocab_size: int,
-                        vocab_type: str = "bpe", verbose: bool = False) -> str:
+                        vocab_type: str = "bpe", verbose: bool = False,
+                        split_by_unicode_script: bool = True) -> str:
   """Trains a SentencePiece model with t2t_keras's reserved ids; writes it atomically.
 
   Args:
@@ -173,6 +178,8 @@ def train_sentencepiece(sentences: List[str], vocab_file: str, vocab_size: int,
     vocab_size: target size; smaller corpora may give fewer pieces.
     vocab_type: "bpe" or "unigram".
     verbose: let SentencePiece log its training progress.
+    split_by_unicode_script: SentencePiece's option of that name: no piece mixes
+      scripts (letters and punctuation). Parsing turns it off (see module docstring).
 
   Returns:
     vocab_file.
@@ -192,6 +199,7 @@ def train_sentencepiece(sentences: List[str], vocab_file: str, vocab_size: int,
       sentence_iterator=iter(sentences), model_writer=model, model_type=vocab_type,
       vocab_size=vocab_size, pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID,
       bos_id=BOS_ID, hard_vocab_limit=False, character_coverage=1.0,
+      split_by_unicode_script=split_by_unicode_script,
       num_threads=min(os.cpu_count() or 1, 16), minloglevel=0 if verbose else 2)
   tmp = f"{vocab_file}.tmp{os.getpid()}"
   with tf.io.gfile.GFile(tmp, "wb") as f:
@@ -279,7 +287,8 @@ def build_vocab(config: DataConfig,
     pairs = lambda: sources.python_text_pairs(config, "train")  # noqa: E731
   sample = sample_sentences(pairs(), config.vocab_sample_sentences, config.seed)
   return train_sentencepiece(sample, path, config.vocab_size, config.vocab_type,
-                             verbose=verbose)
+                             verbose=verbose,
+                             split_by_unicode_script=config.source != "parsing")
 
 
 def load_or_build_tokenizer(config: DataConfig, **build_kwargs):

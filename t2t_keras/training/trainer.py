@@ -70,6 +70,7 @@ class Trainer:
     self.model_config = model_config
     self.config = train_config
     self.strategy = strategy or tf.distribute.get_strategy()
+    self.clock = time.time  # wall clock of progress, budgets and checkpoints (tests fake it)
     with self.strategy.scope():
       self.model = create_model(model_config)
       self.learning_rate = TransformerSchedule(
@@ -166,8 +167,16 @@ class Trainer:
     return dataset_fn
 
   def train(self, train_dataset_fn: DatasetFn, eval_dataset_fn: Optional[DatasetFn] = None,
-            progress: Callable[[str], None] = print) -> TrainResult:
-    """Trains to `train_steps`, resuming from the latest checkpoint in model_dir."""
+            progress: Callable[[str], None] = print,
+            eval_hook: Optional[Callable[[int], dict]] = None) -> TrainResult:
+    """Trains to `train_steps`, resuming from the latest checkpoint in model_dir.
+
+    Stops early, with a checkpoint, once this process has trained for `train_minutes`
+    (when set); time spent evaluating is not counted. `eval_hook(step)`, if given, runs
+    after each dev evaluation and returns more scalars to log (e.g. dev BLEU). Every
+    evaluation also logs `train_minutes`, the training time so far in this process, so
+    that learning curves can be drawn against training time.
+    """
     cfg = self.config
     checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer)
     manager = tf.train.CheckpointManager(checkpoint, cfg.model_dir,
@@ -184,12 +193,15 @@ class Trainer:
     eval_writer = tf.summary.create_file_writer(f"{cfg.model_dir}/eval")
 
     step = start_step = self.current_step()
-    start = last_log = last_save = time.time()
+    start = last_log = last_save = self.clock()
     window = np.zeros(3)  # loss_sum, tokens, flops since the last progress line
     total_tokens = total_flops = 0.0
     loss = float("nan")
     eval_metrics = {}
-    while step < cfg.train_steps:
+    eval_seconds = 0.0  # not counted against --train_minutes
+    budget = 60 * cfg.train_minutes if cfg.train_minutes > 0 else float("inf")
+    out_of_time = False
+    while step < cfg.train_steps and not out_of_time:
       boundary = min(cfg.log_every, cfg.save_checkpoint_steps, cfg.eval_every)
       n = min(cfg.steps_per_loop, cfg.train_steps - step, boundary - step % boundary)
       try:
@@ -207,12 +219,18 @@ class Trainer:
       window += sums
       total_tokens += sums[1]
       total_flops += sums[2]
-      if step % cfg.log_every == 0 or step == cfg.train_steps:
-        now = time.time()
+      out_of_time = self.clock() - start - eval_seconds >= budget
+      last = step == cfg.train_steps or out_of_time
+      if out_of_time:
+        progress(f"stopping at step {step}: the --train_minutes={cfg.train_minutes:g} "
+                 "budget is spent")
+      if step % cfg.log_every == 0 or last:
+        now = self.clock()
         loss = window[0] / max(window[1], 1.0)
         rate = window[1] / max(now - last_log, 1e-9)
         steps_per_sec = (step - start_step) / max(now - start, 1e-9)
-        eta = (cfg.train_steps - step) / max(steps_per_sec, 1e-9)
+        eta = min((cfg.train_steps - step) / max(steps_per_sec, 1e-9),
+                  max(budget - (now - start - eval_seconds), 0.0))
         lr = float(self.learning_rate(step - 1))
         progress(f"step {step}/{cfg.train_steps} | loss {loss:.4f} | lr {lr:.3g} | "
                  f"{rate:,.0f} tok/s | elapsed {format_duration(now - start)} | "
@@ -224,23 +242,34 @@ class Trainer:
           tf.summary.scalar("flops_per_sec", window[2] / max(now - last_log, 1e-9))
         window[:] = 0
         last_log = now
-      if (step % cfg.save_checkpoint_steps == 0 or step == cfg.train_steps
-          or time.time() - last_save > 60 * cfg.save_checkpoint_minutes):
+      if (step % cfg.save_checkpoint_steps == 0 or last
+          or self.clock() - last_save > 60 * cfg.save_checkpoint_minutes):
         manager.save(checkpoint_number=step)
-        last_save = time.time()
-      if eval_dataset_fn and (step % cfg.eval_every == 0 or step == cfg.train_steps):
+        last_save = self.clock()
+      if eval_dataset_fn and (step % cfg.eval_every == 0 or last):
+        eval_start = self.clock()
+        train_minutes = (eval_start - start - eval_seconds) / 60
         eval_metrics = self.evaluate(eval_dataset_fn, cfg.eval_steps)
-        progress(f"eval at step {step}: loss {eval_metrics['loss']:.4f} | perplexity "
-                 f"{eval_metrics['perplexity']:.3f} | accuracy {eval_metrics['accuracy']:.4f}")
+        line = (f"eval at step {step}: loss {eval_metrics['loss']:.4f} | perplexity "
+                f"{eval_metrics['perplexity']:.3f} | accuracy {eval_metrics['accuracy']:.4f}")
+        if eval_hook is not None:
+          extra = eval_hook(step)
+          eval_metrics.update(extra)
+          line += "".join(f" | {name} {value:.2f}" for name, value in extra.items())
+        progress(line)
         with eval_writer.as_default(step=step):
-          for name in ("loss", "perplexity", "accuracy"):
-            tf.summary.scalar(name, eval_metrics[name])
+          for name, value in eval_metrics.items():
+            tf.summary.scalar(name, value)
+          tf.summary.scalar("train_minutes", train_minutes)
+        eval_writer.flush()
+        eval_seconds += self.clock() - eval_start
+        last_log += self.clock() - eval_start  # keep eval time out of the next tok/s
     if manager.latest_checkpoint is None or int(manager.latest_checkpoint.rsplit("-", 1)[1]) \
         != step:
       manager.save(checkpoint_number=step)
     writer.flush()
     eval_writer.flush()
-    wall = time.time() - start
+    wall = self.clock() - start
     logging.info("trained %d steps in %.1fs", step - start_step, wall)
     return TrainResult(steps=step, wall_seconds=wall, target_tokens=total_tokens,
                        flops=total_flops, final_loss=loss, eval_metrics=eval_metrics)
