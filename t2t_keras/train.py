@@ -73,7 +73,7 @@ def train() -> None:
 
   from t2t_keras import data, inference
   from t2t_keras.training import checkpoints, distribute
-  from t2t_keras.training.trainer import Trainer, format_duration
+  from t2t_keras.training.trainer import PREEMPTED_EXIT_CODE, Trainer, format_duration
 
   tf.get_logger().setLevel("WARNING")  # TF's own INFO chatter (saver timings, ...)
   train_config = t2t_flags.train_config()
@@ -100,6 +100,10 @@ def train() -> None:
                               FLAGS.eval_bleu_sentences)
   result = trainer.train(datasets.train_fn, datasets.eval_fn,
                          progress=lambda line: print(line, flush=True), eval_hook=eval_hook)
+  if result.preempted:
+    print(f"stopped by SIGTERM at step {result.steps} with a checkpoint; exit code "
+          f"{PREEMPTED_EXIT_CODE}: rerun the same command to resume", flush=True)
+    sys.exit(PREEMPTED_EXIT_CODE)
   print(f"done: {result.steps} steps in {format_duration(result.wall_seconds)}, "
         f"{result.target_tokens:,.0f} target tokens this run, estimated training cost "
         f"{result.flops:.3g} FLOPs this run (matmuls, forward + backward)", flush=True)

@@ -1,5 +1,6 @@
 """Training: schedules, loss by hand, padding, 1 vs 2 replicas, resume, NaN, model dir."""
 
+import dataclasses
 import math
 
 import keras
@@ -173,7 +174,7 @@ def test_eval_sums_match_definitions():
 
 def test_time_budget_stops_with_a_checkpoint_and_logs_eval_time(tmp_path):
   """--train_minutes ends training early, saves, evaluates; eval time is not counted."""
-  from tools.plot_learning_curve import read_scalars  # pylint: disable=import-outside-toplevel
+  from t2t_keras.learning_curves import read_scalars  # pylint: disable=import-outside-toplevel
   clock = {"now": 1000.0}
   config = TrainConfig(model_dir=str(tmp_path / "budget"), train_steps=50, log_every=1,
                        eval_every=2, save_checkpoint_steps=100, train_minutes=1.0,
@@ -205,3 +206,54 @@ def test_time_budget_stops_with_a_checkpoint_and_logs_eval_time(tmp_path):
   assert [s for s, _ in scalars["bleu"]] == [2, 4, 6, 7]
   np.testing.assert_allclose([m for _, m in scalars["train_minutes"]],
                              [20 / 60, 40 / 60, 60 / 60, 70 / 60], atol=1e-6)
+
+
+def test_gradient_accumulation_equals_one_bigger_batch(tmp_path):
+  """--accum_steps=2 over micro-batches == one update on their concatenation."""
+  rng = np.random.default_rng(7)
+  micro = [batch_data(rng, 2, 5, 4) for _ in range(6)]  # 3 updates x 2 micro-batches
+  for m in micro:  # different padding per micro-batch: normalisation must be global
+    m["targets"][0, -2:] = [EOS_ID, PAD_ID]
+  big = [{k: np.concatenate([micro[2 * i][k], micro[2 * i + 1][k]]) for k in micro[0]}
+         for i in range(3)]
+
+  def fn_of(batches):
+    return lambda ctx: tf.data.Dataset.from_tensor_slices(
+        {k: np.stack([b[k] for b in batches]) for k in batches[0]}).repeat()
+
+  settings = dict(learning_rate=0.05, adam_epsilon=1e-4, label_smoothing=0.1, log_every=3,
+                  eval_every=100, save_checkpoint_steps=3, learning_rate_warmup_steps=4,
+                  train_steps=3)
+  results = []
+  for name, batches, accum in (("accum", micro, 2), ("big", big, 1)):
+    keras.utils.set_random_seed(0)
+    config = TrainConfig(model_dir=str(tmp_path / name), accum_steps=accum, **settings)
+    trainer = Trainer(MODEL, config, distribute.create_strategy(config))
+    result = trainer.train(fn_of(batches), progress=lambda line: None)
+    results.append((trainer, result))
+  (accum_trainer, accum_result), (big_trainer, big_result) = results
+  assert accum_trainer.current_step() == big_trainer.current_step() == 3
+  assert accum_result.target_tokens == big_result.target_tokens
+  assert accum_result.final_loss == pytest.approx(big_result.final_loss, rel=1e-6)
+  for a, b in zip(weights_of(accum_trainer), weights_of(big_trainer)):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_checkpoint_holds_dropout_seed_state(tmp_path):
+  """Resuming restores the dropout layers' seed generators (same masks as uninterrupted)."""
+  model = dataclasses.replace(MODEL, layer_prepostprocess_dropout=0.3)
+  config = TrainConfig(model_dir=str(tmp_path / "seeds"), train_steps=2, log_every=1,
+                       eval_every=100, save_checkpoint_steps=1, learning_rate_warmup_steps=4)
+  keras.utils.set_random_seed(0)
+  trainer = Trainer(model, config, distribute.create_strategy(config))
+  trainer.train(make_dataset_fn(), progress=lambda line: None)
+  seeds = trainer.checkpoint().dropout_seeds
+  assert len(seeds) > 0
+  saved = [s.numpy().copy() for s in seeds]
+  keras.utils.set_random_seed(99)  # a fresh process would seed them differently
+  fresh = Trainer(model, config, distribute.create_strategy(config))
+  assert any((s.numpy() != t).any() for s, t in zip(fresh.checkpoint().dropout_seeds, saved))
+  checkpoint = fresh.checkpoint()
+  checkpoints.restore(checkpoint, tf.train.latest_checkpoint(config.model_dir))
+  for s, t in zip(checkpoint.dropout_seeds, saved):
+    np.testing.assert_array_equal(s.numpy(), t)

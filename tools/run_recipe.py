@@ -89,7 +89,7 @@ def main(argv):
 
   # pylint: disable=import-outside-toplevel
   from t2t_keras import metrics
-  from tools.plot_learning_curve import read_scalars
+  from t2t_keras.learning_curves import read_scalars
   with open(hypotheses, encoding="utf-8") as f:
     hyps = [line.rstrip("\n") for line in f]
   with open(FLAGS.test_ref, encoding="utf-8") as f:

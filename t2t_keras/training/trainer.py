@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import signal
+import threading
 import time
 from typing import Callable, Optional
 
@@ -37,6 +39,12 @@ class TrainingError(RuntimeError):
   """Training cannot go on (NaN loss, empty dataset); the message says what to do."""
 
 
+# Exit code of a run that saved a checkpoint and stopped on SIGTERM (preemption): the
+# code TensorFlow's PreemptionCheckpointHandler uses, so that cluster managers restart
+# the job and the same command resumes.
+PREEMPTED_EXIT_CODE = 42
+
+
 def format_duration(seconds: float) -> str:
   seconds = int(max(seconds, 0))
   return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
@@ -50,6 +58,7 @@ class TrainResult:
   flops: float
   final_loss: float
   eval_metrics: dict
+  preempted: bool = False  # stopped by SIGTERM after saving a checkpoint
 
 
 class Trainer:
@@ -63,10 +72,8 @@ class Trainer:
 
   def __init__(self, model_config: ModelConfig, train_config: TrainConfig,
                strategy: Optional[tf.distribute.Strategy] = None):
-    if train_config.accum_steps != 1:
-      raise TrainingError(f"--accum_steps={train_config.accum_steps}: gradient accumulation "
-                          "is not implemented yet; use --accum_steps=1 and a --batch_size "
-                          "that fits, or more replicas.")
+    if train_config.accum_steps < 1:
+      raise TrainingError(f"--accum_steps={train_config.accum_steps} must be >= 1.")
     self.model_config = model_config
     self.config = train_config
     self.strategy = strategy or tf.distribute.get_strategy()
@@ -108,18 +115,29 @@ class Trainer:
                                        tf.shape(batch["targets"])[1])])
     return grads, loss_sum, tokens, step_flops
 
-  def _replica_step(self, batch):
-    tokens = tf.reduce_sum(tf.cast(tf.not_equal(batch["targets"], PAD_ID), tf.float32))
+  def _replica_step(self, *batches):
+    """One update from `accum_steps` micro-batches (usually one).
+
+    The loss is normalised by the target tokens of ALL micro-batches on all replicas,
+    so k accumulated micro-batches make exactly the update of one k-times-bigger batch.
+    """
+    tokens = tf.add_n([tf.reduce_sum(tf.cast(tf.not_equal(b["targets"], PAD_ID), tf.float32))
+                       for b in batches])
     global_tokens = tf.distribute.get_replica_context().all_reduce(SUM, tokens)
-    grads, loss_sum, tokens, step_flops = self._compute_gradients(batch, global_tokens)
+    grads, loss_sum, tokens, step_flops = self._compute_gradients(batches[0], global_tokens)
+    for batch in batches[1:]:
+      more = self._compute_gradients(batch, global_tokens)
+      grads = [g + h for g, h in zip(grads, more[0])]
+      loss_sum, tokens, step_flops = loss_sum + more[1], tokens + more[2], step_flops + more[3]
     self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
     return loss_sum, tokens, step_flops
 
   def _train_loop(self, iterator, num_steps):
-    """Runs `num_steps` steps; returns global (loss_sum, target_tokens, flops)."""
+    """Runs `num_steps` updates; returns global (loss_sum, target_tokens, flops)."""
     totals = (tf.constant(0.0), tf.constant(0.0), tf.constant(0.0))
     for _ in tf.range(num_steps):
-      per_replica = self.strategy.run(self._replica_step, args=(next(iterator),))
+      batches = tuple(next(iterator) for _ in range(self.config.accum_steps))
+      per_replica = self.strategy.run(self._replica_step, args=batches)
       totals = tuple(t + self.strategy.reduce(SUM, v, axis=None)
                      for t, v in zip(totals, per_replica))
     return totals
@@ -152,6 +170,18 @@ class Trainer:
     return {"loss": loss_sum / tokens, "perplexity": math.exp(min(nll_sum / tokens, 50.0)),
             "accuracy": correct / tokens, "tokens": tokens}
 
+  def checkpoint(self) -> tf.train.Checkpoint:
+    """Model, optimizer and the dropout layers' random-seed states.
+
+    The seed states make a resumed run draw the same dropout masks as an uninterrupted
+    one (with --deterministic, bitwise the same weights).
+    """
+    layers = self.model._flatten_layers()  # pylint: disable=protected-access
+    seeds = [layer.seed_generator.state for layer in layers
+             if getattr(layer, "seed_generator", None) is not None]
+    return tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
+                               dropout_seeds=seeds)
+
   def _resuming(self, train_dataset_fn: DatasetFn, step: int) -> DatasetFn:
     """Restores the data position by skipping the batches earlier steps consumed.
 
@@ -163,6 +193,7 @@ class Trainer:
     def dataset_fn(ctx):
       dataset = train_dataset_fn(ctx)
       per_step = self.strategy.num_replicas_in_sync // max(ctx.num_input_pipelines, 1)
+      per_step *= self.config.accum_steps
       return dataset.skip(step * per_step) if step else dataset
     return dataset_fn
 
@@ -178,7 +209,7 @@ class Trainer:
     that learning curves can be drawn against training time.
     """
     cfg = self.config
-    checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer)
+    checkpoint = self.checkpoint()
     manager = tf.train.CheckpointManager(checkpoint, cfg.model_dir,
                                          max_to_keep=cfg.keep_checkpoint_max,
                                          step_counter=self.optimizer.iterations)
@@ -201,69 +232,77 @@ class Trainer:
     eval_seconds = 0.0  # not counted against --train_minutes
     budget = 60 * cfg.train_minutes if cfg.train_minutes > 0 else float("inf")
     out_of_time = False
-    while step < cfg.train_steps and not out_of_time:
-      boundary = min(cfg.log_every, cfg.save_checkpoint_steps, cfg.eval_every)
-      n = min(cfg.steps_per_loop, cfg.train_steps - step, boundary - step % boundary)
-      try:
-        sums = np.array([float(v) for v in train_fn(iterator, tf.constant(n))])
-      except tf.errors.OutOfRangeError:
-        raise TrainingError("the training dataset ran out of batches: it is empty or every "
-                            "pair was filtered (see the data log above).") from None
-      step += n
-      if not np.isfinite(sums[0]):
-        raise TrainingError(
-            f"loss became {sums[0]} at step {step} (window of {n} steps): training stopped "
-            f"without saving, so the last good checkpoint "
-            f"({manager.latest_checkpoint or 'none yet'}) is intact. Lower --learning_rate, "
-            "raise --learning_rate_warmup_steps, or check the data.")
-      window += sums
-      total_tokens += sums[1]
-      total_flops += sums[2]
-      out_of_time = self.clock() - start - eval_seconds >= budget
-      last = step == cfg.train_steps or out_of_time
-      if out_of_time:
-        progress(f"stopping at step {step}: the --train_minutes={cfg.train_minutes:g} "
-                 "budget is spent")
-      if step % cfg.log_every == 0 or last:
-        now = self.clock()
-        loss = window[0] / max(window[1], 1.0)
-        rate = window[1] / max(now - last_log, 1e-9)
-        steps_per_sec = (step - start_step) / max(now - start, 1e-9)
-        eta = min((cfg.train_steps - step) / max(steps_per_sec, 1e-9),
-                  max(budget - (now - start - eval_seconds), 0.0))
-        lr = float(self.learning_rate(step - 1))
-        progress(f"step {step}/{cfg.train_steps} | loss {loss:.4f} | lr {lr:.3g} | "
-                 f"{rate:,.0f} tok/s | elapsed {format_duration(now - start)} | "
-                 f"eta {format_duration(eta)}")
-        with writer.as_default(step=step):
-          tf.summary.scalar("loss", loss)
-          tf.summary.scalar("learning_rate", lr)
-          tf.summary.scalar("target_tokens_per_sec", rate)
-          tf.summary.scalar("flops_per_sec", window[2] / max(now - last_log, 1e-9))
-        window[:] = 0
-        last_log = now
-      if (step % cfg.save_checkpoint_steps == 0 or last
-          or self.clock() - last_save > 60 * cfg.save_checkpoint_minutes):
-        manager.save(checkpoint_number=step)
-        last_save = self.clock()
-      if eval_dataset_fn and (step % cfg.eval_every == 0 or last):
-        eval_start = self.clock()
-        train_minutes = (eval_start - start - eval_seconds) / 60
-        eval_metrics = self.evaluate(eval_dataset_fn, cfg.eval_steps)
-        line = (f"eval at step {step}: loss {eval_metrics['loss']:.4f} | perplexity "
-                f"{eval_metrics['perplexity']:.3f} | accuracy {eval_metrics['accuracy']:.4f}")
-        if eval_hook is not None:
-          extra = eval_hook(step)
-          eval_metrics.update(extra)
-          line += "".join(f" | {name} {value:.2f}" for name, value in extra.items())
-        progress(line)
-        with eval_writer.as_default(step=step):
-          for name, value in eval_metrics.items():
-            tf.summary.scalar(name, value)
-          tf.summary.scalar("train_minutes", train_minutes)
-        eval_writer.flush()
-        eval_seconds += self.clock() - eval_start
-        last_log += self.clock() - eval_start  # keep eval time out of the next tok/s
+    preemption = _SignalFlag(signal.SIGTERM)
+    preemption.install()
+    try:
+      while step < cfg.train_steps and not out_of_time and not preemption.received:
+        boundary = min(cfg.log_every, cfg.save_checkpoint_steps, cfg.eval_every)
+        n = min(cfg.steps_per_loop, cfg.train_steps - step, boundary - step % boundary)
+        try:
+          sums = np.array([float(v) for v in train_fn(iterator, tf.constant(n))])
+        except tf.errors.OutOfRangeError:
+          raise TrainingError("the training dataset ran out of batches: it is empty or every "
+                              "pair was filtered (see the data log above).") from None
+        step += n
+        if not np.isfinite(sums[0]):
+          raise TrainingError(
+              f"loss became {sums[0]} at step {step} (window of {n} steps): training stopped "
+              f"without saving, so the last good checkpoint "
+              f"({manager.latest_checkpoint or 'none yet'}) is intact. Lower --learning_rate, "
+              "raise --learning_rate_warmup_steps, or check the data.")
+        window += sums
+        total_tokens += sums[1]
+        total_flops += sums[2]
+        out_of_time = self.clock() - start - eval_seconds >= budget
+        last = step == cfg.train_steps or out_of_time
+        if out_of_time:
+          progress(f"stopping at step {step}: the --train_minutes={cfg.train_minutes:g} "
+                   "budget is spent")
+        if step % cfg.log_every == 0 or last:
+          now = self.clock()
+          loss = window[0] / max(window[1], 1.0)
+          rate = window[1] / max(now - last_log, 1e-9)
+          steps_per_sec = (step - start_step) / max(now - start, 1e-9)
+          eta = min((cfg.train_steps - step) / max(steps_per_sec, 1e-9),
+                    max(budget - (now - start - eval_seconds), 0.0))
+          lr = float(self.learning_rate(step - 1))
+          progress(f"step {step}/{cfg.train_steps} | loss {loss:.4f} | lr {lr:.3g} | "
+                   f"{rate:,.0f} tok/s | elapsed {format_duration(now - start)} | "
+                   f"eta {format_duration(eta)}")
+          with writer.as_default(step=step):
+            tf.summary.scalar("loss", loss)
+            tf.summary.scalar("learning_rate", lr)
+            tf.summary.scalar("target_tokens_per_sec", rate)
+            tf.summary.scalar("flops_per_sec", window[2] / max(now - last_log, 1e-9))
+          window[:] = 0
+          last_log = now
+        if (step % cfg.save_checkpoint_steps == 0 or last
+            or self.clock() - last_save > 60 * cfg.save_checkpoint_minutes):
+          manager.save(checkpoint_number=step)
+          last_save = self.clock()
+        if eval_dataset_fn and (step % cfg.eval_every == 0 or last):
+          eval_start = self.clock()
+          train_minutes = (eval_start - start - eval_seconds) / 60
+          eval_metrics = self.evaluate(eval_dataset_fn, cfg.eval_steps)
+          line = (f"eval at step {step}: loss {eval_metrics['loss']:.4f} | perplexity "
+                  f"{eval_metrics['perplexity']:.3f} | accuracy {eval_metrics['accuracy']:.4f}")
+          if eval_hook is not None:
+            extra = eval_hook(step)
+            eval_metrics.update(extra)
+            line += "".join(f" | {name} {value:.2f}" for name, value in extra.items())
+          progress(line)
+          with eval_writer.as_default(step=step):
+            for name, value in eval_metrics.items():
+              tf.summary.scalar(name, value)
+            tf.summary.scalar("train_minutes", train_minutes)
+          eval_writer.flush()
+          eval_seconds += self.clock() - eval_start
+          last_log += self.clock() - eval_start  # keep eval time out of the next tok/s
+    finally:
+      preemption.uninstall()
+    if preemption.received:
+      progress(f"SIGTERM received: saving a checkpoint at step {step} and stopping; "
+               "rerun the same command to resume")
     if manager.latest_checkpoint is None or int(manager.latest_checkpoint.rsplit("-", 1)[1]) \
         != step:
       manager.save(checkpoint_number=step)
@@ -272,4 +311,31 @@ class Trainer:
     wall = self.clock() - start
     logging.info("trained %d steps in %.1fs", step - start_step, wall)
     return TrainResult(steps=step, wall_seconds=wall, target_tokens=total_tokens,
-                       flops=total_flops, final_loss=loss, eval_metrics=eval_metrics)
+                       flops=total_flops, final_loss=loss, eval_metrics=eval_metrics,
+                       preempted=preemption.received)
+
+
+class _SignalFlag:
+  """Records a signal (SIGTERM: preemption) so the loop can save and stop between steps.
+
+  Installed only in the main thread (Python's rule for signal handlers); elsewhere
+  it is inert and the default handling stays.
+  """
+
+  def __init__(self, signum):
+    self.signum = signum
+    self.received = False
+    self._previous = None
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    self.received = True
+
+  def install(self):
+    if threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(self.signum, self._handle)
+
+  def uninstall(self):
+    if self._previous is not None:
+      signal.signal(self.signum, self._previous)
+      self._previous = None
