@@ -257,3 +257,34 @@ def test_checkpoint_holds_dropout_seed_state(tmp_path):
   checkpoints.restore(checkpoint, tf.train.latest_checkpoint(config.model_dir))
   for s, t in zip(checkpoint.dropout_seeds, saved):
     np.testing.assert_array_equal(s.numpy(), t)
+
+
+def test_xla_static_shapes_trace_once_per_bucket_shape_at_most(tmp_path):
+  """jit_compile + static shapes (the TPU setting): many batches of several bucket shapes
+  train without a retrace per batch, and steps_per_loop > 1 runs several steps a call."""
+  from t2t_keras.configs import DataConfig  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data import pipeline  # pylint: disable=import-outside-toplevel
+  data_config = DataConfig(source="synthetic", synthetic_max_length=20,
+                           synthetic_vocab_size=16, synthetic_train_size=2000,
+                           synthetic_eval_size=10, max_length=24, batch_size=128,
+                           static_shapes=True, data_dir=str(tmp_path / "data"),
+                           shuffle_buffer=2000, bucket_growth=1.5)
+  datasets = pipeline.make_datasets(data_config)
+  steps = 40
+  shapes = {tuple(b["targets"].shape) for b in datasets.train_fn().take(steps)}
+  assert len(shapes) >= 3  # several bucket shapes really occur
+  lengths = pipeline.bucket_boundaries(data_config.bucket_min, data_config.max_length,
+                                       data_config.bucket_growth)
+  assert {length for _, length in shapes} <= set(lengths)  # padded to bucket lengths
+  model = dataclasses.replace(MODEL, vocab_size=datasets.vocab_size)
+  config = TrainConfig(model_dir=str(tmp_path / "xla"), train_steps=steps, jit_compile=True,
+                       steps_per_loop=5, log_every=20, eval_every=1000,
+                       save_checkpoint_steps=20, learning_rate_warmup_steps=10)
+  keras.utils.set_random_seed(0)
+  trainer = Trainer(model, config, distribute.create_strategy(config))
+  result = trainer.train(datasets.train_fn, progress=lambda line: None)
+  assert result.steps == steps and np.isfinite(result.final_loss)
+  # One host call per 5 steps, and the compiled step is not traced per batch.
+  assert trainer.train_fn.experimental_get_tracing_count() <= len(shapes)
+  assert trainer._compute_gradients.experimental_get_tracing_count() <= len(shapes)
+  assert steps > 2 * len(shapes)  # so a per-batch retrace would exceed the bound

@@ -210,18 +210,27 @@ class Trainer:
     """
     cfg = self.config
     checkpoint = self.checkpoint()
-    manager = tf.train.CheckpointManager(checkpoint, cfg.model_dir,
-                                         max_to_keep=cfg.keep_checkpoint_max,
+    chief, worker_id = _chief_and_worker_id(self.strategy)
+    # Every worker of a multi-worker run takes part in saving (variables may need a
+    # collective read), but only the chief writes into model_dir; the others write to
+    # a scratch directory of their own, as TensorFlow's multi-worker guide prescribes.
+    save_dir = cfg.model_dir if chief else f"{cfg.model_dir}/.worker-{worker_id}"
+    manager = tf.train.CheckpointManager(checkpoint, save_dir,
+                                         max_to_keep=1 if not chief else
+                                         cfg.keep_checkpoint_max,
                                          step_counter=self.optimizer.iterations)
-    if manager.latest_checkpoint:
-      checkpoints.restore(checkpoint, manager.latest_checkpoint)
-      progress(f"resumed from {manager.latest_checkpoint} at step "
-               f"{self.current_step()}")
+    latest = tf.train.latest_checkpoint(cfg.model_dir)  # all workers resume the chief's
+    if latest:
+      checkpoints.restore(checkpoint, latest)
+      progress(f"resumed from {latest} at step {self.current_step()}")
     iterator = iter(self.strategy.distribute_datasets_from_function(
         self._resuming(train_dataset_fn, self.current_step())))
-    train_fn = tf.function(self._train_loop)
-    writer = tf.summary.create_file_writer(f"{cfg.model_dir}/train")
-    eval_writer = tf.summary.create_file_writer(f"{cfg.model_dir}/eval")
+    train_fn = self.train_fn = tf.function(self._train_loop)
+    if chief:
+      writer = tf.summary.create_file_writer(f"{cfg.model_dir}/train")
+      eval_writer = tf.summary.create_file_writer(f"{cfg.model_dir}/eval")
+    else:
+      writer = eval_writer = tf.summary.create_noop_writer()
 
     step = start_step = self.current_step()
     start = last_log = last_save = self.clock()
@@ -245,10 +254,11 @@ class Trainer:
                               "pair was filtered (see the data log above).") from None
         step += n
         if not np.isfinite(sums[0]):
+          good = tf.train.latest_checkpoint(cfg.model_dir) or "none yet"
           raise TrainingError(
               f"loss became {sums[0]} at step {step} (window of {n} steps): training stopped "
-              f"without saving, so the last good checkpoint "
-              f"({manager.latest_checkpoint or 'none yet'}) is intact. Lower --learning_rate, "
+              f"without saving, so the last good checkpoint ({good}) is intact. "
+              "Lower --learning_rate, "
               "raise --learning_rate_warmup_steps, or check the data.")
         window += sums
         total_tokens += sums[1]
@@ -313,6 +323,21 @@ class Trainer:
     return TrainResult(steps=step, wall_seconds=wall, target_tokens=total_tokens,
                        flops=total_flops, final_loss=loss, eval_metrics=eval_metrics,
                        preempted=preemption.received)
+
+
+def _chief_and_worker_id(strategy: tf.distribute.Strategy):
+  """(is this process the chief, its worker index): (True, 0) outside multi-worker runs.
+
+  The chief is the "chief" task if TF_CONFIG names one, else worker 0.
+  """
+  resolver = getattr(strategy.extended, "_cluster_resolver", None) or getattr(
+      strategy, "cluster_resolver", None)
+  if resolver is None or not resolver.task_type:
+    return True, 0
+  task_type, task_id = resolver.task_type, resolver.task_id or 0
+  has_chief = "chief" in resolver.cluster_spec().as_dict()
+  chief = task_type == "chief" or (task_type == "worker" and task_id == 0 and not has_chief)
+  return chief, task_id if task_type == "worker" else 0
 
 
 class _SignalFlag:
