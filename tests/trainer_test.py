@@ -288,3 +288,22 @@ def test_xla_static_shapes_trace_once_per_bucket_shape_at_most(tmp_path):
   assert trainer.train_fn.experimental_get_tracing_count() <= len(shapes)
   assert trainer._compute_gradients.experimental_get_tracing_count() <= len(shapes)
   assert steps > 2 * len(shapes)  # so a per-batch retrace would exceed the bound
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "mixed_float16"])
+def test_mixed_precision_trains_with_float32_variables(tmp_path, dtype):
+  """bfloat16 and float16 (with loss scaling) runs learn like float32 and keep float32
+  variables."""
+  finals = {}
+  for name in ("float32", dtype):
+    keras.utils.set_random_seed(0)
+    config = TrainConfig(model_dir=str(tmp_path / name), train_steps=8, log_every=8,
+                         eval_every=100, save_checkpoint_steps=8,
+                         learning_rate_warmup_steps=4)
+    trainer = Trainer(dataclasses.replace(MODEL, dtype=name), config)
+    finals[name] = trainer.train(make_dataset_fn(), progress=lambda line: None).final_loss
+    assert all(w.dtype == "float32" for w in trainer.model.trainable_weights)
+  if dtype == "mixed_float16":
+    assert isinstance(trainer.optimizer, keras.optimizers.LossScaleOptimizer)
+  assert np.isfinite(finals[dtype])
+  assert finals[dtype] == pytest.approx(finals["float32"], rel=0.05)
