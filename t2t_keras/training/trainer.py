@@ -94,6 +94,7 @@ class Trainer:
                                           jit_compile=train_config.jit_compile or None)
     # Dev batches come in a few bucket shapes; relax shapes instead of one trace each.
     self._eval_fn = tf.function(self._eval_step, reduce_retracing=True)
+    self._flag_fn = None  # see _any_worker
 
   # ------------------------------------------------------------------ device side
   def _gradients(self, batch, global_tokens):
@@ -150,6 +151,21 @@ class Trainer:
     return [self.strategy.reduce(SUM, v, axis=None) for v in per_replica]
 
   # ------------------------------------------------------------------ host side
+  def _any_worker(self, flag: bool) -> bool:
+    """True if `flag` is set on any worker (one collective, multi-worker runs only).
+
+    A preempted worker must not leave the loop alone: the others would wait forever in
+    the next all-reduce. All workers agree to stop and save at the same step instead.
+    """
+    if not isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy):
+      return flag
+    if self._flag_fn is None:
+      def merge(value):  # as the train loop reduces its sums: across all workers
+        per_replica = self.strategy.run(lambda: tf.identity(value))
+        return self.strategy.reduce(SUM, per_replica, axis=None)
+      self._flag_fn = tf.function(merge)
+    return float(self._flag_fn(tf.constant(1.0 if flag else 0.0))) > 0
+
   def current_step(self) -> int:
     """optimizer.iterations as a Python int (works for mirrored variables too)."""
     return int(self.optimizer.iterations.numpy())
@@ -244,7 +260,8 @@ class Trainer:
     preemption = _SignalFlag(signal.SIGTERM)
     preemption.install()
     try:
-      while step < cfg.train_steps and not out_of_time and not preemption.received:
+      while (step < cfg.train_steps and not out_of_time
+             and not self._any_worker(preemption.received)):
         boundary = min(cfg.log_every, cfg.save_checkpoint_steps, cfg.eval_every)
         n = min(cfg.steps_per_loop, cfg.train_steps - step, boundary - step % boundary)
         try:
