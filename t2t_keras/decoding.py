@@ -3,7 +3,9 @@ strings -> strings in input order with length-sorted batches and progress.
 
 `decode_ids` is the one decoding path: the encoder runs once, the cross-attention
 keys/values are projected once and tiled over beams, and the decoder runs one
-position per step over a fixed-size self-attention cache (`Transformer.decode_step`).
+position per step over a fixed-size self-attention cache (`Transformer.decode_step`)
+with a slot per beam that beam search never reorders (it reorders a small table of
+which slot holds each position of each hypothesis instead).
 Beam size 1 is greedy (arg-max) decoding; larger beams use `beam_search.beam_search`.
 The same function is traced into the exported SavedModel.
 
@@ -54,21 +56,36 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
     cross_key_values = tf.nest.map_structure(
         lambda t: beam_search_lib.tile_beams(t, k), cross_key_values)
     memory_mask = beam_search_lib.tile_beams(memory_mask, k)
-  cache = model.init_cache(batch * k, decode_length)
-
-  def symbols_to_logits(ids, index, cache):
-    return model.decode_step(ids, index, cache, cross_key_values, memory_mask)
-
+  cache = model.init_cache(batch, decode_length, beam_size=k)
   source_lengths = tf.reduce_sum(tf.cast(tf.not_equal(inputs, PAD_ID), tf.int32), axis=1)
   limits = source_lengths + config.extra_decode_length
-  if k > 1:
-    limits = beam_search_lib.tile_beams(limits, k)
-  symbols_to_logits = force_eos_at(symbols_to_logits, limits)
   start = tf.fill([batch], BOS_ID)
   if k == 1:
-    return beam_search_lib.greedy_search(symbols_to_logits, start, cache, decode_length)
-  return beam_search_lib.beam_search(symbols_to_logits, start, cache, k, decode_length,
-                                     alpha=config.alpha)
+    def greedy_step(ids, index, cache):
+      return model.decode_step(ids, index, cache, cross_key_values, memory_mask)
+    return beam_search_lib.greedy_search(force_eos_at(greedy_step, limits), start, cache,
+                                         decode_length)
+
+  # Beam search: the cache is never reordered, only the table of which slot holds each
+  # position of each hypothesis (see Transformer.decode_step).
+  positions = tf.range(decode_length)
+  own_slot = tf.range(k)[None, :, None]
+
+  def symbols_to_logits(ids, index, state):
+    cache, slots = state
+    slots = tf.where(tf.equal(positions, index)[None, None, :], own_slot, slots)
+    logits, cache = model.decode_step(ids, index, cache, cross_key_values, memory_mask,
+                                      slots=slots)
+    return logits, (cache, slots)
+
+  def reorder(state, parents):
+    cache, slots = state
+    return cache, tf.gather(slots, parents, batch_dims=1)
+
+  slots = tf.zeros([batch, k, decode_length], tf.int32)
+  return beam_search_lib.beam_search(
+      force_eos_at(symbols_to_logits, beam_search_lib.tile_beams(limits, k)), start,
+      (cache, slots), k, decode_length, alpha=config.alpha, reorder_state=reorder)
 
 
 def force_eos_at(symbols_to_logits, limits):

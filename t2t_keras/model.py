@@ -182,32 +182,49 @@ class Transformer(keras.Model):
     """Projects the encoder output once per source: a (key, value) pair per layer."""
     return [layer.cross_attention.compute_key_value(encoded) for layer in self.decoder_layers]
 
-  def init_cache(self, batch_size, max_length):
-    """Zero self-attention caches: per layer {"key": (B, H, L, Dk), "value": (B, H, L, Dv)}."""
+  def init_cache(self, batch_size, max_length, beam_size=1):
+    """Zero self-attention caches, per layer {"key": (B, H, K * L, Dk), "value": ...}.
+
+    B = batch_size sentences, K = beam_size slots of L = max_length positions each
+    (see `MultiHeadAttention._call_cached`).
+    """
     c = self.model_config
     dtype = self.compute_dtype
-    return [{"key": ops.zeros((batch_size, c.num_heads, max_length, c.head_key_size), dtype),
-             "value": ops.zeros((batch_size, c.num_heads, max_length, c.head_value_size),
-                                dtype)}
+    size = beam_size * max_length
+    return [{"key": ops.zeros((batch_size, c.num_heads, size, c.head_key_size), dtype),
+             "value": ops.zeros((batch_size, c.num_heads, size, c.head_value_size), dtype)}
             for _ in self.decoder_layers]
 
-  def decode_step(self, ids, index, cache, cross_key_values, memory_mask):
+  def decode_step(self, ids, index, cache, cross_key_values, memory_mask, slots=None):
     """Decodes one position for every sequence.
 
     Args:
-      ids: (B,) the previous token of each sequence (BOS at index 0).
+      ids: (B * K,) the previous token of each hypothesis (BOS at index 0); K = 1
+        unless `slots` is given.
       index: scalar int, the position being decoded (0-based).
       cache: list of per-layer caches from `init_cache` (or a previous step).
-      cross_key_values: from `cross_key_values(encoded)`.
-      memory_mask: (B, 1, 1, S) source padding mask.
+      cross_key_values: from `cross_key_values(encoded)`, rows per hypothesis.
+      memory_mask: (B * K, 1, 1, S) source padding mask.
+      slots: beam search only, int (B, K, L): slots[b, j, t] is the beam slot of
+        sentence b whose cache holds position t of hypothesis j's history, for
+        t <= index; slots[b, j, index] must be j (the new position is written into
+        the hypothesis' own slot). Beam search reorders this table, never the cache.
 
     Returns:
-      (float32 logits (B, V) for position `index`, updated cache).
+      (float32 logits (B * K, V) for position `index`, updated cache).
     """
-    x = self.target_embedding(ids[:, None])  # (B, 1, D)
+    x = self.target_embedding(ids[:, None])  # (B*K, 1, D)
     x = self.decoder_position(x, start=index)
-    length = ops.shape(cache[0]["key"])[2]
-    self_mask = (ops.arange(length) <= index)[None, None, None, :]  # (1, 1, 1, L)
+    if slots is None:
+      length = ops.shape(cache[0]["key"])[2]
+      self_mask = (ops.arange(length) <= index)[None, None, None, :]  # (1, 1, 1, L)
+    else:
+      beam, length = slots.shape[1], ops.shape(slots)[2]
+      seen = ops.arange(length) <= index  # (L,)
+      # (B, K queries, K slots, L): position t of query j lives in slot slots[b, j, t].
+      own = ops.equal(slots[:, :, None, :], ops.arange(beam, dtype=slots.dtype)[:, None])
+      self_mask = ops.reshape(ops.logical_and(own, seen),
+                              (-1, 1, beam, beam * length))  # (B, 1, K, K * L)
     new_cache = []
     for layer, layer_cache, key_value in zip(self.decoder_layers, cache, cross_key_values):
       x, layer_cache = layer(x, self_mask=self_mask, memory_mask=memory_mask,

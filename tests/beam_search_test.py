@@ -186,3 +186,20 @@ def test_compiles_with_xla_and_matches_eager():
   ids, scores = compiled()
   np.testing.assert_array_equal(ids.numpy(), eager[0])
   np.testing.assert_allclose(scores.numpy(), eager[1], rtol=1e-5)
+
+
+@pytest.mark.parametrize("vocab,jit", [(8000, False), (32003, False), (32003, True)])
+def test_top_k_rows_equals_top_k(vocab, jit):
+  values = tf.random.stateless_normal([6, vocab], seed=[vocab, 1])
+  # A row whose best values sit in one chunk, and a row of mostly equal values.
+  values = tf.tensor_scatter_nd_update(values, [[1, 5], [1, 6], [1, 7]], [9.0, 8.0, 7.5])
+  values = tf.concat([values, tf.fill([1, vocab], -1.0e9)], 0)
+  values = tf.tensor_scatter_nd_update(values, [[6, vocab - 1]], [0.0])
+  fn = tf.function(lambda v: bs.top_k_rows(v, 8), jit_compile=jit or None)
+  got_values, got_ids = fn(values)
+  want_values, want_ids = tf.math.top_k(values, 8)
+  np.testing.assert_array_equal(got_values.numpy(), want_values.numpy())
+  np.testing.assert_array_equal(got_ids.numpy()[:6], want_ids.numpy()[:6])
+  assert got_ids.numpy()[6, 0] == vocab - 1
+  np.testing.assert_array_equal(np.take_along_axis(values.numpy(), got_ids.numpy(), 1),
+                                got_values.numpy())

@@ -13,11 +13,12 @@ import sys
 import time
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tests.conftest import REPO_ROOT
 
-STEPS = 1000
+STEPS = 400
 FLAGS = ["--flagfile=flags/tiny.cfg", "--layer_prepostprocess_dropout=0.2",
          "--attention_dropout=0.1", "--deterministic", f"--train_steps={STEPS}",
          "--save_checkpoint_steps=50", "--log_every=50", "--eval_every=100000",
@@ -69,18 +70,25 @@ def assert_bitwise_equal(a, b):
   assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
 
 
-def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
-  run_to_end(tmp_path / "straight")
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+  """The uninterrupted run both tests compare against (trained once)."""
+  model_dir = tmp_path_factory.mktemp("straight")
+  run_to_end(model_dir)
+  return state_of(model_dir)
+
+
+def test_sigkill_then_resume_is_bitwise_identical(tmp_path, straight):
   code, _, _ = start_and_signal(str(tmp_path / "killed"), signal.SIGKILL)
   assert code == -signal.SIGKILL
   interrupted_at = int(tf.train.latest_checkpoint(str(tmp_path / "killed")).rsplit("-", 1)[1])
   assert 100 <= interrupted_at < STEPS
   out = run_to_end(tmp_path / "killed")
-  assert f"resumed from" in out and f"at step {interrupted_at}" in out
-  assert_bitwise_equal(state_of(tmp_path / "straight"), state_of(tmp_path / "killed"))
+  assert "resumed from" in out and f"at step {interrupted_at}" in out
+  assert_bitwise_equal(straight, state_of(tmp_path / "killed"))
 
 
-def test_sigterm_saves_exits_42_and_resumes(tmp_path):
+def test_sigterm_saves_exits_42_and_resumes(tmp_path, straight):
   model_dir = tmp_path / "term"
   code, stdout, stderr = start_and_signal(str(model_dir), signal.SIGTERM)
   assert code == 42, stdout[-2000:] + stderr[-2000:]
@@ -91,5 +99,4 @@ def test_sigterm_saves_exits_42_and_resumes(tmp_path):
   assert "Traceback" not in stderr
   out = run_to_end(model_dir)
   assert f"at step {step}" in out
-  run_to_end(tmp_path / "straight")
-  assert_bitwise_equal(state_of(tmp_path / "straight"), state_of(model_dir))
+  assert_bitwise_equal(straight, state_of(model_dir))

@@ -12,8 +12,8 @@ steps, with the softmax in float32 under mixed precision.
 Key and value sizes per head are independent (Table 3 rows A and B). Projections have
 no bias, as in tensor2tensor.
 
-Incremental decoding keeps a fixed-size cache {"key": (B, L, H, Dk), "value":
-(B, L, H, Dv)} that `call` updates at `cache_index` and RETURNS: nothing is mutated,
+Incremental decoding keeps a fixed-size cache {"key": (B, H, K * L, Dk), "value":
+(B, H, K * L, Dv)} (K beam slots of L positions per sentence) that `call` updates at `cache_index` and RETURNS: nothing is mutated,
 so one decoding path works eagerly, in tf.function, under XLA and on TPU.
 """
 
@@ -32,15 +32,34 @@ _MASK_VALUE = -1e9
 
 
 def update_cache(cache, update, index):
-  """Writes `update` (B, H, 1, K) at position `index` of `cache` (B, H, L, K).
+  """Writes the new keys or values of every hypothesis into its slot of the cache.
 
-  A `where` over a one-hot position mask instead of a scatter: a single select op that
-  every runtime (eager, XLA, TPU, TF Serving) has, with static shapes.
+  Args:
+    cache: (B, H, K * L, Dh): per sentence and head, K beam slots of L positions each
+      (K = 1 outside beam search); slot j holds positions j * L ... j * L + L - 1.
+    update: (B * K, H, 1, Dh), hypotheses in sentence-major order (row b * K + j).
+    index: scalar position being decoded.
+
+  Returns:
+    The cache with update[b * K + j] written at position j * L + index of sentence b.
+
+  A scatter of B * H * K rows rather than a `where` over a one-hot position mask, so
+  the runtime can write into the cache's buffer (XLA does inside the decoding loop;
+  TensorFlow's kernel does when the buffer is not shared) instead of rewriting the
+  whole cache every step. tensor_scatter_nd_update is a core op: it runs eagerly, in
+  tf.function, under XLA and in TF Serving.
   """
-  length = ops.shape(cache)[2]
-  at_index = ops.equal(ops.arange(length), index)  # (L,)
-  at_index = ops.reshape(at_index, (1, 1, length, 1))
-  return ops.where(at_index, ops.cast(update, cache.dtype), cache)
+  shape = ops.shape(cache)
+  batch, heads, slots_length = shape[0], shape[1], shape[2]
+  beam = ops.shape(update)[0] // batch
+  length = slots_length // beam
+  update = ops.transpose(ops.reshape(ops.cast(update, cache.dtype),
+                                     (batch, beam, heads, -1)), (0, 2, 1, 3))  # (B, H, K, Dh)
+  grid = ops.meshgrid(ops.arange(batch, dtype="int32"), ops.arange(heads, dtype="int32"),
+                      ops.arange(beam, dtype="int32"), indexing="ij")  # 3 x (B, H, K)
+  position = grid[2] * ops.cast(length, "int32") + ops.cast(index, "int32")
+  indices = ops.stack([grid[0], grid[1], position], axis=-1)  # (B, H, K, 3)
+  return ops.scatter_update(cache, indices, update)
 
 
 @keras.saving.register_keras_serializable(package="t2t_keras")
@@ -96,8 +115,10 @@ class MultiHeadAttention(keras.layers.Layer):
     query: (B, T, D) queries.
     memory: (B, S, D) keys/values source; None for self-attention.
     attention_mask: boolean, broadcastable to (B, H, T, S); True where attention is allowed.
-    cache: optional {"key": (B, L, H, Dk), "value": (B, L, H, Dv)} for incremental
-      self-attention; the new keys/values are written at `cache_index` (T must be 1).
+    cache: optional {"key": (B, H, K * L, Dk), "value": (B, H, K * L, Dv)} for
+      incremental self-attention (T = 1; the query's rows are the K hypotheses of
+      each of the B sentences; K = 1 outside beam search): the new keys/values are
+      written at `cache_index` of each hypothesis' slot, see `_call_cached`.
     cache_index: scalar int position to write into the cache.
     key_value: optional precomputed (key, value) from `compute_key_value`, used for
       cross-attention so encoder keys/values are projected once per source.
@@ -152,15 +173,21 @@ class MultiHeadAttention(keras.layers.Layer):
 
   def call(self, query, memory=None, attention_mask=None, cache=None, cache_index=None,
            key_value=None, training=None, return_attention=False):
-    q = ops.transpose(self.query_dense(query), (0, 2, 1, 3))  # (B, H, T, Dk)
+    q = self.query_dense(query)  # (B, T, H, Dk)
+    if cache is not None:
+      return self._call_cached(q, query, attention_mask, cache, cache_index,
+                               return_attention)
+    q = ops.transpose(q, (0, 2, 1, 3))  # (B, H, T, Dk)
     if key_value is not None:
       k, v = key_value
     else:
       k, v = self.compute_key_value(query if memory is None else memory)
-    if cache is not None:
-      k = update_cache(cache["key"], k, cache_index)  # (B, H, L, Dk)
-      v = update_cache(cache["value"], v, cache_index)  # (B, H, L, Dv)
-      cache = {"key": k, "value": v}
+    probs, context = self._attend(q, k, v, attention_mask, training)
+    output = self.output_dense(ops.transpose(context, (0, 2, 1, 3)))  # (B, T, D)
+    return (output, probs) if return_attention else output
+
+  def _attend(self, q, k, v, attention_mask, training):
+    """softmax(q k^T / sqrt(Dk)) v per head: q (B, H, T, Dk), k/v (B, H, S, Dk/Dv)."""
     q = q * ops.cast(1.0 / (self.key_size ** 0.5), q.dtype)
     logits = ops.einsum("bhtk,bhsk->bhts", q, k)  # (B, H, T, S)
     logits = ops.cast(logits, "float32")
@@ -168,14 +195,33 @@ class MultiHeadAttention(keras.layers.Layer):
       logits = ops.where(attention_mask, logits, _MASK_VALUE)
     probs = ops.softmax(logits, axis=-1)
     weights = self.dropout(ops.cast(probs, self.compute_dtype), training=training)
-    context = ops.transpose(ops.einsum("bhts,bhsk->bhtk", weights, v), (0, 2, 1, 3))  # (B, T, H, Dv)
-    output = self.output_dense(context)  # (B, T, D)
-    results = (output,)
-    if cache is not None:
-      results += (cache,)
-    if return_attention:
-      results += (probs,)
-    return results[0] if len(results) == 1 else results
+    return probs, ops.einsum("bhts,bhsk->bhtk", weights, v)  # (B, H, T, Dv)
+
+  def _call_cached(self, q, query, attention_mask, cache, cache_index, return_attention):
+    """One decoding step of self-attention over the beam-slotted cache.
+
+    query (B * K, 1, D) holds the K hypotheses of each sentence (K = 1 outside beam
+    search). Their new keys/values go into their own slots (see `update_cache`); each
+    hypothesis then attends over all K * L cached positions of its sentence, and
+    `attention_mask` (B, 1, K, K * L) lets it see, for every earlier position, only the
+    slot that holds its own history. So beam search never reorders the cache: it
+    reorders the small (B, K, L) table of slots the mask is built from. The extra
+    attention work (K times the positions) is small next to the copy of the whole cache
+    per layer and step that a reorder costs.
+    """
+    k_new, v_new = self.compute_key_value(query)  # (B * K, H, 1, Dh)
+    k = update_cache(cache["key"], k_new, cache_index)  # (B, H, K * L, Dk)
+    v = update_cache(cache["value"], v_new, cache_index)
+    batch = ops.shape(k)[0]
+    # (B * K, 1, H, Dk) -> (B, H, K, Dk): the K hypotheses are the queries of sentence b.
+    q = ops.transpose(ops.reshape(q, (batch, -1, self.num_heads, self.key_size)),
+                      (0, 2, 1, 3))
+    probs, context = self._attend(q, k, v, attention_mask, training=False)
+    context = ops.reshape(ops.transpose(context, (0, 2, 1, 3)),
+                          (-1, 1, self.num_heads, self.value_size))  # (B * K, 1, H, Dv)
+    output = self.output_dense(context)  # (B * K, 1, D)
+    results = (output, {"key": k, "value": v})
+    return results + (probs,) if return_attention else results
 
   def get_config(self):
     config = super().get_config()
