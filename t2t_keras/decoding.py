@@ -5,7 +5,8 @@ strings -> strings in input order with length-sorted batches and progress.
 keys/values are projected once and tiled over beams, and the decoder runs one
 position per step over a fixed-size self-attention cache (`Transformer.decode_step`)
 with a slot per beam that beam search never reorders (it reorders a small table of
-which slot holds each position of each hypothesis instead).
+which slot holds each position of each hypothesis instead; beams wider than
+`MAX_SLOTTED_BEAM` reorder the cache).
 Beam size 1 is greedy (arg-max) decoding; larger beams use `beam_search.beam_search`.
 The same function is traced into the exported SavedModel.
 
@@ -29,6 +30,14 @@ import tensorflow as tf
 from t2t_keras import BOS_ID, EOS_ID, PAD_ID
 from t2t_keras import beam_search as beam_search_lib
 from t2t_keras.configs import DecodeConfig
+
+
+# Beams up to this size keep the self-attention cache in place (one slot per beam,
+# attention over all K slots with a mask) instead of reordering it every step: for
+# Transformer base at beam 4 that removes a copy of the whole cache per layer and step
+# for 4x the (small) attention work. The attention work and its mask grow with K^2, so
+# wide beams (parsing uses 21) reorder the cache as usual.
+MAX_SLOTTED_BEAM = 8
 
 
 def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
@@ -56,18 +65,26 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
     cross_key_values = tf.nest.map_structure(
         lambda t: beam_search_lib.tile_beams(t, k), cross_key_values)
     memory_mask = beam_search_lib.tile_beams(memory_mask, k)
-  cache = model.init_cache(batch, decode_length, beam_size=k)
   source_lengths = tf.reduce_sum(tf.cast(tf.not_equal(inputs, PAD_ID), tf.int32), axis=1)
   limits = source_lengths + config.extra_decode_length
   start = tf.fill([batch], BOS_ID)
+
+  def plain_step(ids, index, cache):
+    return model.decode_step(ids, index, cache, cross_key_values, memory_mask)
+
   if k == 1:
-    def greedy_step(ids, index, cache):
-      return model.decode_step(ids, index, cache, cross_key_values, memory_mask)
-    return beam_search_lib.greedy_search(force_eos_at(greedy_step, limits), start, cache,
+    return beam_search_lib.greedy_search(force_eos_at(plain_step, limits), start,
+                                         model.init_cache(batch, decode_length),
                                          decode_length)
+  if k > MAX_SLOTTED_BEAM:
+    # One cache row per hypothesis, gathered by parent beam at every step.
+    return beam_search_lib.beam_search(
+        force_eos_at(plain_step, beam_search_lib.tile_beams(limits, k)), start,
+        model.init_cache(batch * k, decode_length), k, decode_length, alpha=config.alpha)
 
   # Beam search: the cache is never reordered, only the table of which slot holds each
   # position of each hypothesis (see Transformer.decode_step).
+  cache = model.init_cache(batch, decode_length, beam_size=k)
   positions = tf.range(decode_length)
   own_slot = tf.range(k)[None, :, None]
 

@@ -47,8 +47,11 @@ def uncached_scorer(model, inputs, beam, length):
   return fn, state
 
 
-@pytest.mark.parametrize("beam,alpha", [(1, 0.0), (4, 0.6)])
-def test_cached_decoding_equals_uncached(model, beam, alpha):
+@pytest.mark.parametrize("beam,alpha,slotted", [(1, 0.0, False), (4, 0.6, True),
+                                                (4, 0.6, False), (10, 0.3, False)])
+def test_cached_decoding_equals_uncached(model, beam, alpha, slotted, monkeypatch):
+  # Both cache layouts: beam slots kept in place, and one row per hypothesis reordered.
+  monkeypatch.setattr(decoding, "MAX_SLOTTED_BEAM", beam if slotted else beam - 1)
   inputs = sources(np.random.default_rng(0), [6, 3, 9])
   config = DecodeConfig(beam_size=beam, alpha=alpha, extra_decode_length=3)
   ids, scores = decoding.decode_ids(model, inputs, config)
