@@ -65,7 +65,7 @@ def measure(xla: bool):
   model = create_model(config)
   decode_config = DecodeConfig(beam_size=FLAGS.beam_size, alpha=FLAGS.alpha,
                                extra_decode_length=FLAGS.extra_decode_length)
-  fn = tf.function(lambda x: decoding.decode_ids(model, x, decode_config),
+  fn = tf.function(lambda x: decoding.decode_ids(model, x, decode_config, in_place_cache=xla),
                    jit_compile=xla or None, autograph=False)
   rng = np.random.default_rng(0)
   sources = rng.integers(4, FLAGS.vocab_size, (FLAGS.sentences, FLAGS.length)).astype("int32")

@@ -32,16 +32,18 @@ from t2t_keras import beam_search as beam_search_lib
 from t2t_keras.configs import DecodeConfig
 
 
-# Beams up to this size keep the self-attention cache in place (one slot per beam,
-# attention over all K slots with a mask) instead of reordering it every step: for
-# Transformer base at beam 4 that removes a copy of the whole cache per layer and step
-# for 4x the (small) attention work. The attention work and its mask grow with K^2, so
-# wide beams (parsing uses 21) reorder the cache as usual.
+# With `in_place_cache` (for XLA), beams up to this size keep the self-attention cache
+# in place (one slot per beam, attention over all K slots with a mask) instead of
+# reordering it every step. XLA then writes each step's keys/values into the buffer:
+# Transformer base at beam 4 decodes 1.3x faster (bench/decode_speed.py). Without XLA,
+# TensorFlow copies the cache on the write anyway and the wider attention makes it
+# 1.2x slower, so graph mode reorders. The attention work and its mask grow with K^2,
+# so wide beams (parsing uses 21) reorder the cache in both modes.
 MAX_SLOTTED_BEAM = 8
 
 
 def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
-               decode_length=None) -> tuple:
+               decode_length=None, in_place_cache: bool = False) -> tuple:
   """Decodes a padded batch of source ids.
 
   Args:
@@ -49,6 +51,8 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
     inputs: int32 (B, S) source ids ending with EOS, PAD after.
     config: beam size, alpha, extra decode length.
     decode_length: maximum generated tokens; default S + config.extra_decode_length.
+    in_place_cache: keep beam-search caches in place (`MAX_SLOTTED_BEAM`): faster when
+      the function is compiled with XLA, slower otherwise. Same results either way.
 
   Returns:
     ids (B, K, decode_length) int32 (K = beam size, best first; PAD after EOS) and
@@ -76,7 +80,7 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
     return beam_search_lib.greedy_search(force_eos_at(plain_step, limits), start,
                                          model.init_cache(batch, decode_length),
                                          decode_length)
-  if k > MAX_SLOTTED_BEAM:
+  if not in_place_cache or k > MAX_SLOTTED_BEAM:
     # One cache row per hypothesis, gathered by parent beam at every step.
     return beam_search_lib.beam_search(
         force_eos_at(plain_step, beam_search_lib.tile_beams(limits, k)), start,
@@ -119,7 +123,8 @@ def make_decode_fn(model, config: DecodeConfig, jit_compile: bool = False) -> Ca
   """A tf.function (B, S) int32 -> (ids, scores), traced once per rank of shapes."""
   # No autograph: decoding has no Python control flow on tensors (the loops are
   # explicit tf.while_loops), and tracing plain Python is faster and more predictable.
-  return tf.function(lambda inputs: decode_ids(model, inputs, config),
+  return tf.function(lambda inputs: decode_ids(model, inputs, config,
+                                               in_place_cache=jit_compile),
                      input_signature=[tf.TensorSpec([None, None], tf.int32)],
                      jit_compile=jit_compile or None, autograph=False)
 

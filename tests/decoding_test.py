@@ -51,10 +51,10 @@ def uncached_scorer(model, inputs, beam, length):
                                                 (4, 0.6, False), (10, 0.3, False)])
 def test_cached_decoding_equals_uncached(model, beam, alpha, slotted, monkeypatch):
   # Both cache layouts: beam slots kept in place, and one row per hypothesis reordered.
-  monkeypatch.setattr(decoding, "MAX_SLOTTED_BEAM", beam if slotted else beam - 1)
+  monkeypatch.setattr(decoding, "MAX_SLOTTED_BEAM", max(beam, 4))
   inputs = sources(np.random.default_rng(0), [6, 3, 9])
   config = DecodeConfig(beam_size=beam, alpha=alpha, extra_decode_length=3)
-  ids, scores = decoding.decode_ids(model, inputs, config)
+  ids, scores = decoding.decode_ids(model, inputs, config, in_place_cache=slotted)
   length = inputs.shape[1] + 3
   fn, state = uncached_scorer(model, inputs, beam, length)
   limits = bs.tile_beams(tf.reduce_sum(tf.cast(inputs != PAD_ID, tf.int32), 1) + 3, beam)
@@ -82,7 +82,8 @@ def test_xla_decoding_equals_eager(model):
   inputs = sources(np.random.default_rng(2), [5, 8])
   config = DecodeConfig(beam_size=2, alpha=0.6, extra_decode_length=4)
   eager = decoding.decode_ids(model, inputs, config)
-  compiled = tf.function(lambda x: decoding.decode_ids(model, x, config), jit_compile=True)
+  compiled = tf.function(lambda x: decoding.decode_ids(model, x, config, in_place_cache=True),
+                         jit_compile=True)
   ids, scores = compiled(tf.constant(inputs))
   np.testing.assert_array_equal(ids.numpy(), eager[0].numpy())
   np.testing.assert_allclose(scores.numpy(), eager[1].numpy(), rtol=1e-4, atol=1e-5)
