@@ -16,9 +16,9 @@ Shapes are static given (batch, beam, decode_length), and the loop is a
 inside an exported SavedModel. The decoder state (e.g. the self-attention key/value
 cache) is any nest of tensors with leading dimension batch * beam; it is reordered
 by parent beam once per step, or by the caller's `reorder_state` (t2t_keras' decoder
-keeps its cache in place and reorders only a table of slots). Per-source tensors that never change (cross-attention
-keys/values, source mask) belong in the caller's closure, tiled once with
-`tile_beams`, and are never reordered.
+under XLA keeps its cache in place and reorders only a table of slots). Per-source
+tensors that never change (cross-attention keys/values, source mask) belong in the
+caller's closure, tiled once with `tile_beams`, and are never reordered.
 """
 
 from __future__ import annotations
