@@ -27,7 +27,7 @@ def test_demo_trains_translates_and_exports(tmp_path):
   assert match, out[-3000:]
   print(f"demo: {match.group(0)} in {seconds:.0f}s")
   assert float(match.group(1)) >= 95.0 and int(match.group(2)) == 500
-  assert out.count("input:") == 5 and "step 1800/1800" in out and "FLOPs" in out
+  assert out.count("input:") == 5 and "step 2000/2000" in out and "FLOPs" in out
   exported = re.search(r"exported (\S+)", out).group(1)
   assert os.path.exists(os.path.join(exported, "saved_model.pb"))
   # The export reverses a sequence in a fresh TensorFlow-only process.
