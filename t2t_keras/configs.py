@@ -200,6 +200,9 @@ class DecodeConfig:
   extra_decode_length: int = 50
   return_beams: bool = False
   batch_size: int = 32
+  # XLA-compiled decoding (`decoding.translate`): batches are padded to batch_size rows
+  # and to a power-of-two source width, so it compiles once per width bucket.
+  jit_compile: bool = False
 
 
 def replace(config, **changes):

@@ -6,6 +6,8 @@ sorted by length internally; a progress line with sentences/s goes to stderr. Wi
 `--return_beams` every beam is written as `score<TAB>translation`, beams of one input
 on consecutive lines, inputs separated by an empty line. With `--reference_file`,
 sacreBLEU (cased and uncased) and chrF of the output are printed at the end.
+`--decode_jit_compile` decodes with XLA (`decoding.translate` pads batches so that it
+compiles once per source-width bucket).
 
 Paper settings: beam 4, alpha 0.6, input length + 50, average of the last 5 (base)
 or 20 (big) checkpoints: `--beam_size=4 --alpha=0.6 --extra_decode_length=50

@@ -121,8 +121,15 @@ def force_eos_at(symbols_to_logits, limits):
   return fn
 
 
-def make_decode_fn(model, config: DecodeConfig, jit_compile: bool = False) -> Callable:
-  """A tf.function (B, S) int32 -> (ids, scores), traced once per rank of shapes."""
+def make_decode_fn(model, config: DecodeConfig,
+                   jit_compile: Optional[bool] = None) -> Callable:
+  """A tf.function (B, S) int32 -> (ids, scores), traced once per rank of shapes.
+
+  With XLA (`jit_compile`, default `config.jit_compile`) it compiles once per distinct
+  (B, S) shape: `translate` pads batches to few shapes (`padded_width`).
+  """
+  if jit_compile is None:
+    jit_compile = config.jit_compile
   # No autograph: decoding has no Python control flow on tensors (the loops are
   # explicit tf.while_loops), and tracing plain Python is faster and more predictable.
   return tf.function(lambda inputs: decode_ids(model, inputs, config,
@@ -173,6 +180,22 @@ class Translation:
   scores: List[float]
 
 
+MIN_XLA_WIDTH = 16
+
+
+def padded_width(width: int) -> int:
+  """The source width an XLA batch is padded to: the next power of two, at least 16.
+
+  Few widths means few compilations (7 up to 1,024 subwords); padding changes no
+  translation (the output limit is per sentence, see the module docstring), only the
+  encoder's work and the cache size.
+  """
+  padded = MIN_XLA_WIDTH
+  while padded < width:
+    padded *= 2
+  return padded
+
+
 def translate(model, tokenizer, sentences: Sequence[str], config: DecodeConfig,
               max_input_length: int = 0, decode_fn: Optional[Callable] = None,
               progress: bool = True) -> List[Translation]:
@@ -180,7 +203,9 @@ def translate(model, tokenizer, sentences: Sequence[str], config: DecodeConfig,
 
   Sentences are tokenized in the graph, sorted by length and decoded in batches of
   `config.batch_size` sentences (so that little of each batch is padding), then
-  put back in input order.
+  put back in input order. With `config.jit_compile` (XLA) every batch is padded to
+  `config.batch_size` rows (filler rows hold a lone EOS and are discarded) and to
+  `padded_width` columns, so XLA compiles once per width bucket, not per batch.
 
   Args:
     model: a built Transformer.
@@ -207,7 +232,11 @@ def translate(model, tokenizer, sentences: Sequence[str], config: DecodeConfig,
   for begin in range(0, len(order), config.batch_size):
     chunk = order[begin:begin + config.batch_size]
     width = max(len(sources[i]) for i in chunk)
-    batch = np.full((len(chunk), width), PAD_ID, np.int32)
+    rows = len(chunk)
+    if config.jit_compile:
+      width, rows = padded_width(width), config.batch_size
+    batch = np.full((rows, width), PAD_ID, np.int32)
+    batch[len(chunk):, 0] = EOS_ID  # XLA filler rows: a one-token source
     for row, i in enumerate(chunk):
       batch[row, :len(sources[i])] = sources[i]
     out_ids, scores = decode_fn(tf.constant(batch))

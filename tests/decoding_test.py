@@ -109,6 +109,32 @@ def test_translate_keeps_input_order(model):
     assert all(len(t.split()) <= len(sentence.split()) + 4 for t in result.texts)
 
 
+def test_translate_with_xla_equals_graph_and_compiles_once_per_width_bucket(model):
+  # Lengths 1-40 tokens (+ EOS): width buckets 16, 32 and 64; 7 batches of 3, the last
+  # one short (filler rows).
+  rng = np.random.default_rng(6)
+  lengths = [1, 2, 30, 3, 15, 14, 40, 5, 16, 8, 33, 20, 7, 4, 31, 9, 2, 6, 25]
+  sentences = [" ".join(str(t) for t in rng.integers(4, V, n)) for n in lengths]
+  tokenizer = IntegerTokenizer(V)
+  config = DecodeConfig(beam_size=3, alpha=0.6, extra_decode_length=3, batch_size=3)
+  graph = decoding.translate(model, tokenizer, sentences, config, progress=False)
+  xla_config = DecodeConfig(beam_size=3, alpha=0.6, extra_decode_length=3, batch_size=3,
+                            jit_compile=True)
+  compiled = decoding.make_decode_fn(model, xla_config)
+  shapes = []
+
+  def decode_fn(inputs):  # XLA compiles once per distinct input shape
+    shapes.append(tuple(inputs.shape))
+    return compiled(inputs)
+  xla = decoding.translate(model, tokenizer, sentences, xla_config, decode_fn=decode_fn,
+                           progress=False)
+  assert [r.texts for r in xla] == [r.texts for r in graph]
+  np.testing.assert_allclose([r.scores for r in xla], [r.scores for r in graph],
+                             rtol=1e-4, atol=1e-5)
+  assert len(shapes) == 7 and set(shapes) == {(3, 16), (3, 32), (3, 64)}
+  assert [decoding.padded_width(w) for w in (1, 16, 17, 33, 257)] == [16, 16, 32, 64, 512]
+
+
 def test_progress_line_has_rate_and_eta():
   stream = io.StringIO()
   meter = decoding.Progress(10, stream=stream, every=0.0)

@@ -33,6 +33,13 @@ def test_decode_cli_keeps_input_order_and_scores(tiny_model_dir, tmp_path):
   assert len(lines) == len(sentences)
   assert "decoded 5/5 sentences" in result.stderr and "sentences/s" in result.stderr
   assert "BLEU" in result.stderr and "chrF" in result.stderr
+  # XLA decoding (padded batches, compiled per width bucket) writes the same lines.
+  xla_output = tmp_path / "xla.txt"
+  result = run("-m", "t2t_keras.decode", f"--model_dir={tiny_model_dir}",
+               f"--input_file={source}", f"--output_file={xla_output}", "--beam_size=2",
+               "--extra_decode_length=3", "--decode_batch_size=2", "--decode_jit_compile")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert xla_output.read_text(encoding="utf-8") == output.read_text(encoding="utf-8")
   # A line equals decoding that sentence alone through stdin (the empty one and the
   # longest: both were batched with others above).
   for sentence, line in list(zip(sentences, lines))[1:3]:
