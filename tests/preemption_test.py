@@ -37,12 +37,20 @@ def run_to_end(model_dir):
   return result.stdout
 
 
-def start_and_signal(model_dir, signum, after_checkpoint="ckpt-100.index"):
-  """Starts training, sends `signum` once `after_checkpoint` exists; returns the process."""
+def latest_step(model_dir):
+  """The step of the checkpoint the `checkpoint` state file names (0 if none yet)."""
+  path = tf.train.latest_checkpoint(str(model_dir))
+  return int(path.rsplit("-", 1)[1]) if path else 0
+
+
+def start_and_signal(model_dir, signum, after_step=100):
+  """Starts training, sends `signum` once the latest checkpoint (as the `checkpoint`
+  state file names it, which is written after the checkpoint's own files) is at
+  `after_step` or later; returns (exit code, stdout, stderr)."""
   process = subprocess.Popen(command(model_dir), cwd=REPO_ROOT, env=ENV, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
   deadline = time.time() + 300
-  while not os.path.exists(os.path.join(model_dir, after_checkpoint)):
+  while latest_step(model_dir) < after_step:
     assert process.poll() is None, "training ended before it could be interrupted: " + (
         process.stderr.read()[-2000:])
     assert time.time() < deadline, "no checkpoint within 300 s"
@@ -81,7 +89,7 @@ def straight(tmp_path_factory):
 def test_sigkill_then_resume_is_bitwise_identical(tmp_path, straight):
   code, _, _ = start_and_signal(str(tmp_path / "killed"), signal.SIGKILL)
   assert code == -signal.SIGKILL
-  interrupted_at = int(tf.train.latest_checkpoint(str(tmp_path / "killed")).rsplit("-", 1)[1])
+  interrupted_at = latest_step(tmp_path / "killed")
   assert 100 <= interrupted_at < STEPS
   out = run_to_end(tmp_path / "killed")
   assert "resumed from" in out and f"at step {interrupted_at}" in out
