@@ -7,7 +7,8 @@ sorted by length internally; a progress line with sentences/s goes to stderr. Wi
 on consecutive lines, inputs separated by an empty line. With `--reference_file`,
 sacreBLEU (cased and uncased) and chrF of the output are printed at the end.
 `--decode_jit_compile` decodes with XLA (`decoding.translate` pads batches so that it
-compiles once per source-width bucket).
+compiles once per source-width bucket). `--constrain_trees` (parsing models) lets the
+beam search write only valid trees over the input's words (`decoding.TreeConstraint`).
 
 Paper settings: beam 4, alpha 0.6, input length + 50, average of the last 5 (base)
 or 20 (big) checkpoints: `--beam_size=4 --alpha=0.6 --extra_decode_length=50
@@ -33,6 +34,10 @@ flags.DEFINE_string("checkpoint_path", None, "A specific checkpoint (default: la
 flags.DEFINE_integer("average_last_n", 0, "Average the last N checkpoints on the fly.")
 flags.DEFINE_string("decode_dtype", None,
                     "Override the model's dtype for decoding (e.g. float32).")
+flags.DEFINE_bool("constrain_trees", False,
+                  "Parsing models: let beam search write only linearized trees over "
+                  "exactly the input's words (one POS tag per word, balanced brackets, "
+                  "no empty constituents), instead of repairing outputs afterwards.")
 
 
 def read_lines(path, what):
@@ -85,8 +90,16 @@ def run() -> None:
   print(f"decoding {len(sentences)} sentences with {', '.join(loaded.checkpoints)} (beam "
         f"{decode_config.beam_size}, alpha {decode_config.alpha}, extra length "
         f"{decode_config.extra_decode_length})", file=sys.stderr, flush=True)
+  constraint = None
+  if FLAGS.constrain_trees:
+    try:
+      constraint = decoding.TreeConstraint.from_tokenizer(loaded.tokenizer)
+    except ValueError as error:
+      raise DataError(f"--constrain_trees with --model_dir={FLAGS.model_dir}: "
+                      f"{error}") from None
   results = decoding.translate(loaded.model, loaded.tokenizer, sentences, decode_config,
-                               max_input_length=FLAGS.max_input_length)
+                               max_input_length=FLAGS.max_input_length,
+                               tree_constraint=constraint)
   out = (tf.io.gfile.GFile(FLAGS.output_file, "w") if FLAGS.output_file else sys.stdout)
   try:
     for result in results:

@@ -45,7 +45,8 @@ MAX_SLOTTED_BEAM = 8
 
 
 def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
-               decode_length=None, in_place_cache: bool = False) -> tuple:
+               decode_length=None, in_place_cache: bool = False,
+               tree_constraint: Optional["TreeConstraint"] = None) -> tuple:
   """Decodes a padded batch of source ids.
 
   Args:
@@ -55,6 +56,8 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
     decode_length: maximum generated tokens; default S + config.extra_decode_length.
     in_place_cache: keep beam-search caches in place (`MAX_SLOTTED_BEAM`): faster when
       the function is compiled with XLA, slower otherwise. Same results either way.
+    tree_constraint: parsing only: allow only outputs that are a tree over exactly the
+      source's words (`TreeConstraint`); None decodes freely.
 
   Returns:
     ids (B, K, decode_length) int32 (K = beam size, best first; PAD after EOS) and
@@ -78,15 +81,25 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
   def plain_step(ids, index, cache):
     return model.decode_step(ids, index, cache, cross_key_values, memory_mask)
 
+  def per_row(t):  # (B,) -> one value per hypothesis row (B * K,)
+    return t if k == 1 else beam_search_lib.tile_beams(t, k)
+
+  def finish(step, state):
+    """The step with its constraints (tree, then the length limit) and its state."""
+    if tree_constraint is not None:
+      words = per_row(tree_constraint.count_words(inputs))
+      step = tree_constraint.wrap(step, words, per_row(limits))
+      state = (state, tf.zeros([batch * k, 2], tf.int32))
+    return force_eos_at(step, per_row(limits)), state
+
   if k == 1:
-    return beam_search_lib.greedy_search(force_eos_at(plain_step, limits), start,
-                                         model.init_cache(batch, decode_length),
-                                         decode_length)
+    step, state = finish(plain_step, model.init_cache(batch, decode_length))
+    return beam_search_lib.greedy_search(step, start, state, decode_length)
   if not in_place_cache or k > MAX_SLOTTED_BEAM:
     # One cache row per hypothesis, gathered by parent beam at every step.
-    return beam_search_lib.beam_search(
-        force_eos_at(plain_step, beam_search_lib.tile_beams(limits, k)), start,
-        model.init_cache(batch * k, decode_length), k, decode_length, alpha=config.alpha)
+    step, state = finish(plain_step, model.init_cache(batch * k, decode_length))
+    return beam_search_lib.beam_search(step, start, state, k, decode_length,
+                                       alpha=config.alpha)
 
   # Beam search: the cache is never reordered, only the table of which slot holds each
   # position of each hypothesis (see Transformer.decode_step).
@@ -106,9 +119,17 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
     return cache, tf.gather(slots, parents, batch_dims=1)
 
   slots = tf.zeros([batch, k, decode_length], tf.int32)
-  return beam_search_lib.beam_search(
-      force_eos_at(symbols_to_logits, beam_search_lib.tile_beams(limits, k)), start,
-      (cache, slots), k, decode_length, alpha=config.alpha, reorder_state=reorder)
+  step, state = finish(symbols_to_logits, (cache, slots))
+  if tree_constraint is not None:
+    inner_reorder = reorder
+
+    def reorder(state, parents):  # pylint: disable=function-redefined
+      inner, counts = state
+      counts = tf.reshape(tf.gather(tf.reshape(counts, [batch, k, 2]), parents,
+                                    batch_dims=1), [batch * k, 2])
+      return inner_reorder(inner, parents), counts
+  return beam_search_lib.beam_search(step, start, state, k, decode_length,
+                                     alpha=config.alpha, reorder_state=reorder)
 
 
 def force_eos_at(symbols_to_logits, limits):
@@ -121,8 +142,106 @@ def force_eos_at(symbols_to_logits, limits):
   return fn
 
 
+class TreeConstraint:
+  """Decoding that can only write a linearized tree over the source's words (parsing).
+
+  Each hypothesis counts the brackets it has open and the leaves (POS tags) it has
+  written; at every step only these tokens keep their score:
+    * an opening bracket `(X`, while fewer leaves than source words are written;
+    * a leaf, inside an open bracket, while fewer leaves than words are written;
+    * `)`, when a bracket is open, not right after an opening one (no empty
+      constituents), and not closing the root before every word has its leaf;
+    * end of sentence, once the root is closed after exactly one leaf per word (at
+      once for an empty source).
+  Every other token (subwords of words, tree tokens split into pieces) is excluded,
+  and a bracket is opened only if the leaves and `)` it then owes still fit before the
+  length limit (input + extra_decode_length; the source has at least one piece per
+  word plus EOS, so any extra length >= 2 leaves room for a root and its leaves).
+  Every state then has an allowed continuation and every output is a valid tree for
+  its words. Scores are renormalized over the allowed tokens.
+
+  Words are counted as the source pieces that start a word (SentencePiece's "▁"), so
+  the constraint needs the tokenizer's vocabulary and whole-token tree pieces (the
+  parsing vocabulary: t2t_keras.data.tokenizer).
+  """
+
+  OTHER, OPEN, CLOSE, LEAF, END = range(5)
+
+  def __init__(self, pieces: Sequence[str]):
+    """`pieces`: the vocabulary's piece of every id."""
+    from t2t_keras import parsing  # pylint: disable=import-outside-toplevel
+    kinds = np.full(len(pieces), self.OTHER, np.int32)
+    starts_word = np.zeros(len(pieces), np.int32)
+    codes = {"open": self.OPEN, "close": self.CLOSE, "leaf": self.LEAF}
+    for i, piece in enumerate(pieces):
+      if i in (PAD_ID, EOS_ID, BOS_ID) or not piece.startswith("\u2581"):
+        continue
+      starts_word[i] = 1
+      kinds[i] = codes.get(parsing.token_kind(piece[1:]), self.OTHER)
+    kinds[EOS_ID] = self.END
+    missing = [kind for kind in (self.OPEN, self.CLOSE, self.LEAF)
+               if not np.any(kinds == kind)]
+    if missing:
+      raise ValueError(
+          "This vocabulary has no single-piece tree tokens of kind "
+          f"{', '.join(('open', 'close', 'leaf')[kind - 1] for kind in missing)}: "
+          "tree-constrained decoding needs a parsing model (--data_source=parsing).")
+    self.kinds = tf.constant(kinds)
+    self.starts_word = tf.constant(starts_word)
+
+  @classmethod
+  def from_tokenizer(cls, tokenizer) -> "TreeConstraint":
+    """From a `SentencePieceTokenizer` (the model directory's vocabulary)."""
+    import sentencepiece as spm  # pylint: disable=import-outside-toplevel
+    model_proto = getattr(tokenizer, "model_proto", None)
+    if model_proto is None:
+      raise ValueError("Tree-constrained decoding needs a SentencePiece vocabulary "
+                       "(a parsing model); this model has none.")
+    processor = spm.SentencePieceProcessor(model_proto=model_proto)
+    return cls([processor.id_to_piece(i) for i in range(processor.get_piece_size())])
+
+  def count_words(self, inputs: tf.Tensor) -> tf.Tensor:
+    """(B, S) source ids -> (B,) number of words."""
+    return tf.reduce_sum(tf.gather(self.starts_word, tf.cast(inputs, tf.int32)), axis=1)
+
+  def wrap(self, symbols_to_logits, words: tf.Tensor, limits: tf.Tensor):
+    """The decoder step with the constraint; its state is (state, counts (R, 2)).
+
+    `words` and `limits` (R,): each row's number of source words and output length
+    limit (EOS is forced at position limits - 1).
+    """
+    kinds = self.kinds
+
+    def fn(ids, index, state):
+      inner, counts = state
+      kind = tf.gather(kinds, ids)  # of the token just written (BOS at index 0)
+      is_open = tf.cast(tf.equal(kind, self.OPEN), tf.int32)
+      opened = tf.maximum(
+          counts[:, 0] + is_open - tf.cast(tf.equal(kind, self.CLOSE), tf.int32), 0)
+      leaves = counts[:, 1] + tf.cast(tf.equal(kind, self.LEAF), tf.int32)
+      logits, inner = symbols_to_logits(ids, index, inner)
+      room = leaves < words
+      inside = opened > 0
+      # Tokens that must still follow the one written now, before EOS: a leaf per
+      # remaining word and a `)` per open bracket. They must fit before the forced EOS.
+      free = limits - 2 - index
+      owed = words - leaves + opened
+      allowed = tf.stack([
+          tf.zeros_like(room),  # OTHER
+          room & (owed + 1 <= free),  # OPEN
+          inside & tf.equal(is_open, 0) & ((opened > 1) | tf.logical_not(room)),  # CLOSE
+          room & inside & (owed - 1 <= free),  # LEAF
+          tf.logical_not(inside) & tf.logical_not(room) & ((index > 0) | (words == 0)),
+      ], axis=1)  # (R, 5)
+      mask = tf.gather(allowed, kinds, axis=1)  # (R, V)
+      logits = tf.where(mask, tf.cast(logits, tf.float32), beam_search_lib.NEG_INF)
+      return logits, (inner, tf.stack([opened, leaves], axis=1))
+    return fn
+
+
 def make_decode_fn(model, config: DecodeConfig,
-                   jit_compile: Optional[bool] = None) -> Callable:
+                   jit_compile: Optional[bool] = None,
+                   tree_constraint: Optional[TreeConstraint] = None) -> Callable:
   """A tf.function (B, S) int32 -> (ids, scores), traced once per rank of shapes.
 
   With XLA (`jit_compile`, default `config.jit_compile`) it compiles once per distinct
@@ -133,7 +252,8 @@ def make_decode_fn(model, config: DecodeConfig,
   # No autograph: decoding has no Python control flow on tensors (the loops are
   # explicit tf.while_loops), and tracing plain Python is faster and more predictable.
   return tf.function(lambda inputs: decode_ids(model, inputs, config,
-                                               in_place_cache=jit_compile),
+                                               in_place_cache=jit_compile,
+                                               tree_constraint=tree_constraint),
                      input_signature=[tf.TensorSpec([None, None], tf.int32)],
                      jit_compile=jit_compile or None, autograph=False)
 
@@ -198,7 +318,8 @@ def padded_width(width: int) -> int:
 
 def translate(model, tokenizer, sentences: Sequence[str], config: DecodeConfig,
               max_input_length: int = 0, decode_fn: Optional[Callable] = None,
-              progress: bool = True) -> List[Translation]:
+              progress: bool = True,
+              tree_constraint: Optional[TreeConstraint] = None) -> List[Translation]:
   """Translates strings; the result is in input order.
 
   Sentences are tokenized in the graph, sorted by length and decoded in batches of
@@ -215,10 +336,12 @@ def translate(model, tokenizer, sentences: Sequence[str], config: DecodeConfig,
     max_input_length: keep at most this many source tokens (EOS included); 0 = all.
     decode_fn: a function from `make_decode_fn` (made here if None).
     progress: print a progress line to stderr.
+    tree_constraint: parsing: only trees over the source's words (`TreeConstraint`;
+      ignored when `decode_fn` is given).
   """
   if not sentences:
     return []
-  decode_fn = decode_fn or make_decode_fn(model, config)
+  decode_fn = decode_fn or make_decode_fn(model, config, tree_constraint=tree_constraint)
   ids = tokenizer.tokenize(tf.constant(list(sentences))).to_list()
   sources = []
   for seq in ids:

@@ -61,6 +61,11 @@ ROOT_LABELS = ("", "TOP", "ROOT")
 TOP = "TOP"
 PLACEHOLDER_TAG = "XX"
 CLOSE = ")"
+# The 45 part-of-speech tags of the Penn Treebank (all 45 occur in the WSJ sample): the
+# leaves of a linearized tree (`token_kind`).
+PTB_TAGS = frozenset(
+    "# $ '' , -LRB- -RRB- . : CC CD DT EX FW IN JJ JJR JJS LS MD NN NNP NNPS NNS PDT POS "
+    "PRP PRP$ RB RBR RBS RP SYM TO UH VB VBD VBG VBN VBP VBZ WDT WP WP$ WRB ``".split())
 _TOKEN = re.compile(r"\(|\)|[^\s()]+")
 # Output tokens: "(LABEL", ")" (a label glued to it, as in ")NP", is ignored), or a tag;
 # brackets split tokens even without a space ("NN)" is "NN" then ")").
@@ -372,3 +377,18 @@ def _keep_leaves(forest: List[Tree], n: int) -> List[Tree]:
     return Tree(node.label, children) if children else None
 
   return [t for t in (cut(item) for item in forest) if t is not None]
+
+
+def token_kind(token: str) -> Optional[str]:
+  """What a whole output token is in a linearized tree: "open" (`(NP`), "close" (`)`),
+  "leaf" (a Penn Treebank POS tag), or None (anything else, e.g. a word).
+
+  Used by tree-constrained decoding (`t2t_keras.decoding.TreeConstraint`).
+  """
+  if token == CLOSE:
+    return "close"
+  if len(token) > 1 and token[0] == "(" and not re.search(r"[\s()]", token[1:]):
+    return "open"
+  if token in PTB_TAGS:
+    return "leaf"
+  return None

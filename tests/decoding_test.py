@@ -158,3 +158,102 @@ def test_exact_match_counts_sequences(model):
   wrong = dict(batch, targets=np.where(batch["targets"] == EOS_ID, PAD_ID, 5))
   accuracy, _, _ = decoding.exact_match(model, tf.data.Dataset.from_tensors(wrong), config)
   assert accuracy < 1.0
+
+
+# A parsing vocabulary for the V=30 model: tree tokens, word-start and inner pieces.
+TREE_PIECES = (["<pad>", "</s>", "<unk>", "<s>", "\u2581(S", "\u2581(NP", "\u2581(VP",
+                "\u2581)", "\u2581NN", "\u2581DT", "\u2581VB"]
+               + [f"\u2581w{i}" for i in range(11, 20)] + [f"p{i}" for i in range(20, V)])
+
+
+def check_tree(out, words, constraint):
+  """`out` (ids) is one linearized tree with exactly `words` leaves, then EOS."""
+  kinds = constraint.kinds.numpy()
+  out = list(out)
+  assert EOS_ID in out, out
+  body = out[:out.index(EOS_ID)]
+  if words == 0:
+    assert body == []
+    return
+  depth = leaves = 0
+  for n, token in enumerate(body):
+    kind = kinds[token]
+    assert kind in (constraint.OPEN, constraint.CLOSE, constraint.LEAF), body
+    assert n == 0 or depth > 0, body  # one root, nothing after it
+    if kind == constraint.OPEN:
+      depth += 1
+    elif kind == constraint.CLOSE:
+      assert kinds[body[n - 1]] != constraint.OPEN, body  # no empty constituent
+      depth -= 1
+    else:
+      assert depth > 0, body
+      leaves += 1
+  assert kinds[body[0]] == constraint.OPEN and depth == 0 and leaves == words, body
+
+
+@pytest.mark.parametrize("beam,extra", [(1, 2), (3, 2), (3, 6)])
+def test_tree_constrained_decoding_writes_valid_trees_in_every_layout(model, beam, extra,
+                                                                      monkeypatch):
+  # An untrained model left alone writes anything; constrained, every beam of every
+  # sentence must be a tree over exactly its words, even at the tightest length limit
+  # (extra 2), and the in-place XLA layout must agree with the reordered one.
+  monkeypatch.setattr(decoding, "MAX_SLOTTED_BEAM", 4)
+  constraint = decoding.TreeConstraint(TREE_PIECES)
+  rng = np.random.default_rng(5)
+  inputs = sources(rng, [6, 3, 9, 12, 2])
+  inputs[4, 0] = 25  # a sentence of one inner piece: no words, so EOS at once
+  words = constraint.count_words(inputs).numpy()
+  assert words[4] == 0 and words.min() >= 0 and words.max() > 3
+  config = DecodeConfig(beam_size=beam, alpha=0.6, extra_decode_length=extra)
+  free_ids, _ = decoding.decode_ids(model, inputs, config)
+  ids, scores = decoding.decode_ids(model, inputs, config, tree_constraint=constraint)
+  ids = ids.numpy().reshape(len(inputs), beam, -1)
+  live = scores.numpy() > bs.NEG_INF / 1e3  # a sentence may have < K possible trees
+  assert np.all(live[:, 0]) and np.all(live[:4])
+  for b in range(len(inputs)):
+    for k in range(beam):
+      if live[b, k]:
+        check_tree(ids[b, k], words[b], constraint)
+  assert not np.array_equal(free_ids.numpy().reshape(ids.shape), ids)  # it constrained
+  if beam > 1:
+    compiled = tf.function(lambda x: decoding.decode_ids(
+        model, x, config, in_place_cache=True, tree_constraint=constraint),
+                           jit_compile=True)
+    xla_ids, xla_scores = compiled(tf.constant(inputs))
+    np.testing.assert_array_equal(xla_ids.numpy(), ids)
+    np.testing.assert_allclose(xla_scores.numpy(), scores.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_tree_constraint_needs_a_parsing_vocabulary():
+  with pytest.raises(ValueError, match="open, close, leaf.*data_source=parsing"):
+    decoding.TreeConstraint(["<pad>", "</s>", "<unk>", "<s>", "\u2581the", "\u2581cat"])
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_tree_constraint_holds_against_a_decoder_that_wants_to_stop(beam):
+  # A stand-in decoder that prefers `)` and EOS above all (random logits otherwise):
+  # the constraint must still give every sentence its root and all of its leaves.
+  constraint = decoding.TreeConstraint(TREE_PIECES)
+  words = tf.constant([1, 4, 7])
+  limits = words + 3 + 2  # the tightest limit decode_ids can give (extra length 2)
+  bias = np.zeros(V, np.float32)
+  bias[[EOS_ID, 7]] = 8.0
+
+  def fn(ids, index, state):
+    noise = tf.random.stateless_normal([tf.shape(ids)[0], V], seed=tf.stack([index, 7]))
+    return noise * 2.0 + bias, state
+
+  rows = 3 * beam
+  tiled = (lambda t: bs.tile_beams(t, beam)) if beam > 1 else (lambda t: t)
+  step = decoding.force_eos_at(constraint.wrap(fn, tiled(words), tiled(limits)),
+                               tiled(limits))
+  state = (tf.zeros([rows, 1]), tf.zeros([rows, 2], tf.int32))
+  start = tf.fill([3], BOS_ID)
+  length = int(tf.reduce_max(limits))
+  if beam == 1:
+    ids, _ = bs.greedy_search(step, start, state, length)  # (B, 1, L)
+  else:
+    ids, scores = bs.beam_search(step, start, state, beam, length, alpha=0.3)
+    assert np.all(scores.numpy()[:, 0] > bs.NEG_INF / 1e3)
+  for b, n in enumerate(words.numpy()):
+    check_tree(ids.numpy()[b, 0], n, constraint)

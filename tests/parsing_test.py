@@ -490,6 +490,17 @@ def test_parsing_recipe_trains_decodes_and_scores(ptb, tmp_path):
   repaired = int(re.search(r"repaired: (\d+) of 3", scored.stdout).group(1))
   assert 0 <= repaired <= 3  # an untrained model's output, repaired where needed
 
+  # The same untrained model, decoding constrained to trees: nothing left to repair.
+  decoded = subprocess.run(
+      [sys.executable, "-m", "t2t_keras.decode", "--flagfile=flags/parsing_ptb_sample.cfg",
+       f"--model_dir={model_dir}", f"--input_file={sources}", f"--output_file={hyps}",
+       "--beam_size=2", "--extra_decode_length=5", "--constrain_trees"], cwd=REPO_ROOT,
+      capture_output=True, text=True, env=ENV, timeout=600, check=False)
+  assert decoded.returncode == 0, decoded.stderr[-3000:]
+  scored = evaluate(f"--hypotheses={hyps}", f"--references={gold}", f"--sources={sources}")
+  assert scored.returncode == 0, scored.stderr[-2000:]
+  assert "repaired: 0 of 3 hypotheses" in scored.stdout, scored.stdout
+
 
 def test_flagfiles_follow_the_paper_and_fit_the_sample():
   from absl import flags  # pylint: disable=import-outside-toplevel
