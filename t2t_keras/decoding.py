@@ -9,7 +9,9 @@ XLA) and beams up to `MAX_SLOTTED_BEAM`, the cache instead keeps a slot per beam
 place and beam search reorders a small table of which slot holds each position of
 each hypothesis.
 Beam size 1 is greedy (arg-max) decoding; larger beams use `beam_search.beam_search`.
-The same function is traced into the exported SavedModel.
+The same function is traced into the exported SavedModel. For parsing models,
+`TreeConstraint` restricts the search to valid trees over the source's words (decode
+CLI `--constrain_trees`; exports decode freely).
 
 Output length: each sentence may produce at most its own source length (EOS
 included) + extra_decode_length tokens, as in the paper (input length + 50); at that
@@ -162,7 +164,8 @@ class TreeConstraint:
 
   Words are counted as the source pieces that start a word (SentencePiece's "▁"), so
   the constraint needs the tokenizer's vocabulary and whole-token tree pieces (the
-  parsing vocabulary: t2t_keras.data.tokenizer).
+  parsing vocabulary: t2t_keras.data.tokenizer). Leaves are the Penn Treebank's 45 POS
+  tags (`parsing.PTB_TAGS`); a treebank with another tagset needs that set extended.
   """
 
   OTHER, OPEN, CLOSE, LEAF, END = range(5)
