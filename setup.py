@@ -17,6 +17,9 @@ setup(
         "tensorflow-text>=2.21,<2.22",
         "keras>=3.15",
         "tensorflow-datasets>=4.9",
+        # tensorflow-datasets 4.9.10 imports importlib_resources when it prepares a
+        # dataset (core/dataset_builder.py) but declares it only for Python < 3.9.
+        "importlib_resources>=5",
         "sacrebleu>=2.4",
         "absl-py>=2.1",
         "sentencepiece>=0.2",
