@@ -19,9 +19,13 @@ from __future__ import annotations
 
 import sys
 
-from absl import app
-from absl import flags
-from absl import logging
+from t2t_keras import console
+
+console.quiet_tensorflow()  # before TensorFlow is imported
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+from absl import logging  # noqa: E402
 
 from t2t_keras import flags as t2t_flags
 
@@ -119,6 +123,7 @@ def run() -> None:
 
 
 def main(argv):
+  console.setup_logging()
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
   if not FLAGS.model_dir:

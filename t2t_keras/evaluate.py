@@ -30,9 +30,13 @@ from __future__ import annotations
 
 import sys
 
-from absl import app
-from absl import flags
-from absl import logging
+from t2t_keras import console
+
+console.quiet_tensorflow(import_now=False)  # TensorFlow only for remote paths
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+from absl import logging  # noqa: E402
 
 flags.DEFINE_string("hypotheses", None, "System output, one segment per line (UTF-8).")
 flags.DEFINE_multi_string("references", None,
@@ -156,6 +160,7 @@ def _first_difference(words: list, expected: list) -> str:
 
 
 def main(argv):
+  console.setup_logging()
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
   if (FLAGS.sources or FLAGS.output_trees) and FLAGS.task != "parsing":

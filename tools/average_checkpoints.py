@@ -16,6 +16,10 @@ from absl import app, flags, logging
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from t2t_keras import console  # noqa: E402
+
+console.quiet_tensorflow()  # before TensorFlow is imported
+
 flags.DEFINE_string("model_dir", None, "The training directory holding ckpt-<step> files.")
 flags.DEFINE_string("output_dir", None,
                     "Where the averaged checkpoint, config.json and vocabulary go.")
@@ -27,6 +31,7 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
+  console.setup_logging()
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
   # pylint: disable=import-outside-toplevel

@@ -17,6 +17,10 @@ from absl import app, flags, logging
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from t2t_keras import console  # noqa: E402
+
+console.quiet_tensorflow()  # before TensorFlow is imported
+
 from t2t_keras import flags as t2t_flags  # noqa: E402
 from t2t_keras.data import DataError, build_vocab, make_datasets  # noqa: E402
 
@@ -30,6 +34,7 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
+  console.setup_logging()
   del argv
   try:
     _build(t2t_flags.data_config())

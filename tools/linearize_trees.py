@@ -20,6 +20,10 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from t2t_keras import console  # noqa: E402
+
+console.quiet_tensorflow()  # before TensorFlow is imported
+
 from t2t_keras import parsing  # noqa: E402
 
 flags.DEFINE_string("trees", None, "Bracketed trees (.mrg), one per line or spanning lines.")
@@ -30,6 +34,7 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
+  console.setup_logging()
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
   if not (FLAGS.sentences or FLAGS.linearized):

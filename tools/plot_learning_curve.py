@@ -19,6 +19,10 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from t2t_keras import console  # noqa: E402
+
+console.quiet_tensorflow()  # before TensorFlow is imported
+
 flags.DEFINE_list("model_dir", None, "Training directories (comma-separated).")
 flags.DEFINE_list("labels", None, "A legend label per --model_dir (default: its name).")
 flags.DEFINE_string("output", None, "The PNG to write.")
@@ -30,6 +34,7 @@ FLAGS = flags.FLAGS
 from t2t_keras.learning_curves import plot, read_scalars  # noqa: E402
 
 def main(argv):
+  console.setup_logging()
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
   labels = FLAGS.labels or [os.path.basename(os.path.normpath(d)) for d in FLAGS.model_dir]

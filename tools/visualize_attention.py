@@ -15,6 +15,10 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from t2t_keras import console  # noqa: E402
+
+console.quiet_tensorflow()  # before TensorFlow is imported
+
 from t2t_keras import flags as t2t_flags  # noqa: E402
 
 t2t_flags.define_decode_flags()
@@ -26,6 +30,7 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
+  console.setup_logging()
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
   if not FLAGS.model_dir or FLAGS.sentence is None:

@@ -1,0 +1,92 @@
+"""What a person sees in the terminal when running an entry point.
+
+By default: this project's progress lines, results, its own log lines (data statistics,
+checkpoints) as plain text, and warnings from anywhere. Hidden: TensorFlow's C++ log
+lines (a cuInit failure on every CPU-only machine, oneDNN notes, CPU feature notes) and
+the INFO chatter of TensorFlow, Keras, matplotlib and tensorflow-datasets ("Sharding
+callback duration", 2,000-character signature messages per export). `--verbosity=0`
+(or higher) on the command line brings all of it back, in absl's usual format;
+`TF_CPP_MIN_LOG_LEVEL` set in the environment is always respected.
+
+Entry points call `quiet_tensorflow()` before TensorFlow is imported (the C++ level is
+read once, at import) and `setup_logging()` once flags are parsed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+from typing import Optional, Sequence
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_REPO_DIR = os.path.dirname(_PACKAGE_DIR)
+_OWN_DIRS = tuple(os.path.join(_REPO_DIR, d) + os.sep for d in ("t2t_keras", "tools"))
+
+
+def _verbosity_requested(argv: Sequence[str]) -> bool:
+  return any(arg.split("=")[0] in ("--verbosity", "-v", "--v") for arg in argv[1:])
+
+
+def quiet_tensorflow(argv: Optional[Sequence[str]] = None, import_now: bool = True) -> None:
+  """Hides TensorFlow's C++ log lines unless asked for (call before importing TF).
+
+  TF_CPP_MIN_LOG_LEVEL governs the lines after TensorFlow's logging is initialised;
+  the lines written while `import tensorflow` runs (oneDNN and CUDA-stub notes, each
+  printed twice) ignore it, so with `import_now` TensorFlow is imported here with the
+  process's stderr set aside, and what it wrote is shown only if the import fails.
+  """
+  argv = sys.argv if argv is None else argv
+  if "TF_CPP_MIN_LOG_LEVEL" in os.environ or _verbosity_requested(argv):
+    return
+  os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+  if not import_now or "tensorflow" in sys.modules:
+    return
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as captured:
+    os.dup2(captured.fileno(), 2)
+    try:
+      import tensorflow  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    except BaseException:
+      os.dup2(saved, 2)
+      captured.seek(0)
+      sys.stderr.write(captured.read().decode("utf-8", "replace"))
+      raise
+    finally:
+      os.dup2(saved, 2)
+      os.close(saved)
+
+
+class _OwnInfoOnly(logging.Filter):
+  """Lets through this project's INFO lines and everyone's warnings and errors."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING or record.pathname.startswith(_OWN_DIRS)
+
+
+class _PlainFormatter(logging.Formatter):
+  """INFO as the bare message; warnings and errors prefixed with their level."""
+
+  def format(self, record: logging.LogRecord) -> str:
+    message = record.getMessage()
+    if record.exc_info:
+      message += "\n" + self.formatException(record.exc_info)
+    if record.levelno >= logging.ERROR:
+      return f"error: {message}"
+    if record.levelno >= logging.WARNING:
+      return f"warning: {message}"
+    return message
+
+
+def setup_logging(argv: Optional[Sequence[str]] = None) -> None:
+  """Plain, filtered log lines unless --verbosity was given (call after flag parsing)."""
+  from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
+  argv = sys.argv if argv is None else argv
+  if _verbosity_requested(argv):
+    return
+  handler = absl_logging.get_absl_handler()
+  handler.setFormatter(_PlainFormatter())
+  if not any(isinstance(f, _OwnInfoOnly) for f in handler.filters):
+    handler.addFilter(_OwnInfoOnly())
