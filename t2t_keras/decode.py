@@ -78,9 +78,13 @@ def run() -> None:
 
   from t2t_keras import decoding, inference
   from t2t_keras.data.sources import DataError
+  from t2t_keras.training import checkpoints
 
   tf.get_logger().setLevel("WARNING")
   decode_config = t2t_flags.decode_config()
+  for warning in t2t_flags.check_inference_flags(
+      sys.argv, checkpoints.load_model_config(FLAGS.model_dir), "decode"):
+    logging.warning(warning)
   loaded = inference.load(FLAGS.model_dir, FLAGS.checkpoint_path, FLAGS.average_last_n,
                           FLAGS.decode_dtype)
   sentences = read_lines(FLAGS.input_file, "--input_file")
@@ -131,7 +135,7 @@ def main(argv):
   from t2t_keras.errors import USER_ERRORS  # pylint: disable=import-outside-toplevel
   try:
     run()
-  except USER_ERRORS as error:
+  except (*USER_ERRORS, flags.ValidationError) as error:
     logging.debug("user error", exc_info=True)
     print(f"error: {error}", file=sys.stderr)
     sys.exit(1)

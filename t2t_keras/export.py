@@ -42,11 +42,16 @@ def main(argv):
   from t2t_keras import serving
   from t2t_keras.errors import USER_ERRORS
   tf.get_logger().setLevel("ERROR")
+  from t2t_keras.training import checkpoints
   try:
+    for warning in t2t_flags.check_inference_flags(
+        sys.argv, checkpoints.load_model_config(FLAGS.model_dir), "export",
+        reads=("export_dir",)):
+      logging.warning(warning)
     path = serving.export_model_dir(FLAGS.model_dir, export_dir, t2t_flags.decode_config(),
                             FLAGS.max_input_length, FLAGS.checkpoint_path,
                             FLAGS.average_last_n, FLAGS.export_version)
-  except (*USER_ERRORS, FileExistsError) as error:
+  except (*USER_ERRORS, FileExistsError, flags.ValidationError) as error:
     logging.debug("user error", exc_info=True)
     print(f"error: {error}", file=sys.stderr)
     sys.exit(1)

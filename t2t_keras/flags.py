@@ -12,6 +12,7 @@ resolve from the current directory: run the commands from the repository root.
 from __future__ import annotations
 
 import functools
+import itertools
 
 from absl import flags
 
@@ -342,3 +343,125 @@ def decode_config(fv=FLAGS) -> DecodeConfig:
                       extra_decode_length=fv.extra_decode_length,
                       return_beams=fv.return_beams, batch_size=fv.decode_batch_size,
                       jit_compile=fv.decode_jit_compile)
+
+
+# ------------------------------------------------------------ flags a run does not use
+_MODEL_FLAGS = ("vocab_size", "hidden_size", "filter_size", "num_heads", "num_hidden_layers",
+                "num_encoder_layers", "num_decoder_layers", "key_size", "value_size",
+                "layer_prepostprocess_dropout", "attention_dropout", "relu_dropout",
+                "position_embedding", "max_position", "pre_norm", "norm_epsilon",
+                "shared_embeddings", "dtype")
+_DECODE_FLAGS = ("beam_size", "alpha", "extra_decode_length", "return_beams",
+                 "decode_batch_size", "decode_jit_compile", "max_input_length")
+# Data flags each --data_source reads (the others are ignored by it).
+_SOURCE_FLAGS = {
+    "files": ("train_src", "train_tgt", "dev_src", "dev_tgt"),
+    "parsing": ("train_src", "dev_src"),
+    "tfds": ("tfds_name", "tfds_data_dir", "source_lang", "target_lang"),
+    "synthetic": ("synthetic_task", "synthetic_min_length", "synthetic_max_length",
+                  "synthetic_vocab_size", "synthetic_train_size", "synthetic_eval_size"),
+}
+_TEXT_ONLY_FLAGS = ("vocab_size", "vocab_type", "vocab_file", "vocab_sample_sentences",
+                    "data_dir", "skip_invalid_utf8")
+
+
+def command_line_flags(argv, fv=FLAGS) -> list:
+  """Names of the flags typed on the command line itself, not read from a flagfile.
+
+  Flagfile values may pass silently when a command does not use them (one recipe
+  serves train, decode and export); a flag typed for this command must not.
+  """
+  names = []
+  for arg in argv[1:]:
+    if not arg.startswith("-") or arg in ("-", "--"):
+      continue
+    name = arg.lstrip("-").split("=", 1)[0]
+    if name not in fv and name.startswith("no") and name[2:] in fv:
+      name = name[2:]
+    if name in fv and name != "flagfile" and name not in names:
+      names.append(name)
+  return names
+
+
+def _value(fv, name) -> str:
+  value = fv[name].value
+  return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def check_train_flags(argv, fv=FLAGS) -> None:
+  """Refuses flags typed for `train` that this run would silently ignore.
+
+  Raises:
+    flags.ValidationError: naming each such flag, why it is unused and what to do.
+  """
+  source = fv.data_source
+  ignored = set(itertools.chain.from_iterable(
+      names for kind, names in _SOURCE_FLAGS.items() if kind != source))
+  ignored -= set(_SOURCE_FLAGS.get(source, ()))
+  if source == "synthetic":
+    ignored |= set(_TEXT_ONLY_FLAGS)
+  if fv.strategy != "tpu":
+    ignored.add("tpu")
+  problems = []
+  for name in command_line_flags(argv, fv):
+    if name in ignored:
+      reads = ", ".join(f"--{n}" for n in _SOURCE_FLAGS.get(source, ()))
+      if name == "tpu":
+        problems.append(f"--tpu is set but --strategy={fv.strategy} does not use it: "
+                        "add --strategy=tpu, or drop --tpu")
+      else:
+        problems.append(
+            f"--{name}={_value(fv, name)} is set but --data_source={source} does not "
+            f"read it (it reads {reads or 'no file flags'}"
+            f"{'; its vocabulary is its symbols' if source == 'synthetic' else ''}): "
+            f"{_fix_for(name)}, or drop --{name}")
+  if problems:
+    raise flags.ValidationError("; ".join(problems) + ".")
+
+
+def _fix_for(name: str) -> str:
+  for kind, names in _SOURCE_FLAGS.items():
+    if name in names:
+      return f"add --data_source={kind} to use it"
+  return "add --data_source=files (or tfds) to train on text"
+
+
+def check_inference_flags(argv, saved_model, command: str, reads=(), fv=FLAGS) -> list:
+  """Checks flags typed for decode/export against the model directory.
+
+  Model flags must agree with the model's config.json (its shape is fixed by training);
+  other flags the command does not read are returned for a one-line warning each.
+
+  Args:
+    argv: the command line.
+    saved_model: the ModelConfig of the model directory.
+    command: "decode" or "export", for messages.
+    reads: the shared flags (of this module) the command reads besides the decoding
+      flags and --model_dir; flags the command defines itself are always read.
+    fv: the FlagValues.
+
+  Returns:
+    Warnings for flags that are set but unused.
+
+  Raises:
+    flags.ValidationError: naming each model flag that disagrees with config.json.
+  """
+  used = set(_DECODE_FLAGS) | {"model_dir"} | set(reads)
+  problems, warnings = [], []
+  for name in command_line_flags(argv, fv):
+    if name in _MODEL_FLAGS:
+      saved = getattr(saved_model, name)
+      if fv[name].value != saved:
+        fix = " (use --decode_dtype to decode in another precision)" if name == "dtype" else ""
+        problems.append(f"--{name}={_value(fv, name)} but the model in --model_dir was "
+                        f"trained with {str(saved).lower() if isinstance(saved, bool) else saved}"
+                        f"{fix}")
+    elif name not in used and fv.find_module_defining_flag(name) == __name__:
+      warnings.append(f"--{name} is not used by {command} (the model directory's "
+                      "config.json and the decoding flags decide): ignored.")
+  if problems:
+    raise flags.ValidationError(
+        "; ".join(problems) + f". {command} builds the model config.json describes; drop "
+        "the model flags from the command line (a recipe flagfile may keep them).")
+  return warnings
+

@@ -118,6 +118,12 @@ def load(model_dir: str, checkpoint_path: Optional[str] = None, average_last_n: 
     if path is None:
       raise checkpoints.CheckpointError(f"{model_dir} holds no checkpoint yet: train first "
                                         "or pass --checkpoint_path.")
+    from t2t_keras.training import averaging  # pylint: disable=import-outside-toplevel
+    averaging.check_matches_model(
+        model, path, f"Pass a checkpoint of the model in --model_dir={model_dir} (its "
+        f"checkpoints: {', '.join(os.path.basename(p) for p in available) or 'none'}), "
+        "or the --model_dir that wrote this one.")
+    # Optimizer slots and counters are not needed to decode: only the model is checked.
     checkpoints.restore(tf.train.Checkpoint(model=model), path, expect_partial=True)
     used = [path]
   logging.info("Loaded %s", ", ".join(used))

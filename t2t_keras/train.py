@@ -129,6 +129,11 @@ def main(argv):
   console.setup_logging()
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
+  try:
+    t2t_flags.check_train_flags(sys.argv)
+  except flags.ValidationError as error:
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(2)
   if FLAGS.dry_run:
     dry_run()
     return

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import re
 import time
 from typing import Callable, Iterable, Iterator, List, Optional, Tuple
 
@@ -195,12 +196,26 @@ def train_sentencepiece(sentences: List[str], vocab_file: str, vocab_size: int,
   logging.info("Training a %s vocabulary of %d pieces on %d sentences -> %s",
                vocab_type, vocab_size, len(sentences), vocab_file)
   model = _ProtoWriter()
-  spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(sentences), model_writer=model, model_type=vocab_type,
-      vocab_size=vocab_size, pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID,
-      bos_id=BOS_ID, hard_vocab_limit=False, character_coverage=1.0,
-      split_by_unicode_script=split_by_unicode_script,
-      num_threads=min(os.cpu_count() or 1, 16), minloglevel=0 if verbose else 2)
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences), model_writer=model, model_type=vocab_type,
+        vocab_size=vocab_size, pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID,
+        bos_id=BOS_ID, hard_vocab_limit=False, character_coverage=1.0,
+        split_by_unicode_script=split_by_unicode_script,
+        num_threads=min(os.cpu_count() or 1, 16), minloglevel=0 if verbose else 2)
+  except RuntimeError as error:
+    # "... Vocabulary size is smaller than required_chars. 20 vs 31. ..."
+    needed = re.search(r"smaller than required_chars\. \d+ vs (\d+)", str(error))
+    if needed:
+      minimum = int(needed.group(1))
+      raise sources.DataError(
+          f"--vocab_size={vocab_size} is too small for {vocab_file}: the training data "
+          f"has {minimum - NUM_RESERVED_IDS} distinct characters, which with the "
+          f"{NUM_RESERVED_IDS} reserved ids need at least {minimum} pieces. Raise "
+          f"--vocab_size to {minimum} or more (subwords need several times that; the "
+          "paper's EN-DE vocabulary has ~37000).") from None
+    raise sources.DataError(f"SentencePiece could not build {vocab_file} from "
+                            f"{len(sentences)} sentences: {str(error)[:300]}") from None
   tmp = f"{vocab_file}.tmp{os.getpid()}"
   with tf.io.gfile.GFile(tmp, "wb") as f:
     f.write(model.proto)

@@ -168,8 +168,12 @@ def _listing(names) -> str:
   return ", ".join(names[:_MAX_NAMES_SHOWN]) + (f" and {more} more" if more > 0 else "")
 
 
+_AVERAGE_FIX = "Average only checkpoints of one training run (one --model_dir)."
+
+
 def _check_same_variables(path: str, entries: Dict[str, _Entry],
-                          ref_shapes: Dict[str, tuple], ref_what: str) -> None:
+                          ref_shapes: Dict[str, tuple], ref_what: str,
+                          fix: str = _AVERAGE_FIX) -> None:
   """Refuses a checkpoint whose model variables or shapes differ from the reference."""
   missing, extra = set(ref_shapes) - set(entries), set(entries) - set(ref_shapes)
   if missing or extra:
@@ -181,14 +185,12 @@ def _check_same_variables(path: str, entries: Dict[str, _Entry],
       parts.append(f"has {len(extra)} variable(s) that {ref_what} lacks: "
                    f"{_listing(extra)}")
     raise CheckpointError(f"checkpoint {path} belongs to another model: it "
-                          + "; it ".join(parts) + ". Average only checkpoints of one "
-                          "training run (one --model_dir).")
+                          + "; it ".join(parts) + ". " + fix)
   for name, entry in entries.items():
     if entry.shape != tuple(ref_shapes[name]):
       raise CheckpointError(
           f"checkpoint {path} belongs to another model: variable {name} has shape "
-          f"{entry.shape} there but {tuple(ref_shapes[name])} in {ref_what}. Average only "
-          "checkpoints of one training run (one --model_dir).")
+          f"{entry.shape} there but {tuple(ref_shapes[name])} in {ref_what}. " + fix)
 
 
 # ---------------------------------------------------------------- averaging
@@ -272,6 +274,20 @@ def average_into_model(model, paths: Sequence[str]) -> None:
     variable.assign(means[name].astype(tf.as_dtype(variable.dtype).as_numpy_dtype))
   logging.info("assigned the average of %d checkpoint(s) to %d variables", len(paths),
                len(variables))
+
+
+def check_matches_model(model, path: str, fix: str) -> None:
+  """Refuses a checkpoint whose model variables or shapes differ from a built model's.
+
+  `tf.train.Checkpoint.restore(...).expect_partial()` would leave a variable the
+  checkpoint lacks at its random initial value without a word; this names it.
+
+  Raises:
+    CheckpointError: naming the checkpoint, the variables and shapes, and `fix`.
+  """
+  shapes = {name: tuple(v.shape) for name, v in _live_variables(model).items()}
+  entries = _model_entries(path, _reader(path))
+  _check_same_variables(path, entries, shapes, "the model built from config.json", fix)
 
 
 def write_averaged(model_dir: str, output_dir: str, last_n: int,

@@ -1,0 +1,203 @@
+"""What users type that the code must not misread (issue: the user's path).
+
+Every flag a message or a document names exists; a flag typed for a run that would
+ignore it is refused or named; decode and export refuse model flags that disagree with
+the model directory; a checkpoint of another model is refused, not half-restored; a
+vocabulary too small for the corpus's characters says which flag to raise and to what.
+"""
+
+import ast
+import glob
+import os
+import re
+import subprocess
+import sys
+
+import keras
+import pytest
+import tensorflow as tf
+from absl import flags
+
+from t2t_keras import flags as t2t_flags
+from t2t_keras import inference
+from t2t_keras.configs import ModelConfig
+from t2t_keras.data import sources
+from t2t_keras.data import tokenizer as tokenizer_lib
+from t2t_keras.model import create_model
+from t2t_keras.training import checkpoints
+from tests.conftest import REPO_ROOT
+
+# Flags of other programs that the documents and messages name on purpose.
+OTHER_PROGRAMS = {
+    "flagfile", "verbosity", "v",  # absl's own
+    "port", "rest_api_port", "model_name", "model_base_path", "model_config_file",
+    "enable_batching", "batching_parameters_file", "file_system_poll_wait_seconds",
+    "tensorflow_session_parallelism",  # tensorflow_model_server
+    "dir", "all", "tag_set", "signature_def", "input_exprs",  # saved_model_cli
+    "logdir",  # tensorboard
+    "mode", "ffn_dropout",  # bench/peers (OpenNMT-tf's names)
+}
+_FLAG_NAME = re.compile(r"(?<![\w-])--([a-z][a-z0-9_]*)")
+
+
+def _defined_flags():
+  names = set()
+  for path in glob.glob(os.path.join(REPO_ROOT, "**", "*.py"), recursive=True):
+    if "/.venv/" in path:
+      continue
+    with open(path, encoding="utf-8") as f:
+      text = f.read()
+    names |= set(re.findall(r"DEFINE_\w+\(\s*[\"'](\w+)[\"']", text))
+    names |= set(re.findall(r"(?:add_argument|add)\(\s*[\"']--(\w+)[\"']", text))
+  return names
+
+
+def _unknown(names, defined):
+  return {n for n in names if n not in defined and n not in OTHER_PROGRAMS
+          and not (n.startswith("no") and n[2:] in defined)}
+
+
+def test_every_flag_named_in_code_and_documents_exists():
+  defined = _defined_flags()
+  assert {"data_source", "model_dir", "vocab_size", "tfds_data_dir"} <= defined
+  bad = []
+  for pattern in ("t2t_keras/**/*.py", "tools/*.py", "bench/**/*.py"):
+    for path in glob.glob(os.path.join(REPO_ROOT, pattern), recursive=True):
+      with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+      for node in ast.walk(tree):  # every string literal: messages, help, docstrings
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+          for name in _unknown(_FLAG_NAME.findall(node.value), defined):
+            bad.append(f"{os.path.relpath(path, REPO_ROOT)}:{node.lineno}: --{name}")
+  for pattern in ("*.md", "flags/*.cfg"):
+    for path in glob.glob(os.path.join(REPO_ROOT, pattern)):
+      with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+          for name in _unknown(_FLAG_NAME.findall(line), defined):
+            bad.append(f"{os.path.relpath(path, REPO_ROOT)}:{number}: --{name}")
+  assert not bad, "flags that do not exist:\n" + "\n".join(bad)
+  # The check can fail: the old message's flag is not a flag.
+  assert _unknown(["source"], defined) == {"source"}
+
+
+def _parsed(*args):
+  fv = flags.FlagValues()
+  t2t_flags.define_all(fv)
+  argv = ["train", *args]
+  cwd = os.getcwd()
+  os.chdir(REPO_ROOT)  # flagfile paths resolve from the repository root
+  try:
+    fv(argv)
+  finally:
+    os.chdir(cwd)
+  return argv, fv
+
+
+def test_flags_typed_for_another_data_source_are_refused():
+  argv, fv = _parsed("--flagfile=flags/demo.cfg", "--train_src=a.en", "--train_tgt=a.de")
+  assert t2t_flags.command_line_flags(argv, fv) == ["train_src", "train_tgt"]
+  with pytest.raises(flags.ValidationError) as error:
+    t2t_flags.check_train_flags(argv, fv)
+  message = str(error.value)
+  assert "--train_src=a.en is set but --data_source=synthetic does not read it" in message
+  assert "--train_tgt=a.de" in message and "add --data_source=files" in message
+  # Switching the source on the command line is what the user meant: the preset's
+  # synthetic flags came from the flagfile and pass silently.
+  argv, fv = _parsed("--flagfile=flags/demo.cfg", "--data_source=files",
+                     "--train_src=a.en", "--train_tgt=a.de")
+  t2t_flags.check_train_flags(argv, fv)
+  argv, fv = _parsed("--flagfile=flags/base_en_de.cfg", "--synthetic_task=copy",
+                     "--tpu=local", "--nopre_norm")
+  with pytest.raises(flags.ValidationError, match=r"--synthetic_task=copy .* "
+                     r"--data_source=tfds .* add --data_source=synthetic.*--tpu is set"):
+    t2t_flags.check_train_flags(argv, fv)
+
+
+def test_train_cli_refuses_ignored_files(tmp_path):
+  result = subprocess.run(
+      [sys.executable, "-m", "t2t_keras.train", "--flagfile=flags/tiny.cfg",
+       f"--model_dir={tmp_path / 'm'}", "--train_src=x.en", "--train_tgt=x.de"],
+      cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert result.stderr.startswith("error: --train_src=x.en is set but "
+                                  "--data_source=synthetic does not read it")
+  assert not (tmp_path / "m").exists()
+
+
+def _decode(model_dir, *args, flagfile=None, tmp_path=None):
+  source = tmp_path / "src.txt"
+  source.write_text("a small dog runs\n", encoding="utf-8")
+  command = [sys.executable, "-m", "t2t_keras.decode", f"--model_dir={model_dir}",
+             f"--input_file={source}", "--beam_size=1", "--extra_decode_length=2", *args]
+  if flagfile:
+    command.insert(3, f"--flagfile={flagfile}")
+  return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True,
+                        timeout=300, check=False)
+
+
+def test_decode_refuses_model_flags_that_disagree(tiny_model_dir, tmp_path):
+  saved = checkpoints.load_model_config(tiny_model_dir)
+  result = _decode(tiny_model_dir, "--hidden_size=64", "--nopre_norm",
+                   "--learning_rate=3", tmp_path=tmp_path)
+  assert result.returncode == 1, result.stderr[-2000:]
+  assert (f"error: --hidden_size=64 but the model in --model_dir was trained with "
+          f"{saved.hidden_size}") in result.stderr
+  assert "--pre_norm" not in result.stderr  # agrees with config.json (post-norm)
+  assert "Traceback" not in result.stderr
+  # Agreeing model flags pass; a flag decode does not read gets a one-line warning; a
+  # recipe flagfile shared with training may hold anything.
+  recipe = tmp_path / "recipe.cfg"
+  recipe.write_text("--hidden_size=999\n--learning_rate=5\n", encoding="utf-8")
+  result = _decode(tiny_model_dir, f"--hidden_size={saved.hidden_size}",
+                   "--learning_rate=3", flagfile=recipe, tmp_path=tmp_path)
+  assert result.returncode == 0, result.stderr[-2000:]
+  warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+  assert warnings == ["warning: --learning_rate is not used by decode (the model "
+                      "directory's config.json and the decoding flags decide): ignored."]
+  assert len(result.stdout.splitlines()) == 1
+
+
+@pytest.mark.parametrize("changes,expected", [
+    ({"filter_size": 48}, r"variable model/.*kernel has shape \(16, 48\) there but "
+                          r"\(16, 32\) in the model built from config.json"),
+    ({"num_hidden_layers": 1}, r"it lacks \d+ variable\(s\) that the model built from "
+                               r"config.json has: model/decoder.*layer"),
+])
+def test_checkpoint_of_another_model_is_refused(tiny_model_dir, tmp_path, changes,
+                                                expected):
+  saved = checkpoints.load_model_config(tiny_model_dir)
+  other = ModelConfig(**{**saved.__dict__, **changes})
+  keras.utils.set_random_seed(1)
+  prefix = tf.train.CheckpointManager(tf.train.Checkpoint(model=create_model(other)),
+                                      str(tmp_path / "other"), 1).save(3)
+  with pytest.raises(checkpoints.CheckpointError, match=expected) as error:
+    inference.load(tiny_model_dir, checkpoint_path=prefix)
+  assert prefix in str(error.value) and "ckpt-7" in str(error.value)
+  # The model's own checkpoint still loads.
+  assert inference.load(tiny_model_dir).checkpoints[0].endswith("ckpt-7")
+
+
+def test_vocabulary_smaller_than_the_characters_names_the_flag(tmp_path):
+  src, tgt = tmp_path / "train.en", tmp_path / "train.de"
+  src.write_text("".join(f"the quick brown fox jumps {i}\n" for i in range(50)),
+                 encoding="utf-8")
+  tgt.write_text("".join(f"über den faulen hund {i}\n" for i in range(50)),
+                 encoding="utf-8")
+  result = subprocess.run(
+      [sys.executable, "-m", "t2t_keras.train", "--flagfile=flags/tiny.cfg",
+       "--data_source=files", f"--train_src={src}", f"--train_tgt={tgt}",
+       "--vocab_size=20", f"--model_dir={tmp_path / 'm'}", "--train_steps=1"],
+      cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 1, result.stderr[-2000:]
+  match = re.search(r"error: --vocab_size=20 is too small for \S+: the training data has "
+                    r"(\d+) distinct characters, which with the 4 reserved ids need at "
+                    r"least (\d+) pieces\. Raise --vocab_size to \2 or more", result.stderr)
+  assert match, result.stderr[-2000:]
+  assert "Traceback" not in result.stderr and "RuntimeError" not in result.stderr
+  minimum = int(match.group(2))
+  sentences = [line for path in (src, tgt) for line in
+               path.read_text(encoding="utf-8").splitlines()]
+  # The advice works: the suggested size builds; one less does not.
+  tokenizer_lib.train_sentencepiece(sentences, str(tmp_path / "ok.model"), minimum)
+  with pytest.raises(sources.DataError, match=f"least {minimum} pieces"):
+    tokenizer_lib.train_sentencepiece(sentences, str(tmp_path / "no.model"), minimum - 1)
