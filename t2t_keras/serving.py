@@ -9,9 +9,11 @@ Signatures:
   serving_default: inputs string [B] -> outputs string [B] (best translation),
     scores float32 [B]; with return_beams also beams string [B, K] and beam_scores
     float32 [B, K].
-  translate_ids: input_ids int32 [B, S] (ids + EOS, PAD 0) -> output_ids int32
-    [B, K, T] (PAD after EOS), scores float32 [B, K]; for clients that tokenize
-    themselves with assets/vocab.model (the vocabulary travels as an asset).
+  translate_ids: input_ids int32 [B, S] (ids + EOS, then any padding) -> output_ids
+    int32 [B, K, T] (PAD after EOS), scores float32 [B, K]; for clients that tokenize
+    themselves with assets/vocab.model (the vocabulary travels as an asset). A row
+    ends at its first EOS: whatever follows is ignored, so TF Serving's batching may
+    pad rows with any value (it pads with the tensor's first element).
 
 Odd requests: invalid UTF-8 bytes become U+FFFD; an empty string translates to
 whatever the model emits for an empty source; sources longer than
@@ -62,6 +64,26 @@ class Translator(tf.Module):
     eos = tf.fill([tf.shape(strings)[0], 1], EOS_ID)
     return tf.concat([tf.cast(tokens, tf.int32), eos], axis=1).to_tensor(PAD_ID)
 
+  def clean_ids(self, input_ids: tf.Tensor) -> tf.Tensor:
+    """Client ids [B, W] -> ids [B, S] ending with EOS, PAD after, at most max_input_length.
+
+    A row ends at its first EOS (or PAD); everything after it is padding, whatever its
+    value: TF Serving's batching (`pad_variable_length_inputs`) pads an int32 input
+    with the tensor's first element, not with 0, so a short request batched with a
+    long one arrives followed by copies of a real token. A row without EOS ends at the
+    width. Rows longer than max_input_length - 1 tokens are cut and EOS re-appended,
+    as the string signature does.
+    """
+    ended = tf.cumsum(tf.cast(tf.logical_or(tf.equal(input_ids, EOS_ID),
+                                            tf.equal(input_ids, PAD_ID)), tf.int32),
+                      axis=1) > 0
+    tokens = tf.where(ended, PAD_ID, input_ids)[:, :self.max_input_length - 1]
+    lengths = tf.reduce_sum(1 - tf.cast(ended, tf.int32), axis=1)
+    lengths = tf.minimum(lengths, self.max_input_length - 1)  # [B]
+    width = tf.reduce_max(tf.concat([lengths, [0]], axis=0)) + 1
+    tokens = tf.pad(tokens, [[0, 0], [0, 1]])[:, :width]  # [B, S]
+    return tokens + tf.one_hot(lengths, width, EOS_ID, PAD_ID, dtype=tf.int32)
+
   def _decode(self, ids):
     ids = ids[:, :self.max_input_length]
     return decoding.decode_ids(self.model, ids, self.config)
@@ -70,7 +92,7 @@ class Translator(tf.Module):
     batch = tf.shape(input_ids)[0]
     input_ids = tf.concat([input_ids, tf.one_hot([0], tf.shape(input_ids)[1], EOS_ID, PAD_ID,
                                                  dtype=tf.int32)], axis=0)
-    output_ids, scores = self._decode(input_ids)
+    output_ids, scores = self._decode(self.clean_ids(input_ids))
     return {"output_ids": output_ids[:batch], "scores": scores[:batch]}
 
   def _serve(self, inputs):

@@ -66,3 +66,31 @@ def _split_cpu(num_devices=2):
 
 
 _split_cpu()
+
+
+class SessionModel:
+  """A SavedModel loaded as tensorflow_model_server loads it.
+
+  The server's C++ loader restores the SavedModel into a TF1 session (running its
+  restore and init ops) and feeds and fetches each signature's tensors by name; the
+  TF2 object loader (`tf.saved_model.load`) takes another path, so serving tests go
+  through this one.
+  """
+
+  def __init__(self, path, tags=("serve",)):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow_text  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    self.graph = tf.Graph()
+    self.session = tf.compat.v1.Session(graph=self.graph)
+    with self.graph.as_default():
+      meta = tf.compat.v1.saved_model.loader.load(self.session, list(tags), path)
+    self.signatures = dict(meta.signature_def)
+
+  def run(self, signature_name="serving_default", **inputs):
+    """Named inputs -> named numpy outputs, through the signature's tensor names."""
+    signature = self.signatures[signature_name]
+    if set(inputs) != set(signature.inputs):
+      raise ValueError(f"inputs {sorted(inputs)} != {sorted(signature.inputs)}")
+    feeds = {signature.inputs[name].name: value for name, value in inputs.items()}
+    fetches = {name: tensor.name for name, tensor in signature.outputs.items()}
+    return self.session.run(fetches, feed_dict=feeds)

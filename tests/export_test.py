@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t2t_keras import inference
+from t2t_keras import EOS_ID, PAD_ID, inference
 from t2t_keras.configs import DataConfig, DecodeConfig, ModelConfig
 from t2t_keras.data import tokenizer as tokenizer_lib
 from t2t_keras.serving import export_model_dir
 from t2t_keras.model import create_model
 from t2t_keras.training import checkpoints
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, SessionModel
 
 DECODE = DecodeConfig(beam_size=2, alpha=0.6, extra_decode_length=5, return_beams=True)
 MAX_INPUT = 24
@@ -51,14 +51,21 @@ def test_versioned_layout_with_vocab_asset(export_path):
 
 SERVE_SCRIPT = r"""
 import json, sys
+import numpy as np
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  registers the SentencePiece ops
-served = tf.saved_model.load(sys.argv[1])
-out = served.signatures["serving_default"](inputs=tf.constant(json.loads(sys.argv[2])))
+# As tensorflow_model_server does: a session, the signature's tensors by name.
+graph = tf.Graph()
+session = tf.compat.v1.Session(graph=graph)
+with graph.as_default():
+  meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], sys.argv[1])
+signature = meta.signature_def["serving_default"]
+out = session.run({k: v.name for k, v in signature.outputs.items()},
+                  {signature.inputs["inputs"].name: np.array(json.loads(sys.argv[2]), object)})
 assert not any(m.startswith("t2t_keras") for m in sys.modules), "t2t_keras was imported"
-print(json.dumps({"outputs": [t.decode() for t in out["outputs"].numpy()],
-                  "scores": out["scores"].numpy().tolist(),
-                  "beams": [[t.decode() for t in row] for row in out["beams"].numpy()]}))
+print(json.dumps({"outputs": [t.decode() for t in out["outputs"]],
+                  "scores": out["scores"].tolist(),
+                  "beams": [[t.decode() for t in row] for row in out["beams"]]}))
 """
 
 
@@ -76,15 +83,51 @@ def test_fresh_process_without_t2t_keras_equals_eager(model_dir, export_path):
                              atol=1e-5)
 
 
-def test_ids_signature_matches_strings(export_path):
-  served = tf.saved_model.load(export_path)
+@pytest.fixture(scope="module")
+def served(export_path):
+  return SessionModel(export_path)
+
+
+def _ids(export_path, sentences):
   vocab = tokenizer_lib.load_tokenizer(os.path.join(export_path, "assets", "vocab.model"))
-  ids = vocab.tokenize(tf.constant(SENTENCES[:2]))
-  ids = tf.concat([ids, tf.ones([2, 1], tf.int32)], axis=1).to_tensor()
-  by_ids = served.signatures["translate_ids"](input_ids=ids)
-  by_text = served.signatures["serving_default"](inputs=tf.constant(SENTENCES[:2]))
+  return [row.numpy().tolist() + [EOS_ID] for row in vocab.tokenize(tf.constant(sentences))], vocab
+
+
+def test_ids_signature_matches_strings(export_path, served):
+  rows, vocab = _ids(export_path, SENTENCES[:2])
+  ids = tf.ragged.constant(rows).to_tensor().numpy()
+  by_ids = served.run("translate_ids", input_ids=ids)
+  by_text = served.run(inputs=np.array(SENTENCES[:2], object))
   np.testing.assert_array_equal(vocab.detokenize(by_ids["output_ids"][:, 0]).numpy(),
-                                by_text["outputs"].numpy())
+                                by_text["outputs"])
+
+
+def test_ids_rows_end_at_their_first_eos_whatever_the_padding(export_path, served):
+  """TF Serving's batching pads int32 inputs with the tensor's first element: the
+  short rows arrive followed by copies of a real token, and must translate as alone."""
+  rows, _ = _ids(export_path, SENTENCES[:5])
+  width = max(map(len, rows)) + 3
+  filler = rows[0][0]
+  assert filler not in (EOS_ID, PAD_ID)
+  batched = np.array([row + [filler] * (width - len(row)) for row in rows], np.int32)
+  together = served.run("translate_ids", input_ids=batched)
+  for i, row in enumerate(rows):
+    alone = served.run("translate_ids", input_ids=np.array([row], np.int32))
+    np.testing.assert_array_equal(
+        together["output_ids"][i, :, :alone["output_ids"].shape[2]], alone["output_ids"][0])
+    assert not together["output_ids"][i, :, alone["output_ids"].shape[2]:].any()
+    np.testing.assert_allclose(together["scores"][i], alone["scores"][0], rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_long_ids_rows_are_cut_with_eos_like_strings(export_path, served):
+  long_sentence = "x " * 40
+  (row,), _ = _ids(export_path, [long_sentence])
+  assert len(row) > MAX_INPUT
+  for ids in (row, row[:-1]):  # with and without the client's EOS
+    by_ids = served.run("translate_ids", input_ids=np.array([ids], np.int32))
+    by_text = served.run(inputs=np.array([long_sentence], object))
+    np.testing.assert_allclose(by_ids["scores"][0, 0], by_text["scores"][0], rtol=1e-5)
 
 
 def graph_ops(export_path):
@@ -133,18 +176,18 @@ def test_saved_model_cli_shows_and_runs(export_path):
     [""], ["w" * 5000], ["a man " * 800], [b"caf\xe9 \xff\xfe ok"], ["a dog"],
     ["the red dog sits"] * 256], ids=["empty", "5000_chars", "5000_chars_words",
                                        "invalid_utf8", "batch_1", "batch_256"])
-def test_odd_requests(export_path, request_):
-  served = tf.saved_model.load(export_path).signatures["serving_default"]
-  out = served(inputs=tf.constant(request_))
+def test_odd_requests(served, request_):
+  out = served.run(inputs=np.array(request_, object))
   assert out["outputs"].shape == (len(request_),)
-  assert np.all(np.isfinite(out["scores"].numpy()))
-  for text in out["outputs"].numpy():
+  assert np.all(np.isfinite(out["scores"]))
+  for text in out["outputs"]:
     text.decode("utf-8")  # valid UTF-8 out, always
   if len(request_) == 256:  # identical inputs, identical outputs
-    assert len(set(out["outputs"].numpy().tolist())) == 1
+    assert len(set(out["outputs"].tolist())) == 1
 
 
-def test_empty_batch(export_path):
-  served = tf.saved_model.load(export_path).signatures["serving_default"]
-  out = served(inputs=tf.constant([], tf.string))
+def test_empty_batch(served):
+  out = served.run(inputs=np.array([], object))
   assert out["outputs"].shape == (0,)
+  ids = served.run("translate_ids", input_ids=np.zeros([0, 3], np.int32))
+  assert ids["output_ids"].shape[0] == 0

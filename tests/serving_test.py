@@ -30,7 +30,7 @@ import tensorflow_text  # noqa: F401  pylint: disable=unused-import  (SentencePi
 
 from t2t_keras.configs import DecodeConfig
 from t2t_keras.serving import export_model_dir
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, SessionModel
 
 grpc = pytest.importorskip("grpc")
 pytest.importorskip("tensorflow_serving.apis", reason="pip install -e '.[test]'")
@@ -60,12 +60,13 @@ def invalid(message: str) -> StatusError:
 
 
 class Servable:
-  """The highest version under a model base path, as tensorflow_model_server loads it."""
+  """The highest version under a model base path, as tensorflow_model_server loads it:
+  into a session, signature tensors fed and fetched by name (conftest.SessionModel)."""
 
   def __init__(self, name: str, base_path: str):
     self.name = name
     self.version = max(int(d) for d in os.listdir(base_path) if d.isdigit())
-    self.loaded = tf.saved_model.load(os.path.join(base_path, str(self.version)))
+    self.loaded = SessionModel(os.path.join(base_path, str(self.version)))
     self._lock = threading.Lock()
 
   def check_spec(self, name: str, version=None):
@@ -74,6 +75,7 @@ class Servable:
       raise StatusError("NOT_FOUND", f"Servable not found for request: {request}")
 
   def signature(self, signature_name: str):
+    """The SignatureDef (inputs and outputs are TensorInfos keyed by name)."""
     signature_name = signature_name or "serving_default"
     if signature_name not in self.loaded.signatures:
       raise invalid(f'Serving signature name: "{signature_name}" not '
@@ -82,20 +84,19 @@ class Servable:
 
   def run(self, signature_name: str, inputs: dict) -> dict:
     """Named inputs (nested lists or arrays) -> named numpy outputs."""
-    signature = self.signature(signature_name)
-    specs = signature.structured_input_signature[1]
+    specs = self.signature(signature_name).inputs
     if set(inputs) != set(specs):
       raise invalid("input size does not match signature: "
                     f"{len(inputs)}!={len(specs)} len({sorted(inputs)}) != "
                     f"len({sorted(specs)}). Sent extra: {sorted(set(inputs) - set(specs))}. "
                     f"Missing but required: {sorted(set(specs) - set(inputs))}.")
     try:
-      tensors = {k: tf.constant(v, dtype=specs[k].dtype) for k, v in inputs.items()}
+      arrays = {k: np.asarray(v, dtype=tf.as_dtype(specs[k].dtype).as_numpy_dtype)
+                for k, v in inputs.items()}
       with self._lock:
-        outputs = signature(**tensors)
+        return self.loaded.run(signature_name or "serving_default", **arrays)
     except (TypeError, ValueError, tf.errors.OpError) as error:
       raise invalid(str(getattr(error, "message", error))) from None
-    return {k: v.numpy() for k, v in outputs.items()}
 
 
 def _from_json(value):
@@ -135,7 +136,7 @@ def _to_json(name: str, array: np.ndarray):
 def rest_predict(servable: Servable, body: dict) -> dict:
   """The body of TF Serving's reply to a :predict request (row or columnar format)."""
   signature_name = body.get("signature_name", "")
-  input_names = sorted(servable.signature(signature_name).structured_input_signature[1])
+  input_names = sorted(servable.signature(signature_name).inputs)
   if "instances" in body and "inputs" in body:
     raise invalid("Not formatted correctly expecting only one of "
                   "'inputs' or 'instances' keys to exist")
@@ -313,9 +314,8 @@ def rest_post(server: str, body: dict, model: str = MODEL_NAME):
 
 def direct(servable, sentences):
   """(translation, score) per sentence from the serving_default signature itself."""
-  out = servable.loaded.signatures["serving_default"](inputs=tf.constant(sentences))
-  return [(t.decode("utf-8"), float(s)) for t, s in zip(out["outputs"].numpy(),
-                                                        out["scores"].numpy())]
+  out = servable.loaded.run(inputs=np.array([s.encode() for s in sentences], object))
+  return [(t.decode("utf-8"), float(s)) for t, s in zip(out["outputs"], out["scores"])]
 
 
 def assert_printed(stdout, expected):
