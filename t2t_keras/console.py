@@ -6,7 +6,7 @@ lines (a cuInit failure on every CPU-only machine, oneDNN notes, CPU feature not
 the INFO chatter of TensorFlow, Keras, matplotlib and tensorflow-datasets ("Sharding
 callback duration", 2,000-character signature messages per export). `--verbosity=0`
 (or higher) on the command line brings all of it back, in absl's usual format;
-`TF_CPP_MIN_LOG_LEVEL` set in the environment is always respected.
+`TF_CPP_MIN_LOG_LEVEL` set in the environment is respected (0 shows every C++ line).
 
 Entry points call `quiet_tensorflow()` before TensorFlow is imported (the C++ level is
 read once, at import) and `setup_logging()` once flags are parsed.
@@ -36,12 +36,14 @@ def quiet_tensorflow(argv: Optional[Sequence[str]] = None, import_now: bool = Tr
   the lines written while `import tensorflow` runs (oneDNN and CUDA-stub notes, each
   printed twice) ignore it, so with `import_now` TensorFlow is imported here with the
   process's stderr set aside, and what it wrote is shown only if the import fails.
+  A level the user set is kept; at 0 the import's lines are shown too.
   """
   argv = sys.argv if argv is None else argv
-  if "TF_CPP_MIN_LOG_LEVEL" in os.environ or _verbosity_requested(argv):
+  if _verbosity_requested(argv):
     return
-  os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-  if not import_now or "tensorflow" in sys.modules:
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+  if (os.environ["TF_CPP_MIN_LOG_LEVEL"].strip() in ("", "0") or not import_now
+      or "tensorflow" in sys.modules):
     return
   sys.stderr.flush()
   saved = os.dup(2)

@@ -119,9 +119,17 @@ def test_train_cli_refuses_ignored_files(tmp_path):
        f"--model_dir={tmp_path / 'm'}", "--train_src=x.en", "--train_tgt=x.de"],
       cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False)
   assert result.returncode == 2, result.stderr[-2000:]
-  assert result.stderr.startswith("error: --train_src=x.en is set but "
-                                  "--data_source=synthetic does not read it")
+  assert _error(result).startswith("error: --train_src=x.en is set but "
+                                   "--data_source=synthetic does not read it")
   assert not (tmp_path / "m").exists()
+
+
+def _error(result) -> str:
+  """The one `error:` line of a command's stderr (other lines may be the environment's
+  TensorFlow log lines, e.g. with TF_CPP_MIN_LOG_LEVEL=2 set by the caller)."""
+  lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+  assert len(lines) == 1, result.stderr[-2000:]
+  return lines[0]
 
 
 def _decode(model_dir, *args, flagfile=None, tmp_path=None):
@@ -201,3 +209,14 @@ def test_vocabulary_smaller_than_the_characters_names_the_flag(tmp_path):
   tokenizer_lib.train_sentencepiece(sentences, str(tmp_path / "ok.model"), minimum)
   with pytest.raises(sources.DataError, match=f"least {minimum} pieces"):
     tokenizer_lib.train_sentencepiece(sentences, str(tmp_path / "no.model"), minimum - 1)
+
+
+def test_export_refuses_model_flags_that_disagree(tiny_model_dir, tmp_path):
+  result = subprocess.run(
+      [sys.executable, "-m", "t2t_keras.export", f"--model_dir={tiny_model_dir}",
+       f"--export_dir={tmp_path / 'export'}", "--num_heads=8", "--max_length=50"],
+      cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 1, result.stderr[-2000:]
+  assert _error(result).startswith("error: --num_heads=8 but the model in --model_dir "
+                                   "was trained with 2")
+  assert not (tmp_path / "export").exists()
