@@ -92,13 +92,14 @@ def make_dataset_fn(num_batches=8, global_batch=4, seed=0):
   return dataset_fn
 
 
-def train(tmp_path, name, steps, strategy="default", seed=0, **overrides):
+def train(tmp_path, name, steps, strategy="default", seed=0, model=MODEL, dataset_fn=None,
+          **overrides):
   keras.utils.set_random_seed(seed)
   config = TrainConfig(model_dir=str(tmp_path / name), train_steps=steps, log_every=2,
                        eval_every=100, save_checkpoint_steps=2, learning_rate_warmup_steps=4,
                        label_smoothing=0.1, strategy=strategy, **overrides)
-  trainer = Trainer(MODEL, config, distribute.create_strategy(config))
-  result = trainer.train(make_dataset_fn(), progress=lambda line: None)
+  trainer = Trainer(model, config, distribute.create_strategy(config))
+  result = trainer.train(dataset_fn or make_dataset_fn(), progress=lambda line: None)
   return trainer, result
 
 
@@ -307,3 +308,71 @@ def test_mixed_precision_trains_with_float32_variables(tmp_path, dtype):
     assert isinstance(trainer.optimizer, keras.optimizers.LossScaleOptimizer)
   assert np.isfinite(finals[dtype])
   assert finals[dtype] == pytest.approx(finals["float32"], rel=0.05)
+
+
+FP16 = dataclasses.replace(MODEL, dtype="mixed_float16")
+
+
+def test_float16_overflow_on_one_replica_is_skipped_by_all(tmp_path):
+  """Only replica 1 overflows: every replica skips the step, the scale halves, and the
+  skipped step still counts (one counter for logs, checkpoints and resume)."""
+  config = TrainConfig(model_dir=str(tmp_path / "fp16"), strategy="mirrored",
+                       learning_rate_warmup_steps=4)
+  keras.utils.set_random_seed(0)
+  trainer = Trainer(FP16, config, distribute.create_strategy(config))
+  assert trainer.strategy.num_replicas_in_sync == 2
+  scale = float(trainer.optimizer.dynamic_scale.numpy())
+
+  @tf.function
+  def step(overflowing_replica):
+    def replica():
+      replica_id = tf.distribute.get_replica_context().replica_id_in_sync_group
+      grads = [tf.ones_like(v) * 1e-3 for v in trainer.model.trainable_variables]
+      inf = tf.fill(tf.shape(grads[0]), float("inf"))
+      grads[0] = tf.where(tf.equal(replica_id, overflowing_replica), inf, grads[0])
+      trainer._apply(grads)
+    trainer.strategy.run(replica)
+
+  before = weights_of(trainer)
+  step(tf.constant(1))
+  for a, b in zip(before, weights_of(trainer)):
+    np.testing.assert_array_equal(a, b)  # nothing applied, on any replica
+  assert float(trainer.optimizer.dynamic_scale.numpy()) == scale / 2
+  assert trainer.current_step() == 1
+  step(tf.constant(-1))  # no overflow: applied
+  after = weights_of(trainer)
+  assert all(np.isfinite(w).all() for w in after)
+  assert any((a != b).any() for a, b in zip(before, after))
+  assert trainer.current_step() == 2
+  assert float(trainer.optimizer.dynamic_scale.numpy()) == scale / 2
+
+
+def test_float16_two_replicas_equal_one_with_accumulation(tmp_path):
+  """--batch_size is per replica: 2 replicas make the updates of 1 replica with
+  --accum_steps=2, in float16 with loss scaling too (within float16 tolerance)."""
+  rng = np.random.default_rng(3)
+  pieces = [batch_data(rng, 2, 3 + i % 4, 2 + i % 5) for i in range(8)]
+
+  def dataset_fn(ctx):  # per-replica batches in a fixed order, whatever the replicas
+    del ctx
+    return _pieces_dataset(pieces).repeat()
+
+  settings = dict(learning_rate=0.05, adam_epsilon=1e-4)
+  one, r1 = train(tmp_path, "one", 4, model=FP16, dataset_fn=dataset_fn, accum_steps=2,
+                  **settings)
+  two, r2 = train(tmp_path, "two", 4, strategy="mirrored", model=FP16,
+                  dataset_fn=dataset_fn, **settings)
+  assert two.strategy.num_replicas_in_sync == 2
+  assert one.current_step() == two.current_step() == 4
+  assert r1.target_tokens == r2.target_tokens
+  assert r1.final_loss == pytest.approx(r2.final_loss, rel=1e-3)
+  for a, b in zip(weights_of(one), weights_of(two)):
+    np.testing.assert_allclose(a, b, atol=2e-3)
+
+
+def _pieces_dataset(pieces):
+  dataset = None
+  for piece in pieces:
+    d = tf.data.Dataset.from_tensors(piece)
+    dataset = d if dataset is None else dataset.concatenate(d)
+  return dataset

@@ -87,7 +87,7 @@ class Trainer:
           learning_rate=self.learning_rate, beta_1=train_config.adam_beta1,
           beta_2=train_config.adam_beta2, epsilon=train_config.adam_epsilon)
       if model_config.dtype == "mixed_float16":
-        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        optimizer = _LossScaleOptimizer(optimizer)
       self.optimizer = optimizer
       self.optimizer.build(self.model.trainable_variables)
     self._compute_gradients = tf.function(self._gradients,
@@ -130,8 +130,26 @@ class Trainer:
       more = self._compute_gradients(batch, global_tokens)
       grads = [g + h for g, h in zip(grads, more[0])]
       loss_sum, tokens, step_flops = loss_sum + more[1], tokens + more[2], step_flops + more[3]
-    self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+    self._apply(grads)
     return loss_sum, tokens, step_flops
+
+  def _apply(self, grads):
+    """Applies one replica's gradients; with loss scaling, all replicas agree first.
+
+    Keras' LossScaleOptimizer, under MirroredStrategy without XLA and under
+    MultiWorkerMirroredStrategy, decides in a merge call from replica 0's gradients
+    alone whether they are finite. An overflow on another replica would then be
+    applied (inf weights) and the loss scale never lowered. One all-reduce of "some
+    gradient is not finite here" makes every replica's gradients non-finite when any
+    replica's are, so all replicas skip the step together and the scale drops.
+    """
+    if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+      finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+      overflows = tf.distribute.get_replica_context().all_reduce(
+          SUM, 1.0 - tf.cast(finite, tf.float32))
+      poison = tf.where(overflows > 0, float("nan"), 1.0)
+      grads = [g * tf.cast(poison, g.dtype) for g in grads]
+    self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
 
   def _train_loop(self, iterator, num_steps):
     """Runs `num_steps` updates; returns global (loss_sum, target_tokens, flops)."""
@@ -269,7 +287,7 @@ class Trainer:
         except tf.errors.OutOfRangeError:
           raise TrainingError("the training dataset ran out of batches: it is empty or every "
                               "pair was filtered (see the data log above).") from None
-        step += n
+        step = self.current_step()  # the one counter (skipped float16 steps count)
         if not np.isfinite(sums[0]):
           good = tf.train.latest_checkpoint(cfg.model_dir) or "none yet"
           raise TrainingError(
@@ -340,6 +358,22 @@ class Trainer:
     return TrainResult(steps=step, wall_seconds=wall, target_tokens=total_tokens,
                        flops=total_flops, final_loss=loss, eval_metrics=eval_metrics,
                        preempted=preemption.received)
+
+
+class _LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+  """Keras' LossScaleOptimizer whose skipped (overflowing) steps still count.
+
+  Keras leaves `iterations` alone on a skipped step, while the host loop counts every
+  step it ran: checkpoints numbered by the host step would then resume from a smaller
+  `iterations`, replaying data already seen and training past --train_steps. Counting
+  the skipped step keeps one counter, `iterations`, equal to the steps run (the
+  learning-rate schedule advances over a skipped step, as tensor2tensor's global step
+  did).
+  """
+
+  def _stateful_handle_non_finite_grads(self):
+    super()._stateful_handle_non_finite_grads()
+    self.inner_optimizer.iterations.assign_add(1)
 
 
 def _chief_and_worker_id(strategy: tf.distribute.Strategy):
