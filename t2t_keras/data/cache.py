@@ -12,8 +12,8 @@ cannot corrupt each other. (Directory renames would be neater, but are not atomi
 not supported, on every tf.io.gfile filesystem such as gs://.)
 
 Layout: data_dir/cache/validation-<key>.json and data_dir/cache/<split>-<key>/
-{build-<id>/{data/ (tf.data.Dataset.save), lengths.npy (token counts per pair)},
-stats.json}.
+{build-<id>/{data/ (tf.data.Dataset.save: (batch index, pairs) in NUM_SHARDS contiguous
+shards), lengths.npy (token counts per pair)}, stats.json}.
 """
 
 from __future__ import annotations
@@ -36,7 +36,11 @@ from t2t_keras import parsing
 from t2t_keras.configs import DataConfig
 from t2t_keras.data import sources
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: contiguous shards, read in a shuffled interleave for training
+# The cache is cut into this many contiguous shards (fewer for small corpora). Training
+# reads all of them at once, one batch of each in turn, in an order reshuffled every
+# epoch, so the example shuffle buffer mixes the whole corpus, not a window of it.
+NUM_SHARDS = 64
 _HEAD_TAIL_BYTES = 1 << 20
 BATCH_ROWS = 1024  # Pairs per cached element.
 _PROGRESS_EVERY = 100_000
@@ -153,17 +157,42 @@ class TokenizedSplit:
     path: the cache entry directory (None for in-memory synthetic data).
     lengths: int32 [N, 2] (source, target) token counts per pair, without EOS.
     invalid_utf8: pairs skipped because a side was not valid UTF-8.
-    make_dataset: returns a fresh dataset of (source_ids, target_ids) int32
-      RaggedTensors [b, None] with b <= BATCH_ROWS, in a fixed order.
+    make_dataset: `make_dataset(shuffle_seed)` returns a fresh dataset of
+      (source_ids, target_ids) int32 RaggedTensors [b, None] with b <= BATCH_ROWS: in
+      corpus order for None, else in a corpus-wide order derived from the seed (the
+      same on every worker, reshuffled on every repetition).
   """
 
   path: Optional[str]
   lengths: np.ndarray
   invalid_utf8: int
-  make_dataset: Callable[[], tf.data.Dataset]
+  make_dataset: Callable[[Optional[int]], tf.data.Dataset]
 
-  def dataset(self) -> tf.data.Dataset:
-    return self.make_dataset()
+  def dataset(self, shuffle_seed: Optional[int] = None) -> tf.data.Dataset:
+    return self.make_dataset(shuffle_seed)
+
+
+def load_shards(data: str, num_shards: int, shuffle_seed: Optional[int] = None
+                ) -> tf.data.Dataset:
+  """Reads a cache written by `_build`: shards in order, or interleaved in a shuffled order.
+
+  With a seed, the shards (contiguous blocks of the corpus) are put in a seeded order
+  and read one batch of each in turn: any window of `num_shards` consecutive batches
+  holds one batch from every 1/num_shards of the corpus. Deterministic for a seed, so
+  every worker of a run sees the same sequence (sharding by position relies on it) and
+  a resumed run replays it. The batch order is the same every epoch; the pipeline's
+  example shuffle buffer, which spans many batches, reshuffles pairs each epoch.
+  """
+  if shuffle_seed is None:
+    def reader(shards):
+      return shards.flat_map(lambda shard: shard)
+  else:
+    def reader(shards):
+      # Sequential interleave: deterministic without a `deterministic` argument.
+      return shards.shuffle(num_shards, seed=shuffle_seed,
+                            reshuffle_each_iteration=False).interleave(
+          lambda shard: shard, cycle_length=num_shards, block_length=1)
+  return tf.data.Dataset.load(data, reader_func=reader).map(lambda index, pair: pair)
 
 
 def _progress(ds: tf.data.Dataset, what: str) -> tf.data.Dataset:
@@ -243,8 +272,9 @@ def tokenized_split(config: DataConfig, split: str, tokenizer,
   with tf.io.gfile.GFile(os.path.join(build, "lengths.npy"), "rb") as f:
     lengths = np.load(io.BytesIO(f.read()))
   data = os.path.join(build, "data")
+  shards = stats["shards"]
   return TokenizedSplit(path=path, lengths=lengths, invalid_utf8=stats["invalid_utf8"],
-                        make_dataset=lambda: tf.data.Dataset.load(data))
+                        make_dataset=lambda seed: load_shards(data, shards, seed))
 
 
 def _build(config: DataConfig, split: str, tokenizer, path: str, invalid: int):
@@ -254,11 +284,18 @@ def _build(config: DataConfig, split: str, tokenizer, path: str, invalid: int):
   build = os.path.join(path, name)
   start = time.time()
   logging.info("Tokenizing the %s split into %s", split, build)
-  # One shard: loading then yields the same order on every worker (sharding relies
-  # on it), and batches of 1024 pairs make one reader fast enough.
+  # First in one file, in corpus order (the batch count is unknown while streaming),
+  # then cut into contiguous shards, each batch stored with its index.
+  single = os.path.join(build, "single")
   tokenize_pairs(text, tokenizer, split).save(
-      os.path.join(build, "data"), shard_func=lambda *_: tf.constant(0, tf.int64))
-  lengths = _lengths(tf.data.Dataset.load(os.path.join(build, "data")))
+      single, shard_func=lambda *_: tf.constant(0, tf.int64))
+  lengths = _lengths(tf.data.Dataset.load(single))
+  num_batches = max(-(-len(lengths) // BATCH_ROWS), 1)
+  shards = min(NUM_SHARDS, num_batches)
+  tf.data.Dataset.load(single).enumerate().save(
+      os.path.join(build, "data"),
+      shard_func=lambda index, pair: index * shards // num_batches)
+  tf.io.gfile.rmtree(single)
   buffer = io.BytesIO()
   np.save(buffer, lengths)
   with tf.io.gfile.GFile(os.path.join(build, "lengths.npy"), "wb") as f:
@@ -267,4 +304,5 @@ def _build(config: DataConfig, split: str, tokenizer, path: str, invalid: int):
   logging.info("Tokenized %d %s pairs in %.1fs (%.0f pairs/s)", len(lengths), split,
                seconds, len(lengths) / max(seconds, 1e-9))
   _write_json_atomic(os.path.join(path, "stats.json"),  # The commit.
-                     {"build": name, "pairs": int(len(lengths)), "invalid_utf8": invalid})
+                     {"build": name, "pairs": int(len(lengths)), "invalid_utf8": invalid,
+                      "shards": shards})

@@ -101,7 +101,7 @@ def load_split(config: DataConfig, split: str, tokenizer
     return cache.TokenizedSplit(
         path=None, lengths=np.stack([lengths, lengths], axis=1).astype(np.int32),
         invalid_utf8=0,
-        make_dataset=lambda: sources.synthetic_ids(config, split, cache.BATCH_ROWS))
+        make_dataset=lambda seed: sources.synthetic_ids(config, split, cache.BATCH_ROWS))
   if config.source not in ("files", "tfds", "parsing"):
     raise ValueError(f"source={config.source!r} is not one of {sources.SOURCES}")
   return cache.tokenized_split(config, split, tokenizer,
@@ -112,7 +112,8 @@ _CHUNK_ROWS = 64  # Rows of similar length padded together before unbatching.
 
 
 def _examples(split: cache.TokenizedSplit, input_context=None,
-              max_length: Optional[int] = None) -> tf.data.Dataset:
+              max_length: Optional[int] = None,
+              shuffle_seed: Optional[int] = None) -> tf.data.Dataset:
   """Pairs of a split as {"inputs", "targets"} id vectors ending with EOS.
 
   tf.data's cost is per function call, so everything per pair is vectorized over
@@ -127,6 +128,8 @@ def _examples(split: cache.TokenizedSplit, input_context=None,
       number of pipelines, so shards are disjoint and balanced).
     max_length: if set, drop pairs with an empty side or more than max_length ids
       (EOS included) on either side.
+    shuffle_seed: read the cached batches in a corpus-wide shuffled order
+      (`cache.load_shards`); None keeps corpus order.
   """
   num_shards, shard = 1, 0
   if input_context is not None:
@@ -153,7 +156,8 @@ def _examples(split: cache.TokenizedSplit, input_context=None,
         "inputs": src[i:i + _CHUNK_ROWS].to_tensor(PAD_ID),
         "targets": tgt[i:i + _CHUNK_ROWS].to_tensor(PAD_ID)})
 
-  ds = split.dataset().enumerate().map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
+  ds = split.dataset(shuffle_seed).enumerate().map(prepare,
+                                                  num_parallel_calls=tf.data.AUTOTUNE)
   return ds.flat_map(chunks).unbatch()
 
 
@@ -217,7 +221,9 @@ def train_dataset(config: DataConfig, tokenizer=None,
   """
   _check_budget(config)
   split = split or load_split(config, "train", tokenizer)
-  ds = _examples(split, input_context, config.max_length)
+  # Corpus-wide: batches of every part of the corpus in turn (cache.load_shards), then
+  # pairs shuffled in a buffer; a corpus made of concatenated domains is mixed.
+  ds = _examples(split, input_context, config.max_length, shuffle_seed=config.seed)
   ds = ds.shuffle(config.shuffle_buffer, seed=config.seed, reshuffle_each_iteration=True)
   if repeat:
     ds = ds.repeat()
