@@ -129,6 +129,8 @@ class DataConfig:
     shuffle_buffer: examples in the shuffle buffer.
     seed: shuffle seed.
     skip_invalid_utf8: skip and count lines with invalid UTF-8 instead of failing.
+    accum_steps: micro-batches per replica per update (the training flag); with
+      static shapes, all batches of one update, on every replica, share a bucket.
   """
 
   source: str = "synthetic"
@@ -159,6 +161,7 @@ class DataConfig:
   shuffle_buffer: int = 100_000
   seed: int = 1
   skip_invalid_utf8: bool = False
+  accum_steps: int = 1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -317,7 +317,8 @@ def data_config(fv=FLAGS) -> DataConfig:
       vocab_sample_sentences=fv.vocab_sample_sentences, max_length=fv.max_length,
       batch_size=fv.batch_size, static_shapes=fv.static_shapes,
       shuffle_buffer=fv.shuffle_buffer, seed=fv.seed if "seed" in fv else 1,
-      skip_invalid_utf8=fv.skip_invalid_utf8)
+      skip_invalid_utf8=fv.skip_invalid_utf8,
+      accum_steps=fv.accum_steps if "accum_steps" in fv else 1)
 
 
 def train_config(fv=FLAGS) -> TrainConfig:

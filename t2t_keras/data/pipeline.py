@@ -182,16 +182,25 @@ def _trim(batch: dict, lengths: List[int], static: bool) -> dict:
 
 
 def _bucket(ds: tf.data.Dataset, lengths: List[int], batch_size: int, static: bool,
-            drop_remainder: bool) -> tf.data.Dataset:
-  """Groups examples into the buckets of padded `lengths` (see module docstring)."""
+            drop_remainder: bool, group: int = 1) -> tf.data.Dataset:
+  """Groups examples into the buckets of padded `lengths` (see module docstring).
+
+  With `group` > 1, every `group` consecutive batches come from one bucket: one batch
+  of `group` times the size is cut into `group` (with static shapes: the same shape
+  for every replica of a step).
+  """
   sizes = bucket_batch_sizes(lengths, batch_size)
   ds = ds.bucket_by_sequence_length(
       _length, bucket_boundaries=[n + 1 for n in lengths],
-      bucket_batch_sizes=sizes + [1],  # Last bucket (> lengths[-1]) stays empty.
+      bucket_batch_sizes=[n * group for n in sizes] + [1],  # Last bucket stays empty.
       padding_values={"inputs": PAD_ID, "targets": PAD_ID},
       drop_remainder=drop_remainder)
-  return ds.map(lambda batch: _trim(batch, lengths, static),
-                num_parallel_calls=tf.data.AUTOTUNE)
+  ds = ds.map(lambda batch: _trim(batch, lengths, static),
+              num_parallel_calls=tf.data.AUTOTUNE)
+  if group > 1:
+    ds = ds.flat_map(lambda batch: tf.data.Dataset.from_tensor_slices(
+        {k: tf.reshape(v, [group, -1, tf.shape(v)[1]]) for k, v in batch.items()}))
+  return ds
 
 
 def _check_budget(config: DataConfig):
@@ -229,8 +238,19 @@ def train_dataset(config: DataConfig, tokenizer=None,
     ds = ds.repeat()
   lengths = bucket_boundaries(config.bucket_min, config.max_length,
                               config.bucket_growth)
+  # Static shapes (TPU): the batches of one update, for every replica this pipeline
+  # feeds and every micro-batch, are consecutive; take them from one bucket, so every
+  # core of a step has the same shape (and 2 replicas still see the batches 1 replica
+  # with --accum_steps=2 sees).
+  group = 1
+  if config.static_shapes:
+    replicas = 1
+    if input_context is not None:
+      replicas = max(input_context.num_replicas_in_sync
+                     // max(input_context.num_input_pipelines, 1), 1)
+    group = replicas * config.accum_steps
   ds = _bucket(ds, lengths, config.batch_size, config.static_shapes,
-               drop_remainder=config.static_shapes)
+               drop_remainder=config.static_shapes, group=group)
   return ds.prefetch(tf.data.AUTOTUNE)
 
 
