@@ -7,6 +7,9 @@ the INFO chatter of TensorFlow, Keras, matplotlib and tensorflow-datasets ("Shar
 callback duration", 2,000-character signature messages per export). `--verbosity=0`
 (or higher) on the command line brings all of it back, in absl's usual format;
 `TF_CPP_MIN_LOG_LEVEL` set in the environment is respected (0 shows every C++ line).
+The default hides TensorFlow's C++ ERROR lines as well (the cuInit one is an ERROR);
+a failing op still raises a Python exception with its message, and a run that fails
+in a way the message does not explain is worth repeating with `--verbosity=0`.
 
 Entry points call `quiet_tensorflow()` before TensorFlow is imported (the C++ level is
 read once, at import) and `setup_logging()` once flags are parsed.
@@ -26,7 +29,19 @@ _OWN_DIRS = tuple(os.path.join(_REPO_DIR, d) + os.sep for d in ("t2t_keras", "to
 
 
 def _verbosity_requested(argv: Sequence[str]) -> bool:
-  return any(arg.split("=")[0] in ("--verbosity", "-v", "--v") for arg in argv[1:])
+  """--verbosity=N (or -v / --v) with N >= 0 on the command line: show everything."""
+  for i, arg in enumerate(argv[1:], 1):
+    if arg == "--":
+      break
+    name, _, value = arg.partition("=")
+    if name in ("--verbosity", "-v", "--v"):
+      if not value and i + 1 < len(argv):
+        value = argv[i + 1]
+      try:
+        return int(value) >= 0
+      except ValueError:
+        return True
+  return False
 
 
 def quiet_tensorflow(argv: Optional[Sequence[str]] = None, import_now: bool = True) -> None:

@@ -83,7 +83,8 @@ def run() -> None:
   tf.get_logger().setLevel("WARNING")
   decode_config = t2t_flags.decode_config()
   for warning in t2t_flags.check_inference_flags(
-      sys.argv, checkpoints.load_model_config(FLAGS.model_dir), "decode"):
+      sys.argv, checkpoints.load_model_config(FLAGS.model_dir), "decode",
+      requested_vocab_size=inference.data_config_of(FLAGS.model_dir).vocab_size):
     logging.warning(warning)
   loaded = inference.load(FLAGS.model_dir, FLAGS.checkpoint_path, FLAGS.average_last_n,
                           FLAGS.decode_dtype)

@@ -42,11 +42,13 @@ def main(argv):
   from t2t_keras import serving
   from t2t_keras.errors import USER_ERRORS
   tf.get_logger().setLevel("ERROR")
+  from t2t_keras import inference
   from t2t_keras.training import checkpoints
   try:
     for warning in t2t_flags.check_inference_flags(
         sys.argv, checkpoints.load_model_config(FLAGS.model_dir), "export",
-        reads=("export_dir",)):
+        reads=("export_dir",),
+        requested_vocab_size=inference.data_config_of(FLAGS.model_dir).vocab_size):
       logging.warning(warning)
     path = serving.export_model_dir(FLAGS.model_dir, export_dir, t2t_flags.decode_config(),
                             FLAGS.max_input_length, FLAGS.checkpoint_path,

@@ -374,7 +374,9 @@ def command_line_flags(argv, fv=FLAGS) -> list:
   """
   names = []
   for arg in argv[1:]:
-    if not arg.startswith("-") or arg in ("-", "--"):
+    if arg == "--":  # absl stops parsing flags here
+      break
+    if not arg.startswith("-") or arg == "-":
       continue
     name = arg.lstrip("-").split("=", 1)[0]
     if name not in fv and name.startswith("no") and name[2:] in fv:
@@ -395,6 +397,8 @@ def check_train_flags(argv, fv=FLAGS) -> None:
   Raises:
     flags.ValidationError: naming each such flag, why it is unused and what to do.
   """
+  if "dry_run" in fv and fv.dry_run:
+    return  # builds the model from the model flags (including --vocab_size) only
   source = fv.data_source
   ignored = set(itertools.chain.from_iterable(
       names for kind, names in _SOURCE_FLAGS.items() if kind != source))
@@ -427,7 +431,13 @@ def _fix_for(name: str) -> str:
   return "add --data_source=files (or tfds) to train on text"
 
 
-def check_inference_flags(argv, saved_model, command: str, reads=(), fv=FLAGS) -> list:
+# Model flags that only training reads: decoding runs without dropout.
+_TRAINING_ONLY_MODEL_FLAGS = ("layer_prepostprocess_dropout", "attention_dropout",
+                              "relu_dropout")
+
+
+def check_inference_flags(argv, saved_model, command: str, reads=(), fv=FLAGS,
+                          requested_vocab_size=None) -> list:
   """Checks flags typed for decode/export against the model directory.
 
   Model flags must agree with the model's config.json (its shape is fixed by training);
@@ -440,6 +450,9 @@ def check_inference_flags(argv, saved_model, command: str, reads=(), fv=FLAGS) -
     reads: the shared flags (of this module) the command reads besides the decoding
       flags and --model_dir; flags the command defines itself are always read.
     fv: the FlagValues.
+    requested_vocab_size: the --vocab_size training was given (config.json's data
+      section); the model's own size may be smaller (SentencePiece stops early on a
+      small corpus), and either is accepted.
 
   Returns:
     Warnings for flags that are set but unused.
@@ -450,8 +463,13 @@ def check_inference_flags(argv, saved_model, command: str, reads=(), fv=FLAGS) -
   used = set(_DECODE_FLAGS) | {"model_dir"} | set(reads)
   problems, warnings = [], []
   for name in command_line_flags(argv, fv):
-    if name in _MODEL_FLAGS:
+    if name in _TRAINING_ONLY_MODEL_FLAGS:
+      warnings.append(f"--{name} is not used by {command} (no dropout when decoding): "
+                      "ignored.")
+    elif name in _MODEL_FLAGS:
       saved = getattr(saved_model, name)
+      if name == "vocab_size" and fv[name].value == requested_vocab_size:
+        continue
       if fv[name].value != saved:
         fix = " (use --decode_dtype to decode in another precision)" if name == "dtype" else ""
         problems.append(f"--{name}={_value(fv, name)} but the model in --model_dir was "

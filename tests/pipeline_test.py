@@ -265,17 +265,27 @@ def test_shuffle_covers_concatenated_corpora(tmp_path):
                       data_dir=str(tmp_path / "data"), vocab_size=300, max_length=16,
                       batch_size=256, shuffle_buffer=10_000)
   data = pipeline.make_datasets(config)
-  first, seen = [], 0
+  first, seen = [], collections.Counter()
   for batch in pipeline.train_dataset(config, data.tokenizer, repeat=False):
     rows = _rows(batch, data.tokenizer)
-    seen += len(rows)
+    seen.update(rows)
     first += [s for s, _ in rows][:max(0, 1000 - len(first))]
-  assert seen == 2 * n
+  expected = collections.Counter((s.encode(), s.encode()) for s in src)
+  assert seen == expected  # every pair once in the epoch
+  workers = collections.Counter()
+  for i in range(2):  # 2 input pipelines: disjoint halves that make up the epoch
+    ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=i,
+                                     num_replicas_in_sync=2)
+    mine = collections.Counter(row for b in pipeline.train_dataset(
+        config, data.tokenizer, ctx, repeat=False) for row in _rows(b, data.tokenizer))
+    assert 0.45 < sum(mine.values()) / (2 * n) < 0.55
+    workers.update(mine)
+  assert workers == expected  # together exactly the epoch: each pair on one worker
   share = sum(s.startswith(b"alpha") for s in first) / len(first)
   # The buffer holds ~10 cached batches: a binomial share, loosely bounded. Reading in
   # corpus order (as before) gives 1.0.
   assert 0.1 < share < 0.9, share
-  for seed in (1, 2):  # another seed, another order, the same mix
+  for seed in (2, 3):  # other seeds, other orders, the same mix
     other = pipeline.train_dataset(dataclasses.replace(config, seed=seed), data.tokenizer)
     rows = [s for b in other.take(20) for s, _ in _rows(b, data.tokenizer)]
     assert 0.1 < sum(s.startswith(b"alpha") for s in rows) / len(rows) < 0.9

@@ -113,6 +113,13 @@ def test_flags_typed_for_another_data_source_are_refused():
     t2t_flags.check_train_flags(argv, fv)
 
 
+def test_dry_run_reads_only_model_flags():
+  argv, fv = _parsed("--dry_run", "--vocab_size=37000", "--hidden_size=1024")
+  t2t_flags.check_train_flags(argv, fv)  # the default source is synthetic: no matter
+  argv, fv = _parsed("--vocab_size=37000", "--", "--train_src=x")
+  assert t2t_flags.command_line_flags(argv, fv) == ["vocab_size"]
+
+
 def test_train_cli_refuses_ignored_files(tmp_path):
   result = subprocess.run(
       [sys.executable, "-m", "t2t_keras.train", "--flagfile=flags/tiny.cfg",
@@ -156,12 +163,19 @@ def test_decode_refuses_model_flags_that_disagree(tiny_model_dir, tmp_path):
   # recipe flagfile shared with training may hold anything.
   recipe = tmp_path / "recipe.cfg"
   recipe.write_text("--hidden_size=999\n--learning_rate=5\n", encoding="utf-8")
+  # The --vocab_size training was given (8000; SentencePiece built fewer pieces on
+  # this small corpus) is accepted as well as the built size.
+  assert saved.vocab_size < 8000
   result = _decode(tiny_model_dir, f"--hidden_size={saved.hidden_size}",
-                   "--learning_rate=3", flagfile=recipe, tmp_path=tmp_path)
+                   "--vocab_size=8000", "--learning_rate=3", "--relu_dropout=0.2",
+                   flagfile=recipe, tmp_path=tmp_path)
   assert result.returncode == 0, result.stderr[-2000:]
   warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
-  assert warnings == ["warning: --learning_rate is not used by decode (the model "
-                      "directory's config.json and the decoding flags decide): ignored."]
+  assert warnings == [
+      "warning: --learning_rate is not used by decode (the model directory's "
+      "config.json and the decoding flags decide): ignored.",
+      "warning: --relu_dropout is not used by decode (no dropout when decoding): "
+      "ignored."]
   assert len(result.stdout.splitlines()) == 1
 
 

@@ -37,9 +37,10 @@ from t2t_keras.configs import DataConfig
 from t2t_keras.data import sources
 
 CACHE_VERSION = 2  # 2: contiguous shards, read in a shuffled interleave for training
+VALIDATION_VERSION = 1  # the stored result of validating raw files (unchanged by v2)
 # The cache is cut into this many contiguous shards (fewer for small corpora). Training
-# reads all of them at once, one batch of each in turn, in an order reshuffled every
-# epoch, so the example shuffle buffer mixes the whole corpus, not a window of it.
+# reads all of them at once, one batch of each in turn, in a seeded order, so the
+# example shuffle buffer mixes the whole corpus, not a window of it.
 NUM_SHARDS = 64
 _HEAD_TAIL_BYTES = 1 << 20
 BATCH_ROWS = 1024  # Pairs per cached element.
@@ -116,7 +117,7 @@ def validated_files(config: DataConfig, split: str) -> Optional[dict]:
   paths = sources.split_files(config, split)
   if paths is None:
     return None
-  key = digest({"v": CACHE_VERSION, "fp": source_fingerprint(config, split),
+  key = digest({"v": VALIDATION_VERSION, "fp": source_fingerprint(config, split),
                 "skip": config.skip_invalid_utf8})
   directory = _cache_dir(config)
   path = directory and os.path.join(directory, f"validation-{key}.json")
@@ -159,8 +160,8 @@ class TokenizedSplit:
     invalid_utf8: pairs skipped because a side was not valid UTF-8.
     make_dataset: `make_dataset(shuffle_seed)` returns a fresh dataset of
       (source_ids, target_ids) int32 RaggedTensors [b, None] with b <= BATCH_ROWS: in
-      corpus order for None, else in a corpus-wide order derived from the seed (the
-      same on every worker, reshuffled on every repetition).
+      corpus order for None, else in a corpus-wide order derived from the seed (see
+      `load_shards`).
   """
 
   path: Optional[str]
@@ -180,8 +181,10 @@ def load_shards(data: str, num_shards: int, shuffle_seed: Optional[int] = None
   and read one batch of each in turn: any window of `num_shards` consecutive batches
   holds one batch from every 1/num_shards of the corpus. Deterministic for a seed, so
   every worker of a run sees the same sequence (sharding by position relies on it) and
-  a resumed run replays it. The batch order is the same every epoch; the pipeline's
-  example shuffle buffer, which spans many batches, reshuffles pairs each epoch.
+  a resumed run replays it. As every seeded tf.data op, the order also depends on
+  TensorFlow's global seed, which training sets from --seed on every worker. The batch
+  order is the same every epoch; the pipeline's example shuffle buffer, which spans
+  many batches, reshuffles pairs each epoch.
   """
   if shuffle_seed is None:
     def reader(shards):

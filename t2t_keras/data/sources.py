@@ -202,13 +202,13 @@ class _RecordingDownloadManager:
 
   def _record(self, url_or_urls, *args, **kwargs):
     del args, kwargs
-    stack = [url_or_urls]
-    while stack:
-      item = stack.pop()
+    queue = [url_or_urls]  # breadth-first, in the builder's order
+    while queue:
+      item = queue.pop(0)
       if isinstance(item, dict):
-        stack.extend(item.values())
+        queue.extend(item.values())
       elif isinstance(item, (list, tuple)):
-        stack.extend(item)
+        queue.extend(item)
       elif item is not None:
         self.urls.append(str(getattr(item, "url", item)))
     if self.urls:
@@ -249,12 +249,14 @@ def _check_download_reachable(builder, config: DataConfig) -> None:
   """
   import requests  # pylint: disable=import-outside-toplevel  (a tensorflow-datasets dependency)
 
-  urls = _download_urls(builder)
+  urls = [u for u in _download_urls(builder) if u.startswith(("http://", "https://"))]
   if not urls:
-    return
+    return  # ftp, Kaggle, manual downloads: left to tfds
   try:
     requests.head(urls[0], timeout=20, allow_redirects=True)
-  except requests.RequestException as error:
+  except requests.exceptions.Timeout:
+    return  # slow, not absent: tfds retries
+  except requests.ConnectionError as error:  # no route, no DNS, refused
     reason = str(error).split("(Caused by")[-1].strip(" )")[:200]
     raise DataError(
         f"tensorflow-datasets {config.tfds_name!r} is not prepared in "
