@@ -113,7 +113,15 @@ def test_synthetic_tasks(task):
   assert not all(np.array_equal(a[0], b[0]) for a, b in zip(pairs, dev))
 
 
-def test_tfds_direction_follows_languages(tmp_path):
+@pytest.fixture
+def network_up(monkeypatch):
+  """mock_data replaces preparation, not t2t_keras's reachability probe: let it pass
+  (tests/tfds_builder_test.py runs the real builder and the probe)."""
+  import requests  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(requests, "head", lambda url, **kwargs: None)
+
+
+def test_tfds_direction_follows_languages(tmp_path, network_up):
   tfds = pytest.importorskip("tensorflow_datasets")
   with tfds.testing.mock_data(num_examples=6, policy=tfds.testing.MockPolicy.USE_CODE):
     raw = list(tfds.load("wmt14_translate/de-en", split="train").as_numpy_iterator())
@@ -130,7 +138,7 @@ def test_tfds_direction_follows_languages(tmp_path):
   assert len(dev) == 6
 
 
-def test_tfds_pipeline_end_to_end(tmp_path):
+def test_tfds_pipeline_end_to_end(tmp_path, network_up):
   tfds = pytest.importorskip("tensorflow_datasets")
   config = DataConfig(source="tfds", tfds_name="wmt14_translate/fr-en",
                       source_lang="en", target_lang="fr", data_dir=str(tmp_path),
