@@ -120,11 +120,16 @@ def test_dry_run_reads_only_model_flags():
   assert t2t_flags.command_line_flags(argv, fv) == ["vocab_size"]
 
 
+def _run(module, *args):
+  """`python -m t2t_keras.<module> ARGS` from the repository root, as a user runs it."""
+  return subprocess.run([sys.executable, "-m", f"t2t_keras.{module}", *map(str, args)],
+                        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+                        check=False)
+
+
 def test_train_cli_refuses_ignored_files(tmp_path):
-  result = subprocess.run(
-      [sys.executable, "-m", "t2t_keras.train", "--flagfile=flags/tiny.cfg",
-       f"--model_dir={tmp_path / 'm'}", "--train_src=x.en", "--train_tgt=x.de"],
-      cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False)
+  result = _run("train", "--flagfile=flags/tiny.cfg", f"--model_dir={tmp_path / 'm'}",
+                "--train_src=x.en", "--train_tgt=x.de")
   assert result.returncode == 2, result.stderr[-2000:]
   assert _error(result).startswith("error: --train_src=x.en is set but "
                                    "--data_source=synthetic does not read it")
@@ -142,12 +147,9 @@ def _error(result) -> str:
 def _decode(model_dir, *args, flagfile=None, tmp_path=None):
   source = tmp_path / "src.txt"
   source.write_text("a small dog runs\n", encoding="utf-8")
-  command = [sys.executable, "-m", "t2t_keras.decode", f"--model_dir={model_dir}",
-             f"--input_file={source}", "--beam_size=1", "--extra_decode_length=2", *args]
-  if flagfile:
-    command.insert(3, f"--flagfile={flagfile}")
-  return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True,
-                        timeout=300, check=False)
+  recipe = [f"--flagfile={flagfile}"] if flagfile else []
+  return _run("decode", *recipe, f"--model_dir={model_dir}", f"--input_file={source}",
+              "--beam_size=1", "--extra_decode_length=2", *args)
 
 
 def test_decode_refuses_model_flags_that_disagree(tiny_model_dir, tmp_path):
@@ -205,11 +207,9 @@ def test_vocabulary_smaller_than_the_characters_names_the_flag(tmp_path):
                  encoding="utf-8")
   tgt.write_text("".join(f"über den faulen hund {i}\n" for i in range(50)),
                  encoding="utf-8")
-  result = subprocess.run(
-      [sys.executable, "-m", "t2t_keras.train", "--flagfile=flags/tiny.cfg",
-       "--data_source=files", f"--train_src={src}", f"--train_tgt={tgt}",
-       "--vocab_size=20", f"--model_dir={tmp_path / 'm'}", "--train_steps=1"],
-      cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False)
+  result = _run("train", "--flagfile=flags/tiny.cfg", "--data_source=files",
+                f"--train_src={src}", f"--train_tgt={tgt}", "--vocab_size=20",
+                f"--model_dir={tmp_path / 'm'}", "--train_steps=1")
   assert result.returncode == 1, result.stderr[-2000:]
   match = re.search(r"error: --vocab_size=20 is too small for \S+: the training data has "
                     r"(\d+) distinct characters, which with the 4 reserved ids need at "
@@ -226,10 +226,8 @@ def test_vocabulary_smaller_than_the_characters_names_the_flag(tmp_path):
 
 
 def test_export_refuses_model_flags_that_disagree(tiny_model_dir, tmp_path):
-  result = subprocess.run(
-      [sys.executable, "-m", "t2t_keras.export", f"--model_dir={tiny_model_dir}",
-       f"--export_dir={tmp_path / 'export'}", "--num_heads=8", "--max_length=50"],
-      cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False)
+  result = _run("export", f"--model_dir={tiny_model_dir}",
+                f"--export_dir={tmp_path / 'export'}", "--num_heads=8", "--max_length=50")
   assert result.returncode == 1, result.stderr[-2000:]
   assert _error(result).startswith("error: --num_heads=8 but the model in --model_dir "
                                    "was trained with 2")
