@@ -225,11 +225,9 @@ def _download_urls(builder) -> List[str]:
   """The URLs a TFDS builder downloads first (empty when they cannot be learned)."""
   recorder = _RecordingDownloadManager(manual_dir=os.path.join(
       builder.data_dir, "manual"))
-  try:
+  try:  # stops at the first download (_UrlsRecorded)
     builder._split_generators(recorder)  # pylint: disable=protected-access
-  except _UrlsRecorded:
-    pass
-  except Exception:  # pylint: disable=broad-except  (a builder we cannot introspect)
+  except Exception:  # pylint: disable=broad-except  (also: a builder we cannot introspect)
     pass
   return recorder.urls
 
