@@ -126,11 +126,11 @@ class DataConfig:
     batch_size: token budget per replica per batch (t2t semantics).
     static_shapes: pad to bucket boundaries with a fixed batch per bucket (TPU/XLA).
     bucket_min / bucket_growth: bucket boundaries start at bucket_min, grow by factor.
-    shuffle_buffer: examples in the shuffle buffer.
-    seed: shuffle seed.
+    seed: the seed of the batch plan (the order of the training pairs).
     skip_invalid_utf8: skip and count lines with invalid UTF-8 instead of failing.
-    accum_steps: micro-batches per replica per update (the training flag); with
-      static shapes, all batches of one update, on every replica, share a bucket.
+    accum_steps: micro-batches per replica per update (the training flag; the
+      trainer passes its own): all batches of one update, on every replica, share a
+      bucket.
   """
 
   source: str = "synthetic"
@@ -158,7 +158,6 @@ class DataConfig:
   static_shapes: bool = False
   bucket_min: int = 8
   bucket_growth: float = 1.1
-  shuffle_buffer: int = 100_000
   seed: int = 1
   skip_invalid_utf8: bool = False
   accum_steps: int = 1

@@ -144,7 +144,9 @@ def define_data_flags(f):
   f.DEFINE_boolean("static_shapes", d.static_shapes,
                        "Pad every batch to its bucket boundary with a fixed batch size "
                        "per bucket (TPU / XLA).")
-  f.DEFINE_integer("shuffle_buffer", d.shuffle_buffer, "Shuffle buffer in examples.")
+  f.DEFINE_integer("shuffle_buffer", None, "Deprecated and ignored: training shuffles "
+                       "the whole corpus (t2t_keras.data.plan). Kept so that old "
+                       "flagfiles run; setting it logs a warning.")
   f.DEFINE_boolean("skip_invalid_utf8", d.skip_invalid_utf8,
                        "Skip and count lines with invalid UTF-8 instead of failing.")
   for name in ("max_length", "batch_size", "synthetic_vocab_size", "synthetic_max_length",
@@ -316,7 +318,7 @@ def data_config(fv=FLAGS) -> DataConfig:
       vocab_type=fv.vocab_type, vocab_size=fv.vocab_size,
       vocab_sample_sentences=fv.vocab_sample_sentences, max_length=fv.max_length,
       batch_size=fv.batch_size, static_shapes=fv.static_shapes,
-      shuffle_buffer=fv.shuffle_buffer, seed=fv.seed if "seed" in fv else 1,
+      seed=fv.seed if "seed" in fv else 1,
       skip_invalid_utf8=fv.skip_invalid_utf8,
       accum_steps=fv.accum_steps if "accum_steps" in fv else 1)
 
@@ -391,14 +393,21 @@ def _value(fv, name) -> str:
   return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def check_train_flags(argv, fv=FLAGS) -> None:
+def check_train_flags(argv, fv=FLAGS) -> list:
   """Refuses flags typed for `train` that this run would silently ignore.
+
+  Returns:
+    Warnings to log, one line each (deprecated flags).
 
   Raises:
     flags.ValidationError: naming each such flag, why it is unused and what to do.
   """
+  warnings = []
+  if "shuffle_buffer" in fv and fv.shuffle_buffer is not None:
+    warnings.append("--shuffle_buffer is ignored: training shuffles the whole corpus "
+                    "every epoch (no buffer); drop the flag")
   if "dry_run" in fv and fv.dry_run:
-    return  # builds the model from the model flags (including --vocab_size) only
+    return warnings  # builds the model from the model flags (including --vocab_size) only
   source = fv.data_source
   ignored = set(itertools.chain.from_iterable(
       names for kind, names in _SOURCE_FLAGS.items() if kind != source))
@@ -422,6 +431,7 @@ def check_train_flags(argv, fv=FLAGS) -> None:
             f"{_fix_for(name)}, or drop --{name}")
   if problems:
     raise flags.ValidationError("; ".join(problems) + ".")
+  return warnings
 
 
 def _fix_for(name: str) -> str:

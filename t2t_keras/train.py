@@ -130,7 +130,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
   try:
-    t2t_flags.check_train_flags(sys.argv)
+    for warning in t2t_flags.check_train_flags(sys.argv):
+      logging.warning(warning)
   except flags.ValidationError as error:
     print(f"error: {error}", file=sys.stderr)
     sys.exit(2)

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from t2t_keras import BOS_ID, EOS_ID, PAD_ID
 from t2t_keras.configs import DataConfig
-from t2t_keras.data import cache, pipeline
+from t2t_keras.data import cache, pipeline, plan
 from t2t_keras.data.sources import DataError
 
 WORDS = "the a house cat dog runs sleeps under over small big green Haus Katze grün".split()
@@ -43,7 +43,7 @@ def corpus(tmp_path_factory):
   (src, tgt), pairs = _write_corpus(folder)
   config = DataConfig(source="files", train_src=src, train_tgt=tgt, dev_src=src,
                       dev_tgt=tgt, data_dir=os.path.join(folder, "data"),
-                      vocab_size=100, max_length=32, batch_size=96, shuffle_buffer=1000)
+                      vocab_size=100, max_length=32, batch_size=96)
   return config, pairs, pipeline.make_datasets(config)
 
 
@@ -115,12 +115,24 @@ def test_rows_end_with_eos_and_hold_no_bos(corpus):
       assert (row[len(content):] == PAD_ID).all()  # Padding only at the end.
 
 
-def test_train_epoch_has_every_kept_pair_exactly_once(corpus):
+def _assert_epoch(seen, kept, config, group=1):
+  """Every kept pair at least once; the rest only completes a bucket's last step."""
+  seen, kept = collections.Counter(seen), collections.Counter(kept)
+  assert set(seen) == set(kept)
+  assert all(seen[pair] >= count for pair, count in kept.items())
+  extra = sum(seen.values()) - sum(kept.values())
+  lengths = pipeline.bucket_boundaries(8, config.max_length)
+  assert extra < group * sum(pipeline.bucket_batch_sizes(lengths, config.batch_size))
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_train_epoch_has_every_kept_pair(corpus, static):
   config, pairs, data = corpus
+  config = dataclasses.replace(config, static_shapes=static)
   seen = []
   for batch in pipeline.train_dataset(config, data.tokenizer, repeat=False):
     seen += _rows(batch, data.tokenizer)
-  assert collections.Counter(seen) == collections.Counter(_kept(pairs))
+  _assert_epoch(seen, _kept(pairs), config)
 
 
 @pytest.mark.parametrize("static", [False, True])
@@ -152,7 +164,7 @@ def test_shards_partition_the_data(corpus):
       assert batch["inputs"].shape[0] * batch["inputs"].shape[1] <= config.batch_size
     assert 0.3 < len(shard) / NUM_NORMAL < 0.7
     seen += shard
-  assert collections.Counter(seen) == collections.Counter(_kept(pairs))
+  _assert_epoch(seen, _kept(pairs), config, group=2)
 
 
 def test_shuffle_is_seeded(corpus):
@@ -215,18 +227,38 @@ def test_unknown_source_is_a_clear_error():
     pipeline.make_datasets(DataConfig(source="parsing"))
 
 
-def test_iterator_state_checkpoints_and_resumes(tmp_path):
-  config = DataConfig(synthetic_train_size=300, batch_size=64, max_length=16,
-                      shuffle_buffer=100)
+@pytest.mark.parametrize("pipelines,accum", [(1, 1), (2, 2)])
+def test_start_step_equals_skipping_and_costs_one_epoch_plan(monkeypatch, pipelines,
+                                                             accum):
+  """Resume: starting at step k gives exactly the batches that follow k steps, on every
+  input pipeline, and computes only the plan of k's epoch (its cost does not grow
+  with k; skipping replayed every earlier batch)."""
+  config = DataConfig(synthetic_train_size=300, batch_size=64, max_length=16)
   data = pipeline.make_datasets(config)
-  iterator = iter(data.train_fn())
-  for _ in range(3):
-    next(iterator)
-  path = tf.train.Checkpoint(iterator=iterator).save(str(tmp_path / "ckpt"))
-  expected = [next(iterator)["inputs"].numpy().tolist() for _ in range(4)]
-  resumed = iter(data.train_fn())
-  tf.train.Checkpoint(iterator=resumed).restore(path)
-  assert [next(resumed)["inputs"].numpy().tolist() for _ in range(4)] == expected
+  per_step = accum  # one replica per pipeline
+  for pipeline_id in range(pipelines):
+    ctx = tf.distribute.InputContext(num_input_pipelines=pipelines,
+                                     input_pipeline_id=pipeline_id,
+                                     num_replicas_in_sync=pipelines)
+    straight = data.train_fn(ctx, accum_steps=accum).skip(7 * per_step).take(9)
+    resumed = data.train_fn(ctx, start_step=7, accum_steps=accum).take(9)
+    for a, b in zip(straight, resumed, strict=True):
+      assert a["inputs"].numpy().tolist() == b["inputs"].numpy().tolist()
+      assert a["targets"].numpy().tolist() == b["targets"].numpy().tolist()
+  made = []
+  make = plan.BatchPlan._make_epoch
+  monkeypatch.setattr(plan.BatchPlan, "_make_epoch",
+                      lambda self, number: made.append(number) or make(self, number))
+  far = 10**9  # steps: tens of millions of epochs of this corpus
+  batch = next(iter(data.train_fn(start_step=far)))
+  units = plan.BatchPlan(data_lengths(config), pipeline.bucket_boundaries(
+      8, config.max_length), config.batch_size, 1, config.seed).units_per_epoch
+  assert made == [far // units]
+  assert batch["inputs"].shape[0] > 0
+
+
+def data_lengths(config):
+  return pipeline.load_split(config, "train", None).lengths
 
 
 def test_interrupted_cache_build_is_not_trusted(tmp_path, monkeypatch):
@@ -238,7 +270,7 @@ def test_interrupted_cache_build_is_not_trusted(tmp_path, monkeypatch):
   def crash(*args):
     raise KeyboardInterrupt("killed while tokenizing")
 
-  monkeypatch.setattr(cache, "_lengths", crash)
+  monkeypatch.setattr(cache, "_write_ids", crash)
   with pytest.raises(KeyboardInterrupt):
     pipeline.make_datasets(config)
   monkeypatch.undo()
@@ -247,15 +279,14 @@ def test_interrupted_cache_build_is_not_trusted(tmp_path, monkeypatch):
   seen = []
   for batch in pipeline.train_dataset(config, data.tokenizer, repeat=False):
     seen += _rows(batch, data.tokenizer)
-  assert collections.Counter(seen) == collections.Counter(_kept(pairs))
+  _assert_epoch(seen, _kept(pairs), config)
 
 
 def test_shuffle_covers_concatenated_corpora(tmp_path):
   """Two corpora concatenated (as WMT14 is distributed: Europarl, then Common Crawl,
-  ...), each far larger than the shuffle buffer: the first 1,000 training pairs of an
-  epoch come from both, in proportion; the epoch still holds every pair once, and each
-  of 2 workers' shards likewise."""
-  n = 25_000  # per corpus: ~25 cached batches of 1,024 pairs, 2.5x the shuffle buffer
+  ...): the first 1,000 training pairs of an epoch come from both, in proportion; the
+  epoch holds every pair, and so do 2 workers' shards together, each half of it."""
+  n = 25_000  # per corpus
   src = [f"alpha {i % 97} x" for i in range(n)] + [f"beta {i % 89} y" for i in range(n)]
   paths = [str(tmp_path / "train.src"), str(tmp_path / "train.tgt")]
   for path in paths:
@@ -263,29 +294,61 @@ def test_shuffle_covers_concatenated_corpora(tmp_path):
       f.write("\n".join(src) + "\n")
   config = DataConfig(source="files", train_src=paths[0], train_tgt=paths[1],
                       data_dir=str(tmp_path / "data"), vocab_size=300, max_length=16,
-                      batch_size=256, shuffle_buffer=10_000)
+                      batch_size=256)
   data = pipeline.make_datasets(config)
-  first, seen = [], collections.Counter()
+  first, seen = [], []
   for batch in pipeline.train_dataset(config, data.tokenizer, repeat=False):
     rows = _rows(batch, data.tokenizer)
-    seen.update(rows)
+    seen += rows
     first += [s for s, _ in rows][:max(0, 1000 - len(first))]
-  expected = collections.Counter((s.encode(), s.encode()) for s in src)
-  assert seen == expected  # every pair once in the epoch
-  workers = collections.Counter()
-  for i in range(2):  # 2 input pipelines: disjoint halves that make up the epoch
+  expected = [(s.encode(), s.encode()) for s in src]
+  _assert_epoch(seen, expected, config)
+  workers = []
+  for i in range(2):  # 2 input pipelines: halves that make up the epoch
     ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=i,
                                      num_replicas_in_sync=2)
-    mine = collections.Counter(row for b in pipeline.train_dataset(
-        config, data.tokenizer, ctx, repeat=False) for row in _rows(b, data.tokenizer))
-    assert 0.45 < sum(mine.values()) / (2 * n) < 0.55
-    workers.update(mine)
-  assert workers == expected  # together exactly the epoch: each pair on one worker
+    mine = [row for b in pipeline.train_dataset(config, data.tokenizer, ctx, repeat=False)
+            for row in _rows(b, data.tokenizer)]
+    assert 0.45 < len(mine) / (2 * n) < 0.55
+    workers += mine
+  _assert_epoch(workers, expected, config, group=2)
+  # A whole-corpus shuffle: a binomial share (sd 0.016), loosely bounded. Reading in
+  # corpus order gives 1.0 (and a 10,000-pair buffer over it did too).
   share = sum(s.startswith(b"alpha") for s in first) / len(first)
-  # The buffer holds ~10 cached batches: a binomial share, loosely bounded. Reading in
-  # corpus order (as before) gives 1.0.
-  assert 0.1 < share < 0.9, share
+  assert 0.35 < share < 0.65, share
   for seed in (2, 3):  # other seeds, other orders, the same mix
     other = pipeline.train_dataset(dataclasses.replace(config, seed=seed), data.tokenizer)
     rows = [s for b in other.take(20) for s, _ in _rows(b, data.tokenizer)]
-    assert 0.1 < sum(s.startswith(b"alpha") for s in rows) / len(rows) < 0.9
+    assert 0.3 < sum(s.startswith(b"alpha") for s in rows) / len(rows) < 0.7
+
+
+def test_every_worker_and_replica_of_a_step_gets_the_same_shape():
+  """TPU pods: 2 workers (input pipelines) of 2 replicas each, 2 micro-batches: with
+  static shapes the 8 batches of every step share one [rows, length], the bucket's,
+  and the steps use a small set of shapes; without static shapes they differ."""
+  config = DataConfig(synthetic_train_size=3000, synthetic_max_length=20, max_length=24,
+                      batch_size=128, bucket_growth=1.5)
+  data = pipeline.make_datasets(config)
+  lengths = pipeline.bucket_boundaries(8, 24, 1.5)
+  buckets = {(128 // n, n) for n in lengths}
+
+  def shapes_per_step(static, steps=25):
+    per_worker = []
+    for worker in range(2):
+      ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=worker,
+                                       num_replicas_in_sync=4)
+      ds = pipeline.train_dataset(dataclasses.replace(config, static_shapes=static),
+                                  split=pipeline.load_split(config, "train", None),
+                                  input_context=ctx, accum_steps=2)
+      shapes = [(tuple(b["inputs"].shape), tuple(b["targets"].shape))
+                for b in ds.take(4 * steps)]
+      per_worker.append([shapes[4 * i:4 * i + 4] for i in range(steps)])
+    return [a + b for a, b in zip(*per_worker)]
+
+  static = shapes_per_step(True)
+  assert all(len(set(step)) == 1 for step in static), static
+  programs = {step[0][0] for step in static}
+  assert programs <= buckets and len(programs) >= 2
+  assert all(src == tgt for step in static for src, tgt in step)
+  dynamic = shapes_per_step(False)
+  assert any(len(set(step)) > 1 for step in dynamic)

@@ -95,20 +95,25 @@ def test_missing_dev_file_is_a_clear_error(tmp_path):
                                         train_tgt="b"), "dev") is None
 
 
+def _pairs(config, split):
+  """(source ids, target ids) of every pair of a synthetic split, in order."""
+  return list(pipeline.load_split(config, split, None).dataset().unbatch()
+              .as_numpy_iterator())
+
+
 @pytest.mark.parametrize("task", ["copy", "reverse"])
 def test_synthetic_tasks(task):
   config = DataConfig(source="synthetic", synthetic_task=task, synthetic_min_length=2,
                       synthetic_max_length=6, synthetic_vocab_size=5,
                       synthetic_train_size=200)
-  pairs = list(sources.synthetic_ids(config, "train", 64).unbatch().as_numpy_iterator())
+  pairs = _pairs(config, "train")
   assert len(pairs) == 200
   lengths = {len(s) for s, _ in pairs}
   assert lengths == set(range(2, 7))
   for src, tgt in pairs:
     assert src.min() >= NUM_RESERVED_IDS and src.max() < NUM_RESERVED_IDS + 5
     np.testing.assert_array_equal(tgt, src if task == "copy" else src[::-1])
-  again = list(sources.synthetic_ids(config, "train").unbatch().as_numpy_iterator())
-  dev = list(sources.synthetic_ids(config, "dev").unbatch().as_numpy_iterator())
+  again, dev = _pairs(config, "train"), _pairs(config, "dev")
   assert all(np.array_equal(a[0], b[0]) for a, b in zip(pairs, again))
   assert not all(np.array_equal(a[0], b[0]) for a, b in zip(pairs, dev))
 

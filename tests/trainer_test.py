@@ -269,7 +269,7 @@ def test_xla_static_shapes_trace_once_per_bucket_shape_at_most(tmp_path):
                            synthetic_vocab_size=16, synthetic_train_size=2000,
                            synthetic_eval_size=10, max_length=24, batch_size=128,
                            static_shapes=True, data_dir=str(tmp_path / "data"),
-                           shuffle_buffer=2000, bucket_growth=1.5)
+                           bucket_growth=1.5)
   datasets = pipeline.make_datasets(data_config)
   steps = 40
   shapes = {tuple(b["targets"].shape) for b in datasets.train_fn().take(steps)}
@@ -384,7 +384,7 @@ def _shapes_per_step(static, steps=30, accum_steps=1):
   from t2t_keras.data import pipeline  # pylint: disable=import-outside-toplevel
   config = DataConfig(source="synthetic", synthetic_max_length=20, synthetic_vocab_size=16,
                       synthetic_train_size=3000, synthetic_eval_size=10, max_length=24,
-                      batch_size=128, static_shapes=static, shuffle_buffer=3000,
+                      batch_size=128, static_shapes=static,
                       bucket_growth=1.5, accum_steps=accum_steps)
   datasets = pipeline.make_datasets(config)
   strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
@@ -421,7 +421,7 @@ def test_static_two_replicas_equal_one_with_accumulation_on_the_real_pipeline(tm
     data = pipeline.make_datasets(DataConfig(
         source="synthetic", synthetic_max_length=12, synthetic_vocab_size=16,
         synthetic_train_size=2000, synthetic_eval_size=10, max_length=16, batch_size=96,
-        static_shapes=True, shuffle_buffer=2000, accum_steps=accum))
+        static_shapes=True, accum_steps=accum))
     model = dataclasses.replace(MODEL, vocab_size=data.vocab_size)
     runs[name] = train(tmp_path, name, 5, strategy=strategy, model=model,
                        dataset_fn=data.train_fn, accum_steps=accum, learning_rate=0.05,

@@ -12,13 +12,15 @@ cannot corrupt each other. (Directory renames would be neater, but are not atomi
 not supported, on every tf.io.gfile filesystem such as gs://.)
 
 Layout: data_dir/cache/validation-<key>.json and data_dir/cache/<split>-<key>/
-{build-<id>/{data/ (tf.data.Dataset.save: (batch index, pairs) in NUM_SHARDS contiguous
-shards), lengths.npy (token counts per pair)}, stats.json}.
+{build-<id>/{source.bin, target.bin (the ids of all pairs of a side, concatenated in
+corpus order, little-endian int32), lengths.npy (int32 [pairs, 2] token counts)},
+stats.json}. Offsets follow from the lengths, so any pair is read in constant time.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -26,7 +28,7 @@ import os
 import sys
 import time
 import uuid
-from typing import Callable, Optional
+from typing import Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -36,12 +38,8 @@ from t2t_keras import parsing
 from t2t_keras.configs import DataConfig
 from t2t_keras.data import sources
 
-CACHE_VERSION = 2  # 2: contiguous shards, read in a shuffled interleave for training
-VALIDATION_VERSION = 1  # the stored result of validating raw files (unchanged by v2)
-# The cache is cut into this many contiguous shards (fewer for small corpora). Training
-# reads all of them at once, one batch of each in turn, in a seeded order, so the
-# example shuffle buffer mixes the whole corpus, not a window of it.
-NUM_SHARDS = 64
+CACHE_VERSION = 3  # 3: flat id arrays with random access (2: tf.data shards)
+VALIDATION_VERSION = 1  # the stored result of validating raw files (unchanged since)
 _HEAD_TAIL_BYTES = 1 << 20
 BATCH_ROWS = 1024  # Pairs per cached element.
 _PROGRESS_EVERY = 100_000
@@ -149,53 +147,74 @@ def _write_json_atomic(path: str, obj):
 
 @dataclasses.dataclass(frozen=True)
 class TokenizedSplit:
-  """Every pair of a split as ids (no EOS), in batches, plus their token counts.
+  """Every pair of a split as ids (no EOS), with random access by pair index.
 
-  Elements are batches, not pairs, because tf.data's cost is per element: reading,
-  filtering and appending EOS to 1024 pairs at once is far cheaper than one by one.
+  The ids of each side are one flat array (the pairs' ids concatenated in corpus
+  order), memory-mapped from the cache when it is on a local disk, so a corpus of
+  millions of pairs costs no memory and any pair is read in constant time: training
+  reads the batches a step needs wherever they are (see `data.plan`).
 
   Attributes:
     path: the cache entry directory (None for in-memory synthetic data).
     lengths: int32 [N, 2] (source, target) token counts per pair, without EOS.
     invalid_utf8: pairs skipped because a side was not valid UTF-8.
-    make_dataset: `make_dataset(shuffle_seed)` returns a fresh dataset of
-      (source_ids, target_ids) int32 RaggedTensors [b, None] with b <= BATCH_ROWS: in
-      corpus order for None, else in a corpus-wide order derived from the seed (see
-      `load_shards`).
+    source: int32 [sum of source lengths] the source ids of all pairs.
+    target: int32 [sum of target lengths] the target ids of all pairs.
   """
 
   path: Optional[str]
   lengths: np.ndarray
   invalid_utf8: int
-  make_dataset: Callable[[Optional[int]], tf.data.Dataset]
+  source: np.ndarray
+  target: np.ndarray
 
-  def dataset(self, shuffle_seed: Optional[int] = None) -> tf.data.Dataset:
-    return self.make_dataset(shuffle_seed)
+  @functools.cached_property
+  def _starts(self) -> np.ndarray:
+    """int64 [N, 2] offset of each pair's ids in `source` / `target`."""
+    ends = np.cumsum(self.lengths, axis=0, dtype=np.int64)
+    return ends - self.lengths
+
+  def gather(self, indices: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The pairs at `indices`: (source ids, target ids, lengths [n, 2]), ids flat."""
+    lengths = self.lengths[indices]
+    starts = self._starts[indices]
+    flat = []
+    for side, ids in enumerate((self.source, self.target)):
+      n = lengths[:, side].astype(np.int64)
+      first = np.cumsum(n) - n  # where each pair's ids start in the output
+      flat.append(np.asarray(ids[np.repeat(starts[:, side] - first, n)
+                                 + np.arange(int(n.sum()))]))
+    return flat[0], flat[1], lengths
+
+  def dataset(self) -> tf.data.Dataset:
+    """All pairs in corpus order, as batches of (source_ids, target_ids) int32
+    RaggedTensors [b, None], b <= BATCH_ROWS (tf.data's cost is per element, so
+    filtering and appending EOS are cheaper on 1,024 pairs at once)."""
+    size = len(self.lengths)
+
+    def read(batch):
+      src, tgt, lengths = self.gather(np.arange(batch * BATCH_ROWS,
+                                                min((batch + 1) * BATCH_ROWS, size)))
+      return src, tgt, lengths
+
+    def to_ragged(batch):
+      src, tgt, lengths = tf.numpy_function(read, [batch], [tf.int32, tf.int32, tf.int32],
+                                            stateful=False)
+      lengths = tf.reshape(lengths, [-1, 2])
+      return (tf.RaggedTensor.from_row_lengths(tf.reshape(src, [-1]), lengths[:, 0]),
+              tf.RaggedTensor.from_row_lengths(tf.reshape(tgt, [-1]), lengths[:, 1]))
+
+    return tf.data.Dataset.range(-(-size // BATCH_ROWS)).map(to_ragged)
 
 
-def load_shards(data: str, num_shards: int, shuffle_seed: Optional[int] = None
-                ) -> tf.data.Dataset:
-  """Reads a cache written by `_build`: shards in order, or interleaved in a shuffled order.
-
-  With a seed, the shards (contiguous blocks of the corpus) are put in a seeded order
-  and read one batch of each in turn: any window of `num_shards` consecutive batches
-  holds one batch from every 1/num_shards of the corpus. Deterministic for a seed, so
-  every worker of a run sees the same sequence (sharding by position relies on it) and
-  a resumed run replays it. As every seeded tf.data op, the order also depends on
-  TensorFlow's global seed, which training sets from --seed on every worker. The batch
-  order is the same every epoch; the pipeline's example shuffle buffer, which spans
-  many batches, reshuffles pairs each epoch.
-  """
-  if shuffle_seed is None:
-    def reader(shards):
-      return shards.flat_map(lambda shard: shard)
-  else:
-    def reader(shards):
-      # Sequential interleave: deterministic without a `deterministic` argument.
-      return shards.shuffle(num_shards, seed=shuffle_seed,
-                            reshuffle_each_iteration=False).interleave(
-          lambda shard: shard, cycle_length=num_shards, block_length=1)
-  return tf.data.Dataset.load(data, reader_func=reader).map(lambda index, pair: pair)
+def _read_ids(path: str, count: int) -> np.ndarray:
+  """A flat int32 array written by `_build`: memory-mapped from a local disk."""
+  if count == 0:
+    return np.zeros([0], np.int32)
+  if "://" not in path:
+    return np.memmap(path, dtype="<i4", mode="r", shape=(count,))
+  with tf.io.gfile.GFile(path, "rb") as f:  # e.g. gs://: read once into memory
+    return np.frombuffer(f.read(), dtype="<i4")
 
 
 def _progress(ds: tf.data.Dataset, what: str) -> tf.data.Dataset:
@@ -228,12 +247,6 @@ def tokenize_pairs(text: tf.data.Dataset, tokenizer, what: Optional[str] = "pair
 
   ds = text.batch(BATCH_ROWS).map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
   return ds if what is None else _progress(ds, what)
-
-
-def _lengths(ds: tf.data.Dataset) -> np.ndarray:
-  counts = ds.map(lambda s, t: tf.stack([s.row_lengths(), t.row_lengths()], axis=1))
-  arrays = [batch for batch in counts.as_numpy_iterator()]
-  return (np.concatenate(arrays) if arrays else np.zeros([0, 2])).astype(np.int32)
 
 
 def tokenized_split(config: DataConfig, split: str, tokenizer,
@@ -274,10 +287,10 @@ def tokenized_split(config: DataConfig, split: str, tokenizer,
   build = os.path.join(path, stats["build"])
   with tf.io.gfile.GFile(os.path.join(build, "lengths.npy"), "rb") as f:
     lengths = np.load(io.BytesIO(f.read()))
-  data = os.path.join(build, "data")
-  shards = stats["shards"]
+  totals = lengths.sum(axis=0, dtype=np.int64) if len(lengths) else [0, 0]
   return TokenizedSplit(path=path, lengths=lengths, invalid_utf8=stats["invalid_utf8"],
-                        make_dataset=lambda seed: load_shards(data, shards, seed))
+                        source=_read_ids(os.path.join(build, "source.bin"), int(totals[0])),
+                        target=_read_ids(os.path.join(build, "target.bin"), int(totals[1])))
 
 
 def _build(config: DataConfig, split: str, tokenizer, path: str, invalid: int):
@@ -287,18 +300,11 @@ def _build(config: DataConfig, split: str, tokenizer, path: str, invalid: int):
   build = os.path.join(path, name)
   start = time.time()
   logging.info("Tokenizing the %s split into %s", split, build)
-  # First in one file, in corpus order (the batch count is unknown while streaming),
-  # then cut into contiguous shards, each batch stored with its index.
-  single = os.path.join(build, "single")
-  tokenize_pairs(text, tokenizer, split).save(
-      single, shard_func=lambda *_: tf.constant(0, tf.int64))
-  lengths = _lengths(tf.data.Dataset.load(single))
-  num_batches = max(-(-len(lengths) // BATCH_ROWS), 1)
-  shards = min(NUM_SHARDS, num_batches)
-  tf.data.Dataset.load(single).enumerate().save(
-      os.path.join(build, "data"),
-      shard_func=lambda index, pair: index * shards // num_batches)
-  tf.io.gfile.rmtree(single)
+  tf.io.gfile.makedirs(build)
+  flat = tokenize_pairs(text, tokenizer, split).map(
+      lambda s, t: (s.flat_values, t.flat_values,
+                    tf.stack([s.row_lengths(), t.row_lengths()], axis=1)))
+  lengths = _write_ids(flat, build)
   buffer = io.BytesIO()
   np.save(buffer, lengths)
   with tf.io.gfile.GFile(os.path.join(build, "lengths.npy"), "wb") as f:
@@ -307,5 +313,17 @@ def _build(config: DataConfig, split: str, tokenizer, path: str, invalid: int):
   logging.info("Tokenized %d %s pairs in %.1fs (%.0f pairs/s)", len(lengths), split,
                seconds, len(lengths) / max(seconds, 1e-9))
   _write_json_atomic(os.path.join(path, "stats.json"),  # The commit.
-                     {"build": name, "pairs": int(len(lengths)), "invalid_utf8": invalid,
-                      "shards": shards})
+                     {"build": name, "pairs": int(len(lengths)), "invalid_utf8": invalid})
+
+
+def _write_ids(flat: tf.data.Dataset, build: str) -> np.ndarray:
+  """Streams (source ids, target ids, lengths) batches into source.bin and target.bin
+  (flat little-endian int32) and returns the lengths, int32 [N, 2]."""
+  lengths = []
+  with tf.io.gfile.GFile(os.path.join(build, "source.bin"), "wb") as src_file, \
+      tf.io.gfile.GFile(os.path.join(build, "target.bin"), "wb") as tgt_file:
+    for src, tgt, counts in flat.as_numpy_iterator():
+      src_file.write(src.astype("<i4").tobytes())
+      tgt_file.write(tgt.astype("<i4").tobytes())
+      lengths.append(counts)
+  return (np.concatenate(lengths) if lengths else np.zeros([0, 2])).astype(np.int32)

@@ -9,11 +9,13 @@ batch carries at most batch_size tokens per side. batch_size is per replica.
 
 Bucket i holds pairs whose length (tokens + EOS, the longer side) is <= L_i. Dynamic
 mode pads each batch to its longest sequence (per side). Static mode (TPU/XLA) pads
-both sides to L_i with exactly batch_size // L_i rows (drop_remainder), so a compiled
-step sees one shape per bucket.
+both sides to L_i with exactly batch_size // L_i rows, so a compiled step sees one
+shape per bucket.
 
-Train: empty pairs and pairs longer than max_length are dropped and counted; shuffled
-with the seed; repeated. Eval: never dropped, shuffled or repeated: every pair
+Train: empty pairs and pairs longer than max_length are dropped and counted; the
+rest are batched by `plan.BatchPlan`: the whole corpus shuffled by (seed, epoch), one
+bucket per step for all replicas and micro-batches, any step reachable at once
+(resume). Eval: never dropped, shuffled or repeated: every pair
 appears exactly once; empty sides become just EOS; pairs longer than max_length are
 kept in extra buckets (up to the longest pair; such a batch has at least one row even
 if it then exceeds the budget), and in static mode the last batch of each bucket is
@@ -33,7 +35,7 @@ from absl import logging
 
 from t2t_keras import EOS_ID, PAD_ID
 from t2t_keras.configs import DataConfig
-from t2t_keras.data import cache, sources
+from t2t_keras.data import cache, plan, sources
 from t2t_keras.data import tokenizer as tokenizer_lib
 
 
@@ -100,8 +102,7 @@ def load_split(config: DataConfig, split: str, tokenizer
     src, tgt, lengths = sources.synthetic_examples(config, split)
     return cache.TokenizedSplit(
         path=None, lengths=np.stack([lengths, lengths], axis=1).astype(np.int32),
-        invalid_utf8=0,
-        make_dataset=lambda seed: sources.synthetic_ids(config, split, cache.BATCH_ROWS))
+        invalid_utf8=0, source=src, target=tgt)
   if config.source not in ("files", "tfds", "parsing"):
     raise ValueError(f"source={config.source!r} is not one of {sources.SOURCES}")
   return cache.tokenized_split(config, split, tokenizer,
@@ -111,25 +112,20 @@ def load_split(config: DataConfig, split: str, tokenizer
 _CHUNK_ROWS = 64  # Rows of similar length padded together before unbatching.
 
 
-def _examples(split: cache.TokenizedSplit, input_context=None,
-              max_length: Optional[int] = None,
-              shuffle_seed: Optional[int] = None) -> tf.data.Dataset:
-  """Pairs of a split as {"inputs", "targets"} id vectors ending with EOS.
+def _examples(split: cache.TokenizedSplit, input_context=None) -> tf.data.Dataset:
+  """Pairs of a split, in corpus order, as {"inputs", "targets"} id vectors ending
+  with EOS.
 
   tf.data's cost is per function call, so everything per pair is vectorized over
-  the cached batches: sharding, filtering, EOS, and padding to dense rows (sorted by
-  length, in chunks of similar length, so rows carry little padding). Unbatching
-  dense rows calls no function. Rows may end with PAD beyond their EOS; `_trim`
-  cuts batches to size (ids are never PAD inside a sequence).
+  batches of the split: sharding, EOS, and padding to dense rows (sorted by length, in
+  chunks of similar length, so rows carry little padding). Unbatching dense rows calls
+  no function. Rows may end with PAD beyond their EOS; `_trim` cuts batches to size
+  (ids are never PAD inside a sequence).
 
   Args:
     split: the tokenized split.
     input_context: keep only this input pipeline's pairs (pair index modulo the
       number of pipelines, so shards are disjoint and balanced).
-    max_length: if set, drop pairs with an empty side or more than max_length ids
-      (EOS included) on either side.
-    shuffle_seed: read the cached batches in a corpus-wide shuffled order
-      (`cache.load_shards`); None keeps corpus order.
   """
   num_shards, shard = 1, 0
   if input_context is not None:
@@ -141,9 +137,6 @@ def _examples(split: cache.TokenizedSplit, input_context=None,
     src_len, tgt_len = src.row_lengths(), tgt.row_lengths()
     rows = index * cache.BATCH_ROWS + tf.range(tf.size(src_len, tf.int64))
     keep = tf.equal(rows % num_shards, shard)
-    if max_length is not None:
-      keep &= (src_len > 0) & (tgt_len > 0)
-      keep &= tf.maximum(src_len, tgt_len) + 1 <= max_length
     order = tf.argsort(tf.boolean_mask(tf.maximum(src_len, tgt_len), keep))
     eos = tf.fill([tf.size(order), 1], EOS_ID)
     src, tgt = (tf.concat([tf.gather(tf.ragged.boolean_mask(tf.cast(x, tf.int32), keep),
@@ -156,8 +149,7 @@ def _examples(split: cache.TokenizedSplit, input_context=None,
         "inputs": src[i:i + _CHUNK_ROWS].to_tensor(PAD_ID),
         "targets": tgt[i:i + _CHUNK_ROWS].to_tensor(PAD_ID)})
 
-  ds = split.dataset(shuffle_seed).enumerate().map(prepare,
-                                                  num_parallel_calls=tf.data.AUTOTUNE)
+  ds = split.dataset().enumerate().map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
   return ds.flat_map(chunks).unbatch()
 
 
@@ -181,26 +173,24 @@ def _trim(batch: dict, lengths: List[int], static: bool) -> dict:
   return {k: v[:, :tf.reduce_max(_row_lengths(v))] for k, v in batch.items()}
 
 
-def _bucket(ds: tf.data.Dataset, lengths: List[int], batch_size: int, static: bool,
-            drop_remainder: bool, group: int = 1) -> tf.data.Dataset:
-  """Groups examples into the buckets of padded `lengths` (see module docstring).
-
-  With `group` > 1, every `group` consecutive batches come from one bucket: one batch
-  of `group` times the size is cut into `group` (with static shapes: the same shape
-  for every replica of a step).
-  """
+def _bucket(ds: tf.data.Dataset, lengths: List[int], batch_size: int, static: bool
+            ) -> tf.data.Dataset:
+  """Groups dev examples into the buckets of padded `lengths` (see module docstring)."""
   sizes = bucket_batch_sizes(lengths, batch_size)
   ds = ds.bucket_by_sequence_length(
       _length, bucket_boundaries=[n + 1 for n in lengths],
-      bucket_batch_sizes=[n * group for n in sizes] + [1],  # Last bucket stays empty.
-      padding_values={"inputs": PAD_ID, "targets": PAD_ID},
-      drop_remainder=drop_remainder)
-  ds = ds.map(lambda batch: _trim(batch, lengths, static),
-              num_parallel_calls=tf.data.AUTOTUNE)
-  if group > 1:
-    ds = ds.flat_map(lambda batch: tf.data.Dataset.from_tensor_slices(
-        {k: tf.reshape(v, [group, -1, tf.shape(v)[1]]) for k, v in batch.items()}))
-  return ds
+      bucket_batch_sizes=sizes + [1],  # Last bucket stays empty.
+      padding_values={"inputs": PAD_ID, "targets": PAD_ID})
+  return ds.map(lambda batch: _trim(batch, lengths, static),
+                num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def _pad(ids: np.ndarray, lengths: np.ndarray, width: int) -> np.ndarray:
+  """Flat ids of rows of `lengths` -> int32 [rows, width]: ids, EOS, then PAD."""
+  rows = np.zeros([len(lengths), width], np.int32)
+  rows[np.arange(width)[None, :] < lengths[:, None]] = ids  # row-major: row by row
+  rows[np.arange(len(lengths)), lengths] = EOS_ID
+  return rows
 
 
 def _check_budget(config: DataConfig):
@@ -213,44 +203,65 @@ def _check_budget(config: DataConfig):
 def train_dataset(config: DataConfig, tokenizer=None,
                   input_context: Optional[tf.distribute.InputContext] = None,
                   split: Optional[cache.TokenizedSplit] = None,
-                  repeat: bool = True) -> tf.data.Dataset:
-  """Shuffled, repeated, token-budget batches of the training split.
+                  repeat: bool = True, start_step: int = 0,
+                  accum_steps: Optional[int] = None) -> tf.data.Dataset:
+  """Token-budget batches of the training split, in the order of the batch plan.
+
+  The pairs of every step come from `plan.BatchPlan` (seeded, whole-corpus shuffle,
+  one bucket per step) and are read by index, so starting at any step costs the same.
 
   Args:
     config: data configuration; batch_size is the per-replica token budget.
     tokenizer: the tokenizer (needed unless `split` is given or source is synthetic).
-    input_context: from `distribute_datasets_from_function`; the data is sharded by
-      input_pipeline_id. The batch size is NOT divided (it is already per replica).
+    input_context: from `distribute_datasets_from_function`: this pipeline's share of
+      every step (the batches of its replicas). The batch size is NOT divided (it is
+      already per replica).
     split: preloaded split (make_datasets passes it; loaded from config otherwise).
-    repeat: False gives one epoch (each kept pair exactly once, bar static mode's
-      dropped remainders), e.g. for tests or epoch-based loops.
+    repeat: False gives one epoch (each kept pair at least once; see plan.py).
+    start_step: the first global step to produce batches for (resume).
+    accum_steps: micro-batches per replica per step (default config.accum_steps).
 
   Returns:
-    Infinite (if repeat) dataset of {"inputs": [B, S], "targets": [B, T]} int32.
+    Dataset of {"inputs": [B, S], "targets": [B, T]} int32: per step, one batch per
+    micro-batch and replica this pipeline feeds (micro-batch-major). With static
+    shapes, B and S = T are the bucket's rows and length.
   """
   _check_budget(config)
   split = split or load_split(config, "train", tokenizer)
-  # Corpus-wide: batches of every part of the corpus in turn (cache.load_shards), then
-  # pairs shuffled in a buffer; a corpus made of concatenated domains is mixed.
-  ds = _examples(split, input_context, config.max_length, shuffle_seed=config.seed)
-  ds = ds.shuffle(config.shuffle_buffer, seed=config.seed, reshuffle_each_iteration=True)
-  if repeat:
-    ds = ds.repeat()
+  accum_steps = accum_steps or config.accum_steps
+  pipelines, pipeline_id, replicas = 1, 0, 1
+  if input_context is not None:
+    pipelines = max(input_context.num_input_pipelines, 1)
+    pipeline_id = input_context.input_pipeline_id
+    replicas = max(input_context.num_replicas_in_sync // pipelines, 1)
+  per_step = replicas * accum_steps  # batches this pipeline yields per step
   lengths = bucket_boundaries(config.bucket_min, config.max_length,
                               config.bucket_growth)
-  # Static shapes (TPU): the batches of one update, for every replica this pipeline
-  # feeds and every micro-batch, are consecutive; take them from one bucket, so every
-  # core of a step has the same shape (and 2 replicas still see the batches 1 replica
-  # with --accum_steps=2 sees).
-  group = 1
-  if config.static_shapes:
-    replicas = 1
-    if input_context is not None:
-      replicas = max(input_context.num_replicas_in_sync
-                     // max(input_context.num_input_pipelines, 1), 1)
-    group = replicas * config.accum_steps
-  ds = _bucket(ds, lengths, config.batch_size, config.static_shapes,
-               drop_remainder=config.static_shapes, group=group)
+  batch_plan = plan.BatchPlan(split.lengths, lengths, config.batch_size,
+                              group=per_step * pipelines, seed=config.seed)
+  static = config.static_shapes
+
+  def read(element):
+    step, slot = divmod(int(element), per_step)
+    bucket, pairs = batch_plan.unit(step)
+    src, tgt, counts = split.gather(pairs[pipeline_id * per_step + slot])
+    if static:
+      widths = (lengths[bucket],) * 2
+    else:
+      widths = counts.max(axis=0) + 1
+    return (_pad(src, counts[:, 0], widths[0]), _pad(tgt, counts[:, 1], widths[1]))
+
+  def batch(element):
+    inputs, targets = tf.numpy_function(read, [element], [tf.int32, tf.int32],
+                                        stateful=False)
+    inputs.set_shape([None, None])
+    targets.set_shape([None, None])
+    return {"inputs": inputs, "targets": targets}
+
+  end = (batch_plan.units_per_epoch if not repeat else np.iinfo(np.int64).max // per_step
+         ) * per_step
+  ds = tf.data.Dataset.range(start_step * per_step, end)
+  ds = ds.map(batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   return ds.prefetch(tf.data.AUTOTUNE)
 
 
@@ -276,8 +287,7 @@ def eval_dataset(config: DataConfig, tokenizer=None,
   lengths = bucket_boundaries(config.bucket_min, max(config.max_length, stats.longest),
                               config.bucket_growth)
   ds = _examples(split, input_context)
-  ds = _bucket(ds, lengths, config.batch_size, config.static_shapes,
-               drop_remainder=False)
+  ds = _bucket(ds, lengths, config.batch_size, config.static_shapes)
   if config.static_shapes:
     batch_size = config.batch_size
 
@@ -298,14 +308,15 @@ class Datasets:
     tokenizer: in-graph tokenizer module (tokenize, detokenize, vocab_size); also
       the one to export with the model.
     vocab_size: ids in the vocabulary (ModelConfig.vocab_size).
-    train_fn: input_context (or None) -> infinite training dataset.
+    train_fn: `train_fn(input_context=None, start_step=0, accum_steps=None)` -> the
+      infinite training dataset from `start_step` on (see train_dataset).
     eval_fn: input_context (or None) -> one-pass dev dataset; None without dev data.
     train_stats / eval_stats: counts of the splits (eval_stats None without dev).
   """
 
   tokenizer: tf.Module
   vocab_size: int
-  train_fn: Callable[[Optional[tf.distribute.InputContext]], tf.data.Dataset]
+  train_fn: Callable[..., tf.data.Dataset]
   eval_fn: Optional[Callable[[Optional[tf.distribute.InputContext]], tf.data.Dataset]]
   train_stats: SplitStats
   eval_stats: Optional[SplitStats]
@@ -342,7 +353,11 @@ def make_datasets(config: DataConfig) -> Datasets:
     if eval_stats.pairs == 0:
       raise sources.DataError("The dev split is empty; fix it or leave it unset.")
     eval_fn = lambda ctx=None: eval_dataset(config, input_context=ctx, split=dev)  # noqa: E731
+
+  def train_fn(input_context=None, start_step=0, accum_steps=None):
+    return train_dataset(config, input_context=input_context, split=train,
+                         start_step=start_step, accum_steps=accum_steps)
+
   return Datasets(
-      tokenizer=tokenizer, vocab_size=tokenizer.vocab_size,
-      train_fn=lambda ctx=None: train_dataset(config, input_context=ctx, split=train),
+      tokenizer=tokenizer, vocab_size=tokenizer.vocab_size, train_fn=train_fn,
       eval_fn=eval_fn, train_stats=train_stats, eval_stats=eval_stats)

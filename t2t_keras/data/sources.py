@@ -413,19 +413,3 @@ def synthetic_examples(config: DataConfig, split: str
   ends = np.repeat(np.cumsum(lengths) - 1, lengths)
   positions = np.arange(len(sources))
   return sources, sources[starts + ends - positions], lengths
-
-
-def synthetic_ids(config: DataConfig, split: str,
-                  batch_rows: int = 1024) -> tf.data.Dataset:
-  """The synthetic task as batches of ids without EOS, in a fixed order.
-
-  Returns:
-    Dataset of (source_ids, target_ids) int32 RaggedTensors [b, None], b <= batch_rows.
-  """
-  sources, targets, lengths = synthetic_examples(config, split)
-  src = tf.RaggedTensor.from_row_lengths(sources, lengths)
-  tgt = tf.RaggedTensor.from_row_lengths(targets, lengths)
-  num_batches = -(-len(lengths) // batch_rows)
-  return tf.data.Dataset.range(num_batches).map(
-      lambda i: (src[i * batch_rows:(i + 1) * batch_rows],
-                 tgt[i * batch_rows:(i + 1) * batch_rows]))

@@ -7,13 +7,15 @@ its loss by the GLOBAL token count, so 1 and N replicas make the same update for
 same global batch; Keras' optimizer then sums the replicas' gradients.
 
 The step counter is `optimizer.iterations`; a `tf.train.CheckpointManager` keeps model
-and optimizer state, and the data position is replayed from the step count (see
-`_resuming`), so rerunning the same command resumes at the same step and data position.
+and optimizer state, and the data position follows from the step count (the data
+package's batch plan reads any step's batches directly; see `_resuming`), so rerunning
+the same command resumes at the same step and data position, at once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import signal
 import threading
@@ -217,19 +219,26 @@ class Trainer:
                                dropout_seeds=seeds)
 
   def _resuming(self, train_dataset_fn: DatasetFn, step: int) -> DatasetFn:
-    """Restores the data position by skipping the batches earlier steps consumed.
+    """The training data from `step` on, for this run's micro-batches per step.
 
-    Iterators of distributed datasets cannot be checkpointed, so the position is
-    replayed instead: the pipeline is deterministic for a seed (seeded shuffle,
-    deterministic parallel map), and each input pipeline feeds
-    replicas_in_sync / num_input_pipelines replicas per step.
+    A dataset function that takes `start_step` (the data package's, which reads the
+    pairs of any step directly) starts there, in time independent of the step, and is
+    told the trainer's accum_steps, so its steps are this trainer's. Any other
+    function is replayed: its first batches are skipped, which is right if it is
+    deterministic but costs time proportional to the step.
     """
-    def dataset_fn(ctx):
+    parameters = inspect.signature(train_dataset_fn).parameters
+    if "start_step" in parameters:
+      def seek(ctx):
+        return train_dataset_fn(ctx, start_step=step, accum_steps=self.config.accum_steps)
+      return seek
+
+    def replay(ctx):
       dataset = train_dataset_fn(ctx)
       per_step = self.strategy.num_replicas_in_sync // max(ctx.num_input_pipelines, 1)
       per_step *= self.config.accum_steps
       return dataset.skip(step * per_step) if step else dataset
-    return dataset_fn
+    return replay
 
   def train(self, train_dataset_fn: DatasetFn, eval_dataset_fn: Optional[DatasetFn] = None,
             progress: Callable[[str], None] = print,
