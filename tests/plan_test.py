@@ -60,3 +60,21 @@ def test_tiny_corpus_still_fills_whole_steps():
   bucket, pairs = batch_plan.unit(0)
   assert bucket == 0 and pairs.shape == (4, 8)
   assert set(pairs.ravel().tolist()) == {0, 1}
+
+
+def test_runs_share_a_bucket_and_per_bucket_steps_index_the_plan():
+  """With run=5 (5 steps per compiled call), steps 5k..5k+4 share a bucket; the k-th
+  step of a bucket (what a per-bucket dataset reads) is found both ways."""
+  batch_plan = plan.BatchPlan(_lengths(), BOUNDARIES, 128, group=2, seed=3, run=5)
+  units = batch_plan.units_per_epoch
+  assert units % 5 == 0
+  steps = range(2 * units + 7)  # into the third epoch
+  buckets = [batch_plan.bucket_of_step(s) for s in steps]
+  for first in range(0, len(buckets) - 5, 5):
+    assert len(set(buckets[first:first + 5])) == 1
+  assert len(set(buckets)) > 3
+  for bucket in set(buckets):
+    mine = [s for s in steps if buckets[s] == bucket]
+    assert [batch_plan.bucket_step(bucket, k) for k in range(len(mine))] == mine
+    for k, step in enumerate(mine):
+      assert batch_plan.bucket_steps_before(bucket, step) == k

@@ -431,3 +431,43 @@ def test_static_two_replicas_equal_one_with_accumulation_on_the_real_pipeline(tm
   assert r1.target_tokens == r2.target_tokens
   for a, b in zip(weights_of(one), weights_of(two)):
     np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def _compiled_step_signatures(tmp_path, static, steps):
+  """Trains `steps` steps with XLA on 2 replicas (5 steps per call); returns the input
+  shapes the XLA-compiled gradient step was traced for, and the buckets used."""
+  from t2t_keras.configs import DataConfig  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data import pipeline  # pylint: disable=import-outside-toplevel
+  datasets = pipeline.make_datasets(DataConfig(
+      source="synthetic", synthetic_max_length=20, synthetic_vocab_size=16,
+      synthetic_train_size=2000, synthetic_eval_size=10, max_length=24, batch_size=128,
+      static_shapes=static, bucket_growth=1.5))
+  config = TrainConfig(model_dir=str(tmp_path / f"static{static}"), strategy="mirrored",
+                       train_steps=steps, jit_compile=True, steps_per_loop=5,
+                       log_every=10, eval_every=1000, save_checkpoint_steps=1000,
+                       learning_rate_warmup_steps=10)
+  keras.utils.set_random_seed(0)
+  trainer = Trainer(dataclasses.replace(MODEL, vocab_size=datasets.vocab_size), config,
+                    distribute.create_strategy(config))
+  assert trainer.strategy.num_replicas_in_sync == 2
+  result = trainer.train(datasets.train_fn, progress=lambda line: None)
+  assert result.steps == steps and np.isfinite(result.final_loss)
+  shapes = [tuple(f.structured_input_signature[0][0]["inputs"].shape)
+            for f in trainer._compute_gradients._list_all_concrete_functions()]
+  plan = datasets.train_fn.plan(2, 5)
+  buckets = {plan.bucket_of_step(s) for s in range(steps)}
+  return shapes, buckets, trainer
+
+
+def test_xla_on_two_replicas_compiles_one_program_per_bucket(tmp_path):
+  """The TPU setting on 2 logical CPUs: with static shapes every batch the compiled
+  step is traced for has a fully static shape, one per bucket used (XLA compiles each
+  once); the loop of 5 steps is traced once per bucket too. Without static shapes the
+  step is traced for [None, None], which XLA recompiles for every new shape: the check
+  fails."""
+  shapes, buckets, trainer = _compiled_step_signatures(tmp_path, static=True, steps=20)
+  assert all(None not in shape for shape in shapes), shapes
+  assert len(buckets) >= 2 and len(set(shapes)) == len(buckets), (shapes, buckets)
+  assert trainer.train_fn.experimental_get_tracing_count() == len(buckets)
+  shapes, _, _ = _compiled_step_signatures(tmp_path, static=False, steps=5)
+  assert any(None in shape for shape in shapes)

@@ -113,6 +113,15 @@ def test_flags_typed_for_another_data_source_are_refused():
     t2t_flags.check_train_flags(argv, fv)
 
 
+def test_old_shuffle_buffer_flag_warns_and_is_otherwise_harmless():
+  argv, fv = _parsed("--flagfile=flags/demo.cfg")
+  assert t2t_flags.check_train_flags(argv, fv) == []
+  argv, fv = _parsed("--flagfile=flags/demo.cfg", "--shuffle_buffer=100000")
+  (warning,) = t2t_flags.check_train_flags(argv, fv)
+  assert "--shuffle_buffer is ignored" in warning and "drop the flag" in warning
+  t2t_flags.data_config(fv)  # builds without it
+
+
 def test_dry_run_reads_only_model_flags():
   argv, fv = _parsed("--dry_run", "--vocab_size=37000", "--hidden_size=1024")
   t2t_flags.check_train_flags(argv, fv)  # the default source is synthetic: no matter

@@ -27,6 +27,7 @@ Elements: {"inputs": int32 [B, S], "targets": int32 [B, T]}, ids + EOS, PAD 0.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Callable, List, Optional
 
 import numpy as np
@@ -200,69 +201,119 @@ def _check_budget(config: DataConfig):
                      "--max_length")
 
 
-def train_dataset(config: DataConfig, tokenizer=None,
-                  input_context: Optional[tf.distribute.InputContext] = None,
-                  split: Optional[cache.TokenizedSplit] = None,
-                  repeat: bool = True, start_step: int = 0,
-                  accum_steps: Optional[int] = None) -> tf.data.Dataset:
-  """Token-budget batches of the training split, in the order of the batch plan.
+class TrainData:
+  """The training split as the trainer reads it: batches of any step, at once.
 
-  The pairs of every step come from `plan.BatchPlan` (seeded, whole-corpus shuffle,
+  The pairs of every step come from a `plan.BatchPlan` (seeded, whole-corpus shuffle,
   one bucket per step) and are read by index, so starting at any step costs the same.
+  Plans are shared by all datasets of one TrainData (per-bucket datasets of every
+  input pipeline read the same plan).
 
   Args:
     config: data configuration; batch_size is the per-replica token budget.
-    tokenizer: the tokenizer (needed unless `split` is given or source is synthetic).
-    input_context: from `distribute_datasets_from_function`: this pipeline's share of
-      every step (the batches of its replicas). The batch size is NOT divided (it is
-      already per replica).
-    split: preloaded split (make_datasets passes it; loaded from config otherwise).
-    repeat: False gives one epoch (each kept pair at least once; see plan.py).
-    start_step: the first global step to produce batches for (resume).
-    accum_steps: micro-batches per replica per step (default config.accum_steps).
-
-  Returns:
-    Dataset of {"inputs": [B, S], "targets": [B, T]} int32: per step, one batch per
-    micro-batch and replica this pipeline feeds (micro-batch-major). With static
-    shapes, B and S = T are the bucket's rows and length.
+    split: the tokenized training split.
   """
-  _check_budget(config)
-  split = split or load_split(config, "train", tokenizer)
-  accum_steps = accum_steps or config.accum_steps
-  pipelines, pipeline_id, replicas = 1, 0, 1
-  if input_context is not None:
-    pipelines = max(input_context.num_input_pipelines, 1)
-    pipeline_id = input_context.input_pipeline_id
-    replicas = max(input_context.num_replicas_in_sync // pipelines, 1)
-  per_step = replicas * accum_steps  # batches this pipeline yields per step
-  lengths = bucket_boundaries(config.bucket_min, config.max_length,
-                              config.bucket_growth)
-  batch_plan = plan.BatchPlan(split.lengths, lengths, config.batch_size,
-                              group=per_step * pipelines, seed=config.seed)
-  static = config.static_shapes
 
-  def read(element):
-    step, slot = divmod(int(element), per_step)
-    bucket, pairs = batch_plan.unit(step)
-    src, tgt, counts = split.gather(pairs[pipeline_id * per_step + slot])
-    if static:
-      widths = (lengths[bucket],) * 2
+  def __init__(self, config: DataConfig, split: cache.TokenizedSplit):
+    _check_budget(config)
+    self.config = config
+    self.split = split
+    self.static_shapes = config.static_shapes
+    self.lengths = bucket_boundaries(config.bucket_min, config.max_length,
+                                     config.bucket_growth)
+    self._plans = {}
+    self._lock = threading.Lock()
+
+  def plan(self, group: int, steps_per_run: int = 1) -> plan.BatchPlan:
+    """The plan for `group` batches per step (replicas in sync x micro-batches)."""
+    with self._lock:
+      key = (group, steps_per_run)
+      if key not in self._plans:
+        self._plans[key] = plan.BatchPlan(self.split.lengths, self.lengths,
+                                          self.config.batch_size, group=group,
+                                          seed=self.config.seed, run=steps_per_run)
+      return self._plans[key]
+
+  def bucket_shape(self, bucket: int) -> List[int]:
+    """[rows, length] of every batch of `bucket` with static shapes."""
+    length = self.lengths[bucket]
+    return [max(1, self.config.batch_size // length), length]
+
+  def __call__(self, input_context: Optional[tf.distribute.InputContext] = None,
+               start_step: int = 0, accum_steps: Optional[int] = None,
+               bucket: Optional[int] = None, steps_per_run: int = 1,
+               repeat: bool = True) -> tf.data.Dataset:
+    """Batches from `start_step` on.
+
+    Args:
+      input_context: from `distribute_datasets_from_function`: this pipeline's share
+        of every step (the batches of its replicas). The batch size is NOT divided
+        (it is already per replica).
+      start_step: the first global step to produce batches for (resume).
+      accum_steps: micro-batches per replica per step (default config.accum_steps).
+      bucket: only the steps that use this bucket (static shapes): then every batch
+        has the fully static shape `bucket_shape(bucket)`, so a compiled step (and a
+        TPU loop) sees one shape, known when it is traced.
+      steps_per_run: the plan's `run` (see plan.BatchPlan).
+      repeat: False gives one epoch (each kept pair at least once; see plan.py).
+
+    Returns:
+      Dataset of {"inputs": [B, S], "targets": [B, T]} int32: per step, one batch per
+      micro-batch and replica this pipeline feeds (micro-batch-major). With static
+      shapes, B and S = T are the bucket's rows and length.
+    """
+    accum_steps = accum_steps or self.config.accum_steps
+    pipelines, pipeline_id, replicas = 1, 0, 1
+    if input_context is not None:
+      pipelines = max(input_context.num_input_pipelines, 1)
+      pipeline_id = input_context.input_pipeline_id
+      replicas = max(input_context.num_replicas_in_sync // pipelines, 1)
+    per_step = replicas * accum_steps  # batches this pipeline yields per step
+    batch_plan = self.plan(per_step * pipelines, steps_per_run)
+    static, lengths, split = self.static_shapes, self.lengths, self.split
+    if bucket is not None and not static:
+      raise ValueError("per-bucket datasets need static_shapes")
+
+    def read(element):
+      k, slot = divmod(int(element), per_step)
+      step = k if bucket is None else batch_plan.bucket_step(bucket, k)
+      unit_bucket, pairs = batch_plan.unit(step)
+      src, tgt, counts = split.gather(pairs[pipeline_id * per_step + slot])
+      if static:
+        widths = (lengths[unit_bucket],) * 2
+      else:
+        widths = counts.max(axis=0) + 1
+      return (_pad(src, counts[:, 0], widths[0]), _pad(tgt, counts[:, 1], widths[1]))
+
+    shape = self.bucket_shape(bucket) if bucket is not None else [None, None]
+
+    def batch(element):
+      inputs, targets = tf.numpy_function(read, [element], [tf.int32, tf.int32],
+                                          stateful=False)
+      inputs.set_shape(shape)
+      targets.set_shape(shape)
+      return {"inputs": inputs, "targets": targets}
+
+    if bucket is None:
+      first = start_step
+      steps = batch_plan.units_per_epoch
     else:
-      widths = counts.max(axis=0) + 1
-    return (_pad(src, counts[:, 0], widths[0]), _pad(tgt, counts[:, 1], widths[1]))
+      first = batch_plan.bucket_steps_before(bucket, start_step)
+      steps = int(batch_plan.units_per_bucket[bucket])
+    end = (steps if not repeat else np.iinfo(np.int64).max // per_step) * per_step
+    ds = tf.data.Dataset.range(first * per_step, end)
+    ds = ds.map(batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return ds.prefetch(tf.data.AUTOTUNE)
 
-  def batch(element):
-    inputs, targets = tf.numpy_function(read, [element], [tf.int32, tf.int32],
-                                        stateful=False)
-    inputs.set_shape([None, None])
-    targets.set_shape([None, None])
-    return {"inputs": inputs, "targets": targets}
 
-  end = (batch_plan.units_per_epoch if not repeat else np.iinfo(np.int64).max // per_step
-         ) * per_step
-  ds = tf.data.Dataset.range(start_step * per_step, end)
-  ds = ds.map(batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-  return ds.prefetch(tf.data.AUTOTUNE)
+def train_dataset(config: DataConfig, tokenizer=None,
+                  input_context: Optional[tf.distribute.InputContext] = None,
+                  split: Optional[cache.TokenizedSplit] = None, **kwargs
+                  ) -> tf.data.Dataset:
+  """Token-budget batches of the training split (see TrainData; kwargs go to its
+  call). `tokenizer` is needed unless `split` is given or the source is synthetic."""
+  split = split or load_split(config, "train", tokenizer)
+  return TrainData(config, split)(input_context, **kwargs)
 
 
 def eval_dataset(config: DataConfig, tokenizer=None,
@@ -308,15 +359,15 @@ class Datasets:
     tokenizer: in-graph tokenizer module (tokenize, detokenize, vocab_size); also
       the one to export with the model.
     vocab_size: ids in the vocabulary (ModelConfig.vocab_size).
-    train_fn: `train_fn(input_context=None, start_step=0, accum_steps=None)` -> the
-      infinite training dataset from `start_step` on (see train_dataset).
+    train_fn: a TrainData: `train_fn(input_context=None, start_step=0, ...)` is the
+      infinite training dataset from `start_step` on.
     eval_fn: input_context (or None) -> one-pass dev dataset; None without dev data.
     train_stats / eval_stats: counts of the splits (eval_stats None without dev).
   """
 
   tokenizer: tf.Module
   vocab_size: int
-  train_fn: Callable[..., tf.data.Dataset]
+  train_fn: TrainData
   eval_fn: Optional[Callable[[Optional[tf.distribute.InputContext]], tf.data.Dataset]]
   train_stats: SplitStats
   eval_stats: Optional[SplitStats]
@@ -353,11 +404,7 @@ def make_datasets(config: DataConfig) -> Datasets:
     if eval_stats.pairs == 0:
       raise sources.DataError("The dev split is empty; fix it or leave it unset.")
     eval_fn = lambda ctx=None: eval_dataset(config, input_context=ctx, split=dev)  # noqa: E731
-
-  def train_fn(input_context=None, start_step=0, accum_steps=None):
-    return train_dataset(config, input_context=input_context, split=train,
-                         start_step=start_step, accum_steps=accum_steps)
-
   return Datasets(
-      tokenizer=tokenizer, vocab_size=tokenizer.vocab_size, train_fn=train_fn,
+      tokenizer=tokenizer, vocab_size=tokenizer.vocab_size,
+      train_fn=TrainData(config, train),
       eval_fn=eval_fn, train_stats=train_stats, eval_stats=eval_stats)

@@ -20,12 +20,14 @@ units of `group` batches of `rows` pairs (batch_size // bucket length, as in t2t
 A bucket's last unit is completed with pairs from the start of the same bucket, so
 every kept pair is trained on at least once per epoch and at most a unit's worth
 of pairs per bucket is seen twice (no pair is ever dropped, however small the corpus).
-Then the units are shuffled. The number of units per epoch depends only on the bucket
+Then the units are shuffled, in runs of `run` units of one bucket (run > 1 with static
+shapes and several steps per compiled call: one loop, one shape). The number of units per epoch depends only on the bucket
 counts, so step s lies in epoch s // units_per_epoch.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
 from typing import List, Tuple
@@ -52,10 +54,13 @@ class BatchPlan:
     batch_size: tokens per batch (per replica).
     group: batches per step, all replicas and micro-batches together.
     seed: the run's seed; the same seed gives the same plan on every worker.
+    run: consecutive steps that share a bucket, aligned to multiples of `run` (the
+      steps of one compiled call with --steps_per_loop, so that a TPU loop runs on
+      one shape). Each bucket's steps per epoch are rounded up to a multiple of it.
   """
 
   def __init__(self, lengths: np.ndarray, boundaries: List[int], batch_size: int,
-               group: int, seed: int):
+               group: int, seed: int, run: int = 1):
     lengths = np.asarray(lengths).reshape([-1, 2])
     padded = lengths.max(axis=1) + 1  # with EOS, the longer side
     keep = (lengths.min(axis=1) > 0) & (padded <= boundaries[-1])
@@ -69,17 +74,47 @@ class BatchPlan:
     counts = np.bincount(self.bucket_of, minlength=len(boundaries))
     per_unit = np.asarray(self.rows) * group
     self.counts = counts
-    self.units_per_bucket = -(-counts // per_unit)
+    self.run = run
+    self.units_per_bucket = -(-counts // (per_unit * run)) * run
     self.units_per_epoch = int(self.units_per_bucket.sum())
     self._lock = threading.Lock()
-    self._epoch = (-1, None)
+    self._epochs = collections.OrderedDict()  # the last few epochs computed
+    self._positions = {}  # (epoch, bucket) -> the epoch's steps of that bucket
 
   def epoch(self, number: int) -> Epoch:
-    """The units of epoch `number` (the last one computed is kept)."""
+    """The units of epoch `number` (the last two computed are kept: per-bucket
+    datasets read ahead by different amounts, near an epoch's end)."""
     with self._lock:
-      if self._epoch[0] != number:
-        self._epoch = (number, self._make_epoch(number))
-      return self._epoch[1]
+      if number not in self._epochs:
+        self._epochs[number] = self._make_epoch(number)
+        while len(self._epochs) > 2:
+          old, _ = self._epochs.popitem(last=False)
+          self._positions = {k: v for k, v in self._positions.items() if k[0] != old}
+      return self._epochs[number]
+
+  def bucket_of_step(self, step: int) -> int:
+    number, u = divmod(step, self.units_per_epoch)
+    return int(self.epoch(number).bucket[u])
+
+  def _bucket_positions(self, number: int, bucket: int) -> np.ndarray:
+    epoch = self.epoch(number)
+    with self._lock:
+      key = (number, bucket)
+      if key not in self._positions:
+        self._positions[key] = np.flatnonzero(epoch.bucket == bucket)
+      return self._positions[key]
+
+  def bucket_steps_before(self, bucket: int, step: int) -> int:
+    """How many steps before `step` (since step 0) use `bucket`."""
+    number, u = divmod(step, self.units_per_epoch)
+    positions = self._bucket_positions(number, bucket)
+    return number * int(self.units_per_bucket[bucket]) + int(
+        np.searchsorted(positions, u))
+
+  def bucket_step(self, bucket: int, k: int) -> int:
+    """The global step of the k-th step (from 0) that uses `bucket`."""
+    number, i = divmod(k, int(self.units_per_bucket[bucket]))
+    return number * self.units_per_epoch + int(self._bucket_positions(number, bucket)[i])
 
   def _make_epoch(self, number: int) -> Epoch:
     rng = np.random.default_rng([self.seed, number])
@@ -96,7 +131,8 @@ class BatchPlan:
         pairs.append(np.resize(mine, units * unit_size))  # repeats from its start
         sizes += [unit_size] * units
         buckets += [b] * units
-    order = rng.permutation(len(sizes))
+    runs = rng.permutation(len(sizes) // self.run)  # a bucket's units come in runs
+    order = (runs[:, None] * self.run + np.arange(self.run)).ravel()
     unit_pairs = np.concatenate(pairs) if pairs else np.zeros([0], np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     # Shuffle whole units: reorder the (start, size) segments.
@@ -110,6 +146,8 @@ class BatchPlan:
 
   def unit(self, step: int) -> Tuple[int, np.ndarray]:
     """(bucket, pair indices [group, rows]) of global step `step`."""
+    if self.units_per_epoch == 0:
+      raise ValueError("the batch plan has no pairs: every pair is empty or too long")
     number, u = divmod(step, self.units_per_epoch)
     epoch = self.epoch(number)
     bucket = int(epoch.bucket[u])

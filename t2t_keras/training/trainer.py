@@ -266,8 +266,7 @@ class Trainer:
     if latest:
       checkpoints.restore(checkpoint, latest)
       progress(f"resumed from {latest} at step {self.current_step()}")
-    iterator = iter(self.strategy.distribute_datasets_from_function(
-        self._resuming(train_dataset_fn, self.current_step())))
+    batches = _Batches(self, train_dataset_fn, self.current_step())
     train_fn = self.train_fn = tf.function(self._train_loop)
     if chief:
       writer = tf.summary.create_file_writer(f"{cfg.model_dir}/train")
@@ -290,9 +289,11 @@ class Trainer:
       while (step < cfg.train_steps and not out_of_time
              and not self._any_worker(preemption.received)):
         boundary = min(cfg.log_every, cfg.save_checkpoint_steps, cfg.eval_every)
-        n = min(cfg.steps_per_loop, cfg.train_steps - step, boundary - step % boundary)
+        n = min(cfg.steps_per_loop, cfg.train_steps - step, boundary - step % boundary,
+                batches.steps_left_in_run(step))
         try:
-          sums = np.array([float(v) for v in train_fn(iterator, tf.constant(n))])
+          sums = np.array([float(v) for v in train_fn(batches.iterator(step),
+                                                       tf.constant(n))])
         except tf.errors.OutOfRangeError:
           raise TrainingError("the training dataset ran out of batches: it is empty or every "
                               "pair was filtered (see the data log above).") from None
@@ -383,6 +384,48 @@ class _LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
   def _stateful_handle_non_finite_grads(self):
     super()._stateful_handle_non_finite_grads()
     self.inner_optimizer.iterations.assign_add(1)
+
+
+class _Batches:
+  """Where the train loop's batches come from, from the resumed step on.
+
+  A TrainData (the data package's) in static mode gives one distributed iterator per
+  bucket, created when its bucket first comes up: each has a fully static shape, so
+  the compiled loop is traced (and XLA compiles) once per bucket, and a TPU loop of
+  --steps_per_loop steps runs on one shape (the plan keeps a bucket for that many
+  steps). Otherwise one iterator of all batches (see Trainer._resuming).
+  """
+
+  def __init__(self, trainer: Trainer, dataset_fn: DatasetFn, step: int):
+    cfg = trainer.config
+    self.strategy = trainer.strategy
+    self.dataset_fn = dataset_fn
+    self.per_bucket = (bool(getattr(dataset_fn, "static_shapes", False))
+                       and hasattr(dataset_fn, "plan"))
+    if self.per_bucket:
+      self.accum_steps, self.run = cfg.accum_steps, cfg.steps_per_loop
+      self.plan = dataset_fn.plan(self.strategy.num_replicas_in_sync * cfg.accum_steps,
+                                  self.run)
+      self.iterators = {}
+    else:
+      self.single = iter(self.strategy.distribute_datasets_from_function(
+          trainer._resuming(dataset_fn, step)))  # pylint: disable=protected-access
+
+  def steps_left_in_run(self, step: int) -> int:
+    """Steps from `step` that are sure to share its iterator."""
+    return self.run - step % self.run if self.per_bucket else 1 << 62
+
+  def iterator(self, step: int):
+    if not self.per_bucket:
+      return self.single
+    bucket = self.plan.bucket_of_step(step)
+    if bucket not in self.iterators:  # its earlier steps, if any, are all behind us
+      def dataset_fn(ctx, bucket=bucket, step=step):
+        return self.dataset_fn(ctx, start_step=step, accum_steps=self.accum_steps,
+                               bucket=bucket, steps_per_run=self.run)
+      self.iterators[bucket] = iter(
+          self.strategy.distribute_datasets_from_function(dataset_fn))
+    return self.iterators[bucket]
 
 
 def _chief_and_worker_id(strategy: tf.distribute.Strategy):
