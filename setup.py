@@ -28,7 +28,11 @@ setup(
     ],
     extras_require={
         # tensorflow-serving-api: tests/serving_test.py runs the gRPC client.
-        "test": ["pytest>=8", "pytest-timeout", "tensorflow-serving-api>=2.21,<2.22"],
+        # ctranslate2: tests/ctranslate2_export_test.py checks the export against it.
+        "test": ["pytest>=8", "pytest-timeout", "tensorflow-serving-api>=2.21,<2.22",
+                 "ctranslate2>=4.5"],
         "serving": ["tensorflow-serving-api>=2.21,<2.22"],
+        # `python -m t2t_keras.export --format=ctranslate2` and tools/ct2_translate.py
+        "ctranslate2": ["ctranslate2>=4.5"],
     },
 )

@@ -5,6 +5,10 @@ whose serving_default signature takes strings and returns translations).
 Beam size, alpha and extra decode length are fixed at export (the --beam_size,
 --alpha, --extra_decode_length flags); --average_last_n exports averaged weights.
 --export_dir defaults to <model_dir>/export; the version defaults to the Unix time.
+
+`--format=ctranslate2 [--quantization=int8|...]` writes a CTranslate2 model directory
+into --export_dir itself (default <model_dir>/ctranslate2): model.bin, the vocabulary
+and the run's SentencePiece model (see t2t_keras/ctranslate2_export.py).
 """
 
 from __future__ import annotations
@@ -27,6 +31,26 @@ t2t_flags.define_all()
 flags.DEFINE_integer("export_version", 0, "Version number (default: Unix time).")
 flags.DEFINE_string("checkpoint_path", None, "A specific checkpoint (default: latest).")
 flags.DEFINE_integer("average_last_n", 0, "Export the average of the last N checkpoints.")
+flags.DEFINE_enum("format", "saved_model", ["saved_model", "ctranslate2"],
+                  "saved_model: TensorFlow Serving (strings in, translations out); "
+                  "ctranslate2: a CTranslate2 model directory (pip install ctranslate2).")
+flags.DEFINE_string("quantization", None, "--format=ctranslate2 only: store weights as "
+                    "int8, int8_float32, int8_float16, int8_bfloat16, int16, float16 or "
+                    "bfloat16 (default float32).")
+
+
+def export_ctranslate2(export_dir: str) -> str:
+  """Restores the model (latest, --checkpoint_path or --average_last_n) and writes it
+  as a CTranslate2 model directory."""
+  # pylint: disable=import-outside-toplevel
+  from t2t_keras import ctranslate2_export, inference
+  loaded = inference.load(FLAGS.model_dir, FLAGS.checkpoint_path, FLAGS.average_last_n,
+                          "float32")
+  vocab = os.path.join(FLAGS.model_dir, inference.VOCAB_FILE)
+  return ctranslate2_export.export(
+      loaded.model, loaded.model_config, loaded.tokenizer, export_dir,
+      quantization=FLAGS.quantization,
+      vocab_file=vocab if loaded.tokenizer.model_proto is not None else None)
 
 
 def main(argv):
@@ -35,11 +59,18 @@ def main(argv):
     raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
   if not FLAGS.model_dir:
     raise app.UsageError("--model_dir is required (the directory training wrote).")
-  export_dir = FLAGS.export_dir or os.path.join(FLAGS.model_dir, "export")
+  ctranslate2 = FLAGS.format == "ctranslate2"
+  if FLAGS.quantization and not ctranslate2:
+    print("error: --quantization is for --format=ctranslate2 (a SavedModel keeps "
+          "float32 weights); add --format=ctranslate2 or drop --quantization",
+          file=sys.stderr)
+    sys.exit(2)
+  export_dir = FLAGS.export_dir or os.path.join(
+      FLAGS.model_dir, "ctranslate2" if ctranslate2 else "export")
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
 
-  from t2t_keras import serving
+  from t2t_keras import ctranslate2_export, serving
   from t2t_keras.errors import USER_ERRORS
   tf.get_logger().setLevel("ERROR")
   from t2t_keras import inference
@@ -47,13 +78,20 @@ def main(argv):
   try:
     for warning in t2t_flags.check_inference_flags(
         sys.argv, checkpoints.load_model_config(FLAGS.model_dir), "export",
-        reads=("export_dir",),
+        reads=("export_dir", "format", "quantization"),
         requested_vocab_size=inference.data_config_of(FLAGS.model_dir).vocab_size):
       logging.warning(warning)
+    if ctranslate2:
+      path = export_ctranslate2(export_dir)
+      weights = FLAGS.quantization or "float32"
+      print(f"exported {path} (CTranslate2, {weights} weights)\n"
+            f"  python tools/ct2_translate.py --model={path} --input_file=in.txt")
+      return
     path = serving.export_model_dir(FLAGS.model_dir, export_dir, t2t_flags.decode_config(),
                             FLAGS.max_input_length, FLAGS.checkpoint_path,
                             FLAGS.average_last_n, FLAGS.export_version)
-  except (*USER_ERRORS, FileExistsError, flags.ValidationError) as error:
+  except (*USER_ERRORS, FileExistsError, flags.ValidationError,
+          ctranslate2_export.ExportError) as error:
     logging.debug("user error", exc_info=True)
     print(f"error: {error}", file=sys.stderr)
     sys.exit(1)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging as logging_lib
 import math
 import signal
 import threading
@@ -407,6 +408,8 @@ class _Batches:
       self.plan = dataset_fn.plan(self.strategy.num_replicas_in_sync * cfg.accum_steps,
                                   self.run)
       self.iterators = {}
+      # One trace per bucket is the design here, not a mistake to warn about.
+      tf.get_logger().addFilter(_ByDesignRetracing())
     else:
       self.single = iter(self.strategy.distribute_datasets_from_function(
           trainer._resuming(dataset_fn, step)))  # pylint: disable=protected-access
@@ -426,6 +429,13 @@ class _Batches:
       self.iterators[bucket] = iter(
           self.strategy.distribute_datasets_from_function(dataset_fn))
     return self.iterators[bucket]
+
+
+class _ByDesignRetracing(logging_lib.Filter):
+  """Drops TensorFlow's "triggered tf.function retracing" warning."""
+
+  def filter(self, record: logging_lib.LogRecord) -> bool:
+    return "triggered tf.function retracing" not in record.getMessage()
 
 
 def _chief_and_worker_id(strategy: tf.distribute.Strategy):

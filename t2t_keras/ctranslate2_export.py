@@ -1,0 +1,210 @@
+"""Exports a trained model to CTranslate2, a C++ inference engine for CPUs and GPUs.
+
+CTranslate2 (OpenNMT's engine) serves Transformers faster than graph-mode TensorFlow
+on CPU, and quantized to int8 about twice as fast again. It is also an independent
+check: an engine written by other people must produce our translations from our
+weights. The model is described with its Python spec API
+(`ctranslate2.specs.TransformerSpec`) from the weights in memory; no checkpoint file
+format is involved.
+
+What makes the two engines agree (each checked by tests/ctranslate2_export_test.py):
+- Embeddings are scaled by sqrt(d_model) in both (`scale_embeddings`).
+- Positions: the paper's interleaved sin/cos (t2t_keras) differ from CTranslate2's
+  built-in concatenated halves, so the table itself is exported (`encodings`),
+  `max_position` rows (learned positions: the trained table).
+- Start and end: the decoder starts from BOS (`decoder_start_token`), sources end with
+  EOS (`add_source_eos`); PAD, EOS, UNK and BOS keep their ids and piece strings.
+- LayerNorm epsilon (`layer_norm_epsilon`), pre-norm or post-norm, the final norm of a
+  pre-norm stack, no attention biases, ReLU feed-forward with biases.
+- Attention scaling 1/sqrt(key size): CTranslate2 scales by its `head_dim`, which is
+  set to the per-head key size. CTranslate2 has one head size for queries, keys and
+  values, so models with different key and value sizes are refused.
+- Length penalty: CTranslate2's `length_penalty` divides by length^p, not GNMT's
+  ((5 + length) / 6)^alpha; with `length_penalty=0` and `--alpha=0` both rank by the
+  plain log-probability (tested to give the same beams).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import List, Optional
+
+import numpy as np
+
+from t2t_keras import BOS_ID, EOS_ID, NUM_RESERVED_IDS, PAD_ID, UNK_ID
+from t2t_keras.configs import ModelConfig
+from t2t_keras.layers import position as position_lib
+
+QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
+                 "float16", "bfloat16", "float32")
+INSTALL_HINT = 'pip install -e ".[ctranslate2]"  (or: pip install ctranslate2)'
+RESERVED_TOKENS = {PAD_ID: "<pad>", EOS_ID: "</s>", UNK_ID: "<unk>", BOS_ID: "<s>"}
+
+
+class ExportError(ValueError):
+  """A model or request CTranslate2 cannot represent, or ctranslate2 is missing."""
+
+
+def _ctranslate2():
+  try:
+    import ctranslate2  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    raise ExportError(f"--format=ctranslate2 needs the ctranslate2 package: "
+                      f"{INSTALL_HINT}") from None
+  return ctranslate2
+
+
+def check_supported(config: ModelConfig):
+  """Raises ExportError naming the flag of anything CTranslate2 cannot represent."""
+  if config.head_key_size != config.head_value_size:
+    raise ExportError(
+        f"CTranslate2 has one head size for queries, keys and values, but this model has "
+        f"keys of {config.head_key_size} and values of {config.head_value_size} per head "
+        "(--key_size / --value_size): export it as a "
+        "SavedModel (--format=saved_model) instead.")
+
+
+def vocabulary(tokenizer) -> List[str]:
+  """The token strings of all ids, as clients pass them to CTranslate2.
+
+  SentencePiece models: their pieces (clients tokenize with the exported `.model`).
+  The synthetic tasks' integer tokenizer: the ids as decimal strings ("5 9 4".split()).
+  """
+  proto = getattr(tokenizer, "model_proto", None)
+  if proto is not None:
+    import sentencepiece as spm  # pylint: disable=import-outside-toplevel
+    processor = spm.SentencePieceProcessor(model_proto=proto)
+    tokens = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+  else:
+    tokens = [str(i) for i in range(tokenizer.vocab_size)]
+  for token_id, token in RESERVED_TOKENS.items():
+    tokens[token_id] = token
+  if len(set(tokens)) != len(tokens):
+    raise ExportError("the vocabulary has duplicate pieces; CTranslate2 needs one string "
+                      "per id")
+  assert len(tokens) >= NUM_RESERVED_IDS
+  return tokens
+
+
+def _numpy(variable) -> np.ndarray:
+  return np.asarray(variable.numpy(), dtype=np.float32)
+
+
+def _set_norm(spec, norm):
+  spec.gamma = _numpy(norm.gamma)
+  spec.beta = _numpy(norm.beta)
+
+
+def _projection(dense, heads_out: bool) -> np.ndarray:
+  """A HeadDense kernel as CTranslate2's [out, in] matrix."""
+  kernel = _numpy(dense.kernel)
+  if heads_out:  # (D, H, K) -> (H * K, D)
+    return kernel.reshape(kernel.shape[0], -1).T
+  return kernel.reshape(-1, kernel.shape[-1]).T  # (H, K, D) -> (D, H * K)
+
+
+def _set_attention(spec, attention, residual, self_attention: bool):
+  query = _projection(attention.query_dense, True)
+  key = _projection(attention.key_dense, True)
+  value = _projection(attention.value_dense, True)
+  if self_attention:
+    spec.linear[0].weight = np.concatenate([query, key, value])
+  else:
+    spec.linear[0].weight = query
+    spec.linear[1].weight = np.concatenate([key, value])
+  spec.linear[-1].weight = _projection(attention.output_dense, False)
+  _set_norm(spec.layer_norm, residual.norm)
+
+
+def _set_ffn(spec, layer):
+  spec.linear_0.weight = _numpy(layer.ffn.filter_dense.kernel).T
+  spec.linear_0.bias = _numpy(layer.ffn.filter_dense.bias)
+  spec.linear_1.weight = _numpy(layer.ffn.output_dense.kernel).T
+  spec.linear_1.bias = _numpy(layer.ffn.output_dense.bias)
+  _set_norm(spec.layer_norm, layer.ffn_residual.norm)
+
+
+def _positions(model, config: ModelConfig, encoder: bool) -> np.ndarray:
+  if config.position_embedding == "learned":
+    layer = model.encoder_position if encoder else model.decoder_position
+    return _numpy(layer.position_embeddings)
+  return np.asarray(position_lib.sinusoid(np.arange(config.max_position),
+                                          config.hidden_size), dtype=np.float32)
+
+
+def build_spec(model, config: ModelConfig, tokens: List[str]):
+  """A `ctranslate2.specs.TransformerSpec` holding the model's weights.
+
+  Args:
+    model: a built, restored `Transformer`.
+    config: its ModelConfig.
+    tokens: the vocabulary (see `vocabulary`).
+  """
+  ct2 = _ctranslate2()
+  specs = ct2.specs
+  check_supported(config)
+  common = dict(pre_norm=config.pre_norm, head_dim=config.head_key_size)
+  encoder = specs.TransformerEncoderSpec(config.encoder_layers, config.num_heads, **common)
+  decoder = specs.TransformerDecoderSpec(config.decoder_layers, config.num_heads, **common)
+  spec = specs.TransformerSpec(encoder, decoder)
+  spec.config.layer_norm_epsilon = float(config.norm_epsilon)
+  spec.config.unk_token = RESERVED_TOKENS[UNK_ID]
+  spec.config.bos_token = RESERVED_TOKENS[BOS_ID]
+  spec.config.eos_token = RESERVED_TOKENS[EOS_ID]
+  spec.config.decoder_start_token = RESERVED_TOKENS[BOS_ID]
+  spec.config.add_source_eos = True
+  spec.register_source_vocabulary(tokens)
+  spec.register_target_vocabulary(tokens)
+
+  encoder.embeddings[0].weight = _numpy(model.source_embedding.embeddings)
+  encoder.position_encodings.encodings = _positions(model, config, encoder=True)
+  for layer_spec, layer in zip(encoder.layer, model.encoder_layers):
+    _set_attention(layer_spec.self_attention, layer.self_attention,
+                   layer.self_attention_residual, self_attention=True)
+    _set_ffn(layer_spec.ffn, layer)
+  decoder.embeddings.weight = _numpy(model.target_embedding.embeddings)
+  decoder.position_encodings.encodings = _positions(model, config, encoder=False)
+  for layer_spec, layer in zip(decoder.layer, model.decoder_layers):
+    _set_attention(layer_spec.self_attention, layer.self_attention,
+                   layer.self_attention_residual, self_attention=True)
+    _set_attention(layer_spec.attention, layer.cross_attention,
+                   layer.cross_attention_residual, self_attention=False)
+    _set_ffn(layer_spec.ffn, layer)
+  if config.pre_norm:
+    _set_norm(encoder.layer_norm, model.encoder_norm)
+    _set_norm(decoder.layer_norm, model.decoder_norm)
+  decoder.projection.weight = _numpy(model.softmax_embedding.embeddings)
+  return spec
+
+
+def export(model, config: ModelConfig, tokenizer, export_dir: str,
+           quantization: Optional[str] = None, vocab_file: Optional[str] = None,
+           force: bool = False) -> str:
+  """Writes a CTranslate2 model directory: model.bin, the vocabulary, and the run's
+  SentencePiece model (`vocab_file`, copied as `sentencepiece.model`) if it has one.
+
+  Args:
+    model, config, tokenizer: the restored model, its ModelConfig and its tokenizer.
+    export_dir: the directory to write (must not hold files unless `force`).
+    quantization: None (float32 weights) or one of QUANTIZATIONS; CTranslate2 can also
+      quantize when it loads (`compute_type`).
+    vocab_file: the SentencePiece model to copy for clients.
+    force: overwrite an existing directory.
+
+  Returns:
+    export_dir.
+  """
+  if quantization is not None and quantization not in QUANTIZATIONS:
+    raise ExportError(f"--quantization={quantization} is not one of "
+                      f"{', '.join(QUANTIZATIONS)}")
+  if os.path.isdir(export_dir) and os.listdir(export_dir) and not force:
+    raise ExportError(f"{export_dir} is not empty: pick a new --export_dir (or remove it)")
+  spec = build_spec(model, config, vocabulary(tokenizer))
+  spec.validate()
+  spec.optimize(quantization=quantization)
+  os.makedirs(export_dir, exist_ok=True)
+  spec.save(export_dir)
+  if vocab_file:
+    shutil.copyfile(vocab_file, os.path.join(export_dir, "sentencepiece.model"))
+  return export_dir
