@@ -194,3 +194,19 @@ def test_export_command_writes_model_vocabulary_and_int8(trained, tmp_path):
   assert "16/16 sentences" in result.stderr
   written = (tmp_path / "out.txt").read_text().splitlines()
   assert written == [" ".join(h) for h in outputs[""]]
+
+
+def test_missing_package_and_misused_flags_get_clear_errors(tmp_path, monkeypatch):
+  monkeypatch.setitem(sys.modules, "ctranslate2", None)  # as if not installed
+  with pytest.raises(ce.ExportError, match=r'pip install -e "\.\[ctranslate2\]"'):
+    ce.export(create_model(BASE), BASE, IntegerTokenizer(VOCAB), str(tmp_path / "a"))
+  monkeypatch.undo()
+  with pytest.raises(ce.ExportError, match="--quantization=int4 is not one of"):
+    ce.export(create_model(BASE), BASE, IntegerTokenizer(VOCAB), str(tmp_path / "b"),
+              quantization="int4")
+  result = subprocess.run(
+      [sys.executable, "-m", "t2t_keras.export", f"--model_dir={tmp_path}",
+       "--quantization=int8"], cwd=REPO_ROOT, capture_output=True, text=True,
+      timeout=120, check=False)
+  assert result.returncode == 2
+  assert "--quantization is for --format=ctranslate2" in result.stderr

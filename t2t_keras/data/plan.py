@@ -20,8 +20,10 @@ units of `group` batches of `rows` pairs (batch_size // bucket length, as in t2t
 A bucket's last unit is completed with pairs from the start of the same bucket, so
 every kept pair is trained on at least once per epoch and at most a unit's worth
 of pairs per bucket is seen twice (no pair is ever dropped, however small the corpus).
-Then the units are shuffled, in runs of `run` units of one bucket (run > 1 with static
-shapes and several steps per compiled call: one loop, one shape). The number of units per epoch depends only on the bucket
+Then the units are shuffled, in runs of up to `run` consecutive units of one bucket (run
+> 1 with static shapes and several steps per compiled call: one loop, one shape; a
+bucket's last run may be shorter, and the trainer's call then runs fewer steps). The
+number of units per epoch depends only on the bucket
 counts, so step s lies in epoch s // units_per_epoch.
 """
 
@@ -42,6 +44,7 @@ class Epoch:
   pairs: np.ndarray  # pair indices, unit after unit
   offsets: np.ndarray  # [units + 1]
   bucket: np.ndarray  # [units]
+  run_end: np.ndarray  # [units]: the unit after the last one of each unit's run
 
 
 class BatchPlan:
@@ -54,9 +57,8 @@ class BatchPlan:
     batch_size: tokens per batch (per replica).
     group: batches per step, all replicas and micro-batches together.
     seed: the run's seed; the same seed gives the same plan on every worker.
-    run: consecutive steps that share a bucket, aligned to multiples of `run` (the
-      steps of one compiled call with --steps_per_loop, so that a TPU loop runs on
-      one shape). Each bucket's steps per epoch are rounded up to a multiple of it.
+    run: consecutive steps that share a bucket (the steps of one compiled call with
+      --steps_per_loop, so that a TPU loop runs on one shape); see `steps_left_in_run`.
   """
 
   def __init__(self, lengths: np.ndarray, boundaries: List[int], batch_size: int,
@@ -75,7 +77,7 @@ class BatchPlan:
     per_unit = np.asarray(self.rows) * group
     self.counts = counts
     self.run = run
-    self.units_per_bucket = -(-counts // (per_unit * run)) * run
+    self.units_per_bucket = -(-counts // per_unit)
     self.units_per_epoch = int(self.units_per_bucket.sum())
     self._lock = threading.Lock()
     self._epochs = collections.OrderedDict()  # the last few epochs computed
@@ -91,6 +93,11 @@ class BatchPlan:
           old, _ = self._epochs.popitem(last=False)
           self._positions = {k: v for k, v in self._positions.items() if k[0] != old}
       return self._epochs[number]
+
+  def steps_left_in_run(self, step: int) -> int:
+    """Steps from `step` on (itself included) that are sure to share its bucket."""
+    number, u = divmod(step, self.units_per_epoch)
+    return int(self.epoch(number).run_end[u]) - u
 
   def bucket_of_step(self, step: int) -> int:
     number, u = divmod(step, self.units_per_epoch)
@@ -131,8 +138,19 @@ class BatchPlan:
         pairs.append(np.resize(mine, units * unit_size))  # repeats from its start
         sizes += [unit_size] * units
         buckets += [b] * units
-    runs = rng.permutation(len(sizes) // self.run)  # a bucket's units come in runs
-    order = (runs[:, None] * self.run + np.arange(self.run)).ravel()
+    # Runs: up to `run` consecutive units of one bucket, shuffled as wholes.
+    run_first, run_size, unit = [], [], 0
+    for units in self.units_per_bucket.tolist():
+      for start in range(0, units, self.run):
+        run_first.append(unit + start)
+        run_size.append(min(self.run, units - start))
+      unit += units
+    run_first, run_size = np.asarray(run_first, np.int64), np.asarray(run_size, np.int64)
+    shuffled_runs = rng.permutation(len(run_first))
+    starts, lengths = run_first[shuffled_runs], run_size[shuffled_runs]
+    order = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(
+        int(lengths.sum()))
+    run_end = np.repeat(np.cumsum(lengths), lengths)
     unit_pairs = np.concatenate(pairs) if pairs else np.zeros([0], np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     # Shuffle whole units: reorder the (start, size) segments.
@@ -142,7 +160,7 @@ class BatchPlan:
         int(sizes.sum()))
     return Epoch(pairs=self.indices[unit_pairs[index]],
                  offsets=np.concatenate([[0], np.cumsum(sizes)]),
-                 bucket=np.asarray(buckets)[order])
+                 bucket=np.asarray(buckets)[order], run_end=run_end)
 
   def unit(self, step: int) -> Tuple[int, np.ndarray]:
     """(bucket, pair indices [group, rows]) of global step `step`."""

@@ -393,8 +393,9 @@ class _Batches:
   A TrainData (the data package's) in static mode gives one distributed iterator per
   bucket, created when its bucket first comes up: each has a fully static shape, so
   the compiled loop is traced (and XLA compiles) once per bucket, and a TPU loop of
-  --steps_per_loop steps runs on one shape (the plan keeps a bucket for that many
-  steps). Otherwise one iterator of all batches (see Trainer._resuming).
+  --steps_per_loop steps runs on one shape (the plan keeps a bucket for up to that many
+  steps; a call stops at the end of its run). Otherwise one iterator of all batches
+  (see Trainer._resuming).
   """
 
   def __init__(self, trainer: Trainer, dataset_fn: DatasetFn, step: int):
@@ -416,7 +417,7 @@ class _Batches:
 
   def steps_left_in_run(self, step: int) -> int:
     """Steps from `step` that are sure to share its iterator."""
-    return self.run - step % self.run if self.per_bucket else 1 << 62
+    return self.plan.steps_left_in_run(step) if self.per_bucket else 1 << 62
 
   def iterator(self, step: int):
     if not self.per_bucket:
