@@ -94,10 +94,14 @@ def main(argv):
   reference = outputs["t2t_keras graph, alpha 0"]
   print()
   common.print_table(rows, ["engine", "seconds", "sentences/s", "sacreBLEU"])
+  kept = [i for i, text in enumerate(reference) if text]
+  print(f"t2t_keras graph, alpha 0: {len(reference) - len(kept)} empty translations "
+        "(EOS first scored best; CTranslate2's beam search never ends at step 0)")
   for name, hypotheses in outputs.items():
-    same = sum(a == b for a, b in zip(hypotheses, reference))
-    print(f"{name}: {same}/{len(reference)} translations identical to t2t_keras graph, "
-          "alpha 0")
+    same = sum(hypotheses[i] == reference[i] for i in kept)
+    empty = sum(not text for text in hypotheses)
+    print(f"{name}: {same}/{len(kept)} identical to t2t_keras graph, alpha 0, where "
+          f"that is not empty; {empty} empty")
 
 
 if __name__ == "__main__":

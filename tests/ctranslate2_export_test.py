@@ -171,8 +171,9 @@ def test_export_command_writes_model_vocabulary_and_int8(trained, tmp_path):
     out = tmp_path / (quantization or "float32")
     command = [sys.executable, "-m", "t2t_keras.export", f"--model_dir={model_dir}",
                f"--export_dir={out}", "--format=ctranslate2"]
-    if quantization:
-      command.append(f"--quantization={quantization}")
+    if quantization:  # and a named checkpoint, as for the SavedModel export
+      command += [f"--quantization={quantization}",
+                  f"--checkpoint_path={tf.train.latest_checkpoint(str(model_dir))}"]
     result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True,
                             timeout=300, check=False)
     assert result.returncode == 0, result.stderr[-2000:]

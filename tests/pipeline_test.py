@@ -328,7 +328,6 @@ def test_every_worker_and_replica_of_a_step_gets_the_same_shape():
   and the steps use a small set of shapes; without static shapes they differ."""
   config = DataConfig(synthetic_train_size=3000, synthetic_max_length=20, max_length=24,
                       batch_size=128, bucket_growth=1.5)
-  data = pipeline.make_datasets(config)
   lengths = pipeline.bucket_boundaries(8, 24, 1.5)
   buckets = {(128 // n, n) for n in lengths}
 
@@ -337,6 +336,7 @@ def test_every_worker_and_replica_of_a_step_gets_the_same_shape():
     for worker in range(2):
       ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=worker,
                                        num_replicas_in_sync=4)
+      # Each worker (host) builds its own plan from the same seed, as on a pod.
       ds = pipeline.train_dataset(dataclasses.replace(config, static_shapes=static),
                                   split=pipeline.load_split(config, "train", None),
                                   input_context=ctx, accum_steps=2)
