@@ -27,7 +27,7 @@ What makes the two engines agree (each checked by tests/ctranslate2_export_test.
 from __future__ import annotations
 
 import os
-import shutil
+import tempfile
 from typing import List, Optional
 
 import numpy as np
@@ -125,12 +125,19 @@ def _set_ffn(spec, layer):
   _set_norm(spec.layer_norm, layer.ffn_residual.norm)
 
 
+POSITIONS = 4096  # rows of the exported position table (CTranslate2 stops beyond it)
+
+
 def _positions(model, config: ModelConfig, encoder: bool) -> np.ndarray:
+  """The position table: the paper's sinusoids, or the learned table padded with its
+  last row (t2t_keras clamps positions beyond max_position to the last one)."""
+  rows = max(POSITIONS, config.max_position)
   if config.position_embedding == "learned":
     layer = model.encoder_position if encoder else model.decoder_position
-    return _numpy(layer.position_embeddings)
-  return np.asarray(position_lib.sinusoid(np.arange(config.max_position),
-                                          config.hidden_size), dtype=np.float32)
+    table = _numpy(layer.position_embeddings)
+    return np.concatenate([table, np.repeat(table[-1:], rows - len(table), axis=0)])
+  return np.asarray(position_lib.sinusoid(np.arange(rows), config.hidden_size),
+                    dtype=np.float32)
 
 
 def build_spec(model, config: ModelConfig, tokens: List[str]):
@@ -198,13 +205,18 @@ def export(model, config: ModelConfig, tokenizer, export_dir: str,
   if quantization is not None and quantization not in QUANTIZATIONS:
     raise ExportError(f"--quantization={quantization} is not one of "
                       f"{', '.join(QUANTIZATIONS)}")
-  if os.path.isdir(export_dir) and os.listdir(export_dir) and not force:
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel  (tf.io.gfile: gs://)
+  if tf.io.gfile.isdir(export_dir) and tf.io.gfile.listdir(export_dir) and not force:
     raise ExportError(f"{export_dir} is not empty: pick a new --export_dir (or remove it)")
   spec = build_spec(model, config, vocabulary(tokenizer))
   spec.validate()
   spec.optimize(quantization=quantization)
-  os.makedirs(export_dir, exist_ok=True)
-  spec.save(export_dir)
-  if vocab_file:
-    shutil.copyfile(vocab_file, os.path.join(export_dir, "sentencepiece.model"))
+  with tempfile.TemporaryDirectory() as local:  # CTranslate2 writes local files only
+    spec.save(local)
+    if vocab_file:
+      tf.io.gfile.copy(vocab_file, os.path.join(local, "sentencepiece.model"))
+    tf.io.gfile.makedirs(export_dir)
+    for name in os.listdir(local):
+      tf.io.gfile.copy(os.path.join(local, name), os.path.join(export_dir, name),
+                       overwrite=True)
   return export_dir

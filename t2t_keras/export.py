@@ -34,9 +34,10 @@ flags.DEFINE_integer("average_last_n", 0, "Export the average of the last N chec
 flags.DEFINE_enum("format", "saved_model", ["saved_model", "ctranslate2"],
                   "saved_model: TensorFlow Serving (strings in, translations out); "
                   "ctranslate2: a CTranslate2 model directory (pip install ctranslate2).")
-flags.DEFINE_string("quantization", None, "--format=ctranslate2 only: store weights as "
-                    "int8, int8_float32, int8_float16, int8_bfloat16, int16, float16 or "
-                    "bfloat16 (default float32).")
+flags.DEFINE_enum("quantization", None, ["int8", "int8_float32", "int8_float16",
+                                         "int8_bfloat16", "int16", "float16",
+                                         "bfloat16", "float32"],
+                  "--format=ctranslate2 only: the weights' type (default float32).")
 
 
 def export_ctranslate2(export_dir: str) -> str:

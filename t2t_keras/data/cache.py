@@ -150,8 +150,9 @@ class TokenizedSplit:
   """Every pair of a split as ids (no EOS), with random access by pair index.
 
   The ids of each side are one flat array (the pairs' ids concatenated in corpus
-  order), memory-mapped from the cache when it is on a local disk, so a corpus of
-  millions of pairs costs no memory and any pair is read in constant time: training
+  order), memory-mapped from the cache when it is on a local disk (a corpus of
+  millions of pairs then takes no process memory; from gs:// it is read into memory)
+  and any pair is read in constant time: training
   reads the batches a step needs wherever they are (see `data.plan`).
 
   Attributes:
@@ -208,12 +209,19 @@ class TokenizedSplit:
 
 
 def _read_ids(path: str, count: int) -> np.ndarray:
-  """A flat int32 array written by `_build`: memory-mapped from a local disk."""
+  """A flat int32 array written by `_build`: memory-mapped from a local disk, read
+  into memory from other file systems (gs://)."""
   if count == 0:
     return np.zeros([0], np.int32)
+  size = tf.io.gfile.stat(path).length if tf.io.gfile.exists(path) else -1
+  if size != 4 * count:
+    raise sources.DataError(
+        f"{path} holds {size} bytes where the cache's lengths.npy needs {4 * count}: the "
+        f"cache entry is damaged. Delete {os.path.dirname(os.path.dirname(path))} and "
+        "rerun to tokenize again.")
   if "://" not in path:
     return np.memmap(path, dtype="<i4", mode="r", shape=(count,))
-  with tf.io.gfile.GFile(path, "rb") as f:  # e.g. gs://: read once into memory
+  with tf.io.gfile.GFile(path, "rb") as f:
     return np.frombuffer(f.read(), dtype="<i4")
 
 

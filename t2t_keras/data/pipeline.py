@@ -302,8 +302,13 @@ class TrainData:
       steps = int(batch_plan.units_per_bucket[bucket])
     end = (steps if not repeat else np.iinfo(np.int64).max // per_step) * per_step
     ds = tf.data.Dataset.range(first * per_step, end)
-    ds = ds.map(batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return ds.prefetch(tf.data.AUTOTUNE)
+    if bucket is None:
+      ds = ds.map(batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+      return ds.prefetch(tf.data.AUTOTUNE)
+    # One of many per-bucket datasets: read ahead one step's batches, not dozens (a
+    # rare bucket's next steps may lie epochs ahead; see plan.EPOCHS_KEPT).
+    ds = ds.map(batch, num_parallel_calls=per_step, deterministic=True)
+    return ds.prefetch(per_step)
 
 
 def train_dataset(config: DataConfig, tokenizer=None,

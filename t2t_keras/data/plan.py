@@ -37,6 +37,9 @@ from typing import List, Tuple
 import numpy as np
 
 
+EPOCHS_KEPT = 8  # epochs of the plan kept in memory (BatchPlan.epoch)
+
+
 @dataclasses.dataclass(frozen=True)
 class Epoch:
   """One epoch's units: unit u is `pairs[offsets[u]:offsets[u + 1]]`, `bucket[u]`."""
@@ -66,7 +69,9 @@ class BatchPlan:
     lengths = np.asarray(lengths).reshape([-1, 2])
     padded = lengths.max(axis=1) + 1  # with EOS, the longer side
     keep = (lengths.min(axis=1) > 0) & (padded <= boundaries[-1])
-    self.indices = np.flatnonzero(keep)  # the kept pairs
+    # The kept pairs; int32 while it fits (an epoch's plan is 4 bytes a pair).
+    self.indices = np.flatnonzero(keep).astype(
+        np.int32 if len(lengths) < 2**31 else np.int64)
     self.bucket_of = np.searchsorted(np.asarray(boundaries), padded[keep]).astype(
         np.int16)  # bucket i holds lengths <= boundaries[i]
     self.boundaries = list(boundaries)
@@ -79,19 +84,32 @@ class BatchPlan:
     self.run = run
     self.units_per_bucket = -(-counts // per_unit)
     self.units_per_epoch = int(self.units_per_bucket.sum())
+    if self.units_per_epoch == 0:
+      raise ValueError("no training pair fits a bucket: every pair is empty or longer "
+                       f"than max_length={boundaries[-1]}")
     self._lock = threading.Lock()
-    self._epochs = collections.OrderedDict()  # the last few epochs computed
+    self._epochs = collections.OrderedDict()  # the epochs used last (LRU)
     self._positions = {}  # (epoch, bucket) -> the epoch's steps of that bucket
 
   def epoch(self, number: int) -> Epoch:
-    """The units of epoch `number` (the last two computed are kept: per-bucket
-    datasets read ahead by different amounts, near an epoch's end)."""
+    """The units of epoch `number`.
+
+    The EPOCHS_KEPT epochs used last are kept: per-bucket datasets read ahead by
+    different amounts, so a rare bucket's next steps may lie several epochs ahead of
+    the others'. An epoch is computed outside the lock (map threads that need another
+    epoch do not wait); two threads may compute the same one, with the same result.
+    """
     with self._lock:
-      if number not in self._epochs:
-        self._epochs[number] = self._make_epoch(number)
-        while len(self._epochs) > 2:
-          old, _ = self._epochs.popitem(last=False)
-          self._positions = {k: v for k, v in self._positions.items() if k[0] != old}
+      if number in self._epochs:
+        self._epochs.move_to_end(number)
+        return self._epochs[number]
+    epoch = self._make_epoch(number)
+    with self._lock:
+      self._epochs[number] = self._epochs.get(number, epoch)
+      self._epochs.move_to_end(number)
+      while len(self._epochs) > EPOCHS_KEPT:
+        old, _ = self._epochs.popitem(last=False)
+        self._positions = {k: v for k, v in self._positions.items() if k[0] != old}
       return self._epochs[number]
 
   def steps_left_in_run(self, step: int) -> int:
@@ -158,14 +176,12 @@ class BatchPlan:
     sizes = np.asarray(sizes)[order]
     index = np.repeat(starts - (np.cumsum(sizes) - sizes), sizes) + np.arange(
         int(sizes.sum()))
-    return Epoch(pairs=self.indices[unit_pairs[index]],
+    return Epoch(pairs=self.indices[unit_pairs[index]].astype(self.indices.dtype),
                  offsets=np.concatenate([[0], np.cumsum(sizes)]),
                  bucket=np.asarray(buckets)[order], run_end=run_end)
 
   def unit(self, step: int) -> Tuple[int, np.ndarray]:
     """(bucket, pair indices [group, rows]) of global step `step`."""
-    if self.units_per_epoch == 0:
-      raise ValueError("the batch plan has no pairs: every pair is empty or too long")
     number, u = divmod(step, self.units_per_epoch)
     epoch = self.epoch(number)
     bucket = int(epoch.bucket[u])

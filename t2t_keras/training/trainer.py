@@ -267,7 +267,7 @@ class Trainer:
     if latest:
       checkpoints.restore(checkpoint, latest)
       progress(f"resumed from {latest} at step {self.current_step()}")
-    batches = _Batches(self, train_dataset_fn, self.current_step())
+    batches = self._last_batches = _Batches(self, train_dataset_fn, self.current_step())
     train_fn = self.train_fn = tf.function(self._train_loop)
     if chief:
       writer = tf.summary.create_file_writer(f"{cfg.model_dir}/train")
@@ -410,7 +410,8 @@ class _Batches:
                                   self.run)
       self.iterators = {}
       # One trace per bucket is the design here, not a mistake to warn about.
-      tf.get_logger().addFilter(_ByDesignRetracing())
+      if not any(isinstance(f, _ByDesignRetracing) for f in tf.get_logger().filters):
+        tf.get_logger().addFilter(_ByDesignRetracing())
     else:
       self.single = iter(self.strategy.distribute_datasets_from_function(
           trainer._resuming(dataset_fn, step)))  # pylint: disable=protected-access
