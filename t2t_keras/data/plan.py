@@ -74,7 +74,6 @@ class BatchPlan:
         np.int32 if len(lengths) < 2**31 else np.int64)
     self.bucket_of = np.searchsorted(np.asarray(boundaries), padded[keep]).astype(
         np.int16)  # bucket i holds lengths <= boundaries[i]
-    self.boundaries = list(boundaries)
     self.rows = [max(1, batch_size // length) for length in boundaries]
     self.group = group
     self.seed = seed
