@@ -232,3 +232,106 @@ def greedy_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, st
   _, seqs, log_probs, _, _, _ = tf.while_loop(not_done, step, initial,
                                               maximum_iterations=decode_length)
   return seqs[:, None, :], log_probs[:, None]
+
+
+def _mix32(x: tf.Tensor) -> tf.Tensor:
+  """MurmurHash3's 32-bit finalizer: a bijection of uint32 that mixes every bit."""
+  x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(16, tf.uint32)))
+  x = x * tf.constant(0x85EBCA6B, tf.uint32)
+  x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(13, tf.uint32)))
+  x = x * tf.constant(0xC2B2AE35, tf.uint32)
+  return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(16, tf.uint32)))
+
+
+def _to_uint32(x) -> tf.Tensor:
+  return tf.bitcast(tf.cast(x, tf.int32), tf.uint32)
+
+
+def row_uniform(seed, keys: tf.Tensor, index, vocab_size: int) -> tf.Tensor:
+  """Uniform noise in (0, 1), (R, V): a counter-based hash of (seed, key, index, token).
+
+  Row r's values depend only on the seed, keys[r], the position and the token, so a
+  sample does not change with the batch it is decoded in (tf.random's stateless ops
+  draw one stream for a whole tensor). Works in graph mode, under XLA and in exports.
+  """
+  row = _mix32(_mix32(_to_uint32(seed) ^ tf.constant(0x9E3779B9, tf.uint32))
+               ^ _to_uint32(keys))
+  row = _mix32(row ^ _mix32(_to_uint32(index) + tf.constant(0x7F4A7C15, tf.uint32)))
+  tokens = _mix32(_to_uint32(tf.range(vocab_size)) * tf.constant(0x27D4EB2F, tf.uint32)
+                  + tf.constant(0x165667B1, tf.uint32))
+  bits = _mix32(row[:, None] ^ tokens[None, :])
+  # The top 24 bits, centred in their interval: never exactly 0 or 1.
+  top = tf.cast(tf.bitwise.right_shift(bits, tf.constant(8, tf.uint32)), tf.float32)
+  return (top + 0.5) / float(1 << 24)
+
+
+def filter_logits(logits: tf.Tensor, topk: int = 0, topp: float = 1.0) -> tf.Tensor:
+  """Keeps the `topk` largest logits of each row (0 = all) and, of those, the smallest
+  set whose probability reaches `topp` (nucleus); the rest become NEG_INF."""
+  vocab = logits.shape[-1]
+  if topk and vocab is not None and topk < vocab:
+    kth = tf.math.top_k(logits, topk).values[:, -1:]
+    logits = tf.where(logits < kth, NEG_INF, logits)
+  if topp < 1.0:
+    ordered = tf.sort(logits, axis=-1, direction="DESCENDING")
+    probs = tf.nn.softmax(ordered, axis=-1)
+    before = tf.cumsum(probs, axis=-1, exclusive=True)  # probability of the better ones
+    # The last kept logit: the first token whose inclusion reaches topp.
+    kept = tf.reduce_sum(tf.cast(before < topp, tf.int32), axis=-1, keepdims=True)
+    threshold = tf.gather(ordered, tf.maximum(kept - 1, 0), batch_dims=1)
+    logits = tf.where(logits < threshold, NEG_INF, logits)
+  return logits
+
+
+def sample_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, state: Any,
+                  decode_length, keys: tf.Tensor, seed, topk: int = 0, topp: float = 1.0,
+                  temperature: float = 1.0, eos_id: int = EOS_ID
+                  ) -> Tuple[tf.Tensor, tf.Tensor]:
+  """Random sampling: one sequence per row, drawn token by token from the model.
+
+  Each step samples from softmax(logits / temperature) restricted by `filter_logits`
+  (Gumbel-max: the arg-max of filtered logits plus Gumbel noise from `row_uniform`, so
+  row r's draws depend only on seed, keys[r] and the position).
+
+  Args:
+    keys: (R,) int32, each row's key (e.g. input line number * samples + sample).
+    seed: int or scalar int32 tensor.
+
+  Returns:
+    ids (R, 1, decode_length) with PAD after EOS, and the samples' log probabilities
+    under the model (R, 1) (plain softmax: no temperature, no filtering; EOS included),
+    matching `greedy_search`'s layout.
+  """
+  batch = tf.shape(initial_ids)[0]
+  decode_length = tf.convert_to_tensor(decode_length, tf.int32)
+  keys = tf.cast(keys, tf.int32)
+
+  def step(i, seqs, log_probs, last_ids, done, state):
+    logits, state = symbols_to_logits(last_ids, i, state)
+    logits = tf.cast(logits, tf.float32)
+    step_log_probs = tf.nn.log_softmax(logits)
+    vocab = logits.shape[-1]
+    filtered = filter_logits(logits / temperature, topk, topp)
+    noise = -tf.math.log(-tf.math.log(row_uniform(seed, keys, i, vocab)))
+    # Tokens excluded by the caller (NEG_INF logits: a forced EOS, a constraint) or by
+    # the filter are never drawn, whatever the temperature did to their logits.
+    allowed = (logits > NEG_INF / 2) & (filtered > NEG_INF / 2)
+    ids = tf.argmax(tf.where(allowed, filtered + noise, 2 * NEG_INF), axis=-1,
+                    output_type=tf.int32)
+    ids = tf.where(done, PAD_ID, ids)
+    gained = tf.gather(step_log_probs, ids, batch_dims=1)
+    log_probs += tf.where(done, 0.0, gained)
+    position = tf.one_hot(i, decode_length, on_value=True, off_value=False)
+    seqs = tf.where(position[None, :], ids[:, None], seqs)
+    return i + 1, seqs, log_probs, ids, done | tf.equal(ids, eos_id), state
+
+  def not_done(i, seqs, log_probs, last_ids, done, state):
+    del seqs, log_probs, last_ids, state
+    return tf.logical_and(i < decode_length, tf.logical_not(tf.reduce_all(done)))
+
+  initial = (tf.constant(0), tf.fill([batch, decode_length], tf.constant(PAD_ID, tf.int32)),
+             tf.zeros([batch]), tf.cast(initial_ids, tf.int32),
+             tf.zeros([batch], tf.bool), state)
+  _, seqs, log_probs, _, _, _ = tf.while_loop(not_done, step, initial,
+                                              maximum_iterations=decode_length)
+  return seqs[:, None, :], log_probs[:, None]

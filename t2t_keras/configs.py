@@ -195,7 +195,15 @@ class TrainConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
-  """Beam search settings (paper section 6.1: beam 4, alpha 0.6, input + 50)."""
+  """Decoding settings (paper section 6.1: beam 4, alpha 0.6, input + 50).
+
+  Random sampling (for back-translation) replaces beam search when `sampling_topk`
+  is not 1 or `sampling_topp` < 1: each input gets `num_samples` samples drawn from
+  the model's distribution at `sampling_temperature`, restricted to the `sampling_topk`
+  most likely tokens (0 = the whole vocabulary) and to the smallest set of tokens whose
+  probability reaches `sampling_topp` (nucleus). The noise of a sample depends only on
+  `seed`, the input's key (its line number) and the sample's index, never on the batch.
+  """
 
   beam_size: int = 4
   alpha: float = 0.6
@@ -205,6 +213,37 @@ class DecodeConfig:
   # XLA-compiled decoding (`decoding.translate`): batches are padded to batch_size rows
   # and to a power-of-two source width, so it compiles once per width bucket.
   jit_compile: bool = False
+  sampling_topk: int = 1
+  sampling_topp: float = 1.0
+  sampling_temperature: float = 1.0
+  num_samples: int = 1
+  seed: int = 1
+
+  @property
+  def sampling(self) -> bool:
+    """Whether decoding samples (instead of beam search / arg-max)."""
+    return self.sampling_topk != 1 or self.sampling_topp < 1.0
+
+  def validate(self) -> "DecodeConfig":
+    """Raises ValueError naming the offending flags; returns self."""
+    problems = []
+    if self.beam_size < 1:
+      problems.append(f"--beam_size={self.beam_size} must be >= 1")
+    if self.sampling_topk < 0:
+      problems.append(f"--sampling_topk={self.sampling_topk} must be >= 0 (0 = the "
+                      "whole vocabulary, 1 = no sampling)")
+    if not 0.0 < self.sampling_topp <= 1.0:
+      problems.append(f"--sampling_topp={self.sampling_topp} must be in (0, 1]")
+    if self.sampling_temperature <= 0.0:
+      problems.append(f"--sampling_temperature={self.sampling_temperature} must be > 0")
+    if self.num_samples < 1:
+      problems.append(f"--num_samples={self.num_samples} must be >= 1")
+    if self.num_samples > 1 and not self.sampling:
+      problems.append(f"--num_samples={self.num_samples} needs sampling: set "
+                      "--sampling_topk (0 = whole vocabulary) or --sampling_topp < 1")
+    if problems:
+      raise ValueError("Invalid decoding settings: " + "; ".join(problems) + ".")
+    return self
 
 
 def replace(config, **changes):

@@ -10,9 +10,22 @@ sacreBLEU (cased and uncased) and chrF of the output are printed at the end.
 compiles once per source-width bucket). `--constrain_trees` (parsing models) lets the
 beam search write only valid trees over the input's words (`decoding.TreeConstraint`).
 
+Sampling (back-translation): `--sampling_topk=K` (0 = the whole vocabulary) and/or
+`--sampling_topp=P` draw from the model's distribution at `--sampling_temperature`
+instead of beam search; `--seed` and the input's line number decide each sample, so
+a run is reproducible and does not depend on batching. `--num_samples=N` writes N
+samples per input in the `--return_beams` layout (score = the sample's log
+probability).
+
+`--model_dir=A,B[,C]` decodes with an ensemble (average of the models' log
+probabilities; the models must share a vocabulary). `--output_alignments=FILE` writes,
+for every output line, its word alignment to the source in Pharaoh format (`i-j`,
+0-based source and target word indices) from the encoder-decoder attention of
+`--alignment_layer` (default the last), heads averaged or `--alignment_head`.
+
 Paper settings: beam 4, alpha 0.6, input length + 50, average of the last 5 (base)
 or 20 (big) checkpoints: `--beam_size=4 --alpha=0.6 --extra_decode_length=50
---average_last_n=5`.
+--average_last_n=5` (the presets set them).
 """
 
 from __future__ import annotations
@@ -34,42 +47,74 @@ t2t_flags.define_all()
 flags.DEFINE_string("input_file", None, "Source sentences, one per line (default stdin).")
 flags.DEFINE_string("output_file", None, "Where translations go (default stdout).")
 flags.DEFINE_string("reference_file", None, "Reference translations: print BLEU and chrF.")
-flags.DEFINE_string("checkpoint_path", None, "A specific checkpoint (default: latest).")
-flags.DEFINE_integer("average_last_n", 0, "Average the last N checkpoints on the fly.")
-flags.DEFINE_string("decode_dtype", None,
-                    "Override the model's dtype for decoding (e.g. float32).")
 flags.DEFINE_bool("constrain_trees", False,
                   "Parsing models: let beam search write only linearized trees over "
                   "exactly the input's words (one POS tag per word, balanced brackets, "
                   "no empty constituents), instead of repairing outputs afterwards.")
+flags.DEFINE_integer("sampling_topk", 1,
+                     "Sample instead of beam search: from the K most likely tokens; 0 = "
+                     "the whole vocabulary; 1 = no sampling (beam search / greedy).")
+flags.DEFINE_float("sampling_topp", 1.0,
+                   "Sample from the smallest set of tokens whose probability reaches P "
+                   "(nucleus sampling); < 1 turns sampling on.")
+flags.DEFINE_float("sampling_temperature", 1.0,
+                   "Divide the logits by this before sampling (< 1 sharper, > 1 flatter).")
+flags.DEFINE_integer("num_samples", 1, "Samples per input when sampling (N > 1 writes "
+                     "them as --return_beams does).")
+flags.DEFINE_string("output_alignments", None,
+                    "Write word alignments (Pharaoh 'i-j', 0-based source-target word "
+                    "indices) to this file, one line per output line.")
+flags.DEFINE_integer("alignment_layer", -1,
+                     "Decoder layer whose encoder-decoder attention aligns (-1 = last).")
+flags.DEFINE_integer("alignment_head", -1,
+                     "Attention head that aligns; -1 = the average of all heads.")
+
+_READS = ("input_file", "output_file", "reference_file", "constrain_trees", "seed",
+          "sampling_topk", "sampling_topp", "sampling_temperature", "num_samples",
+          "output_alignments", "alignment_layer", "alignment_head")
 
 
-def read_lines(path, what):
-  """Lines of a UTF-8 file (or stdin) without their newline; clear errors."""
+def config_from_flags():
+  """The DecodeConfig of the decoding and sampling flags, validated."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  config = dataclasses.replace(
+      t2t_flags.decode_config(), sampling_topk=FLAGS.sampling_topk,
+      sampling_topp=FLAGS.sampling_topp, sampling_temperature=FLAGS.sampling_temperature,
+      num_samples=FLAGS.num_samples, seed=FLAGS.seed)
+  try:
+    return config.validate()
+  except ValueError as error:
+    raise flags.ValidationError(str(error)) from None
+
+
+def write_alignments(model, tokenizer, results, layers: int, multiple: bool) -> None:
+  """--output_alignments: one Pharaoh line per output line (blank lines as well)."""
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
 
-  from t2t_keras.data.sources import DataError
-  if path is None:
-    data = sys.stdin.buffer.read()
-    path = "<stdin>"
-  else:
-    if not tf.io.gfile.exists(path):
-      raise DataError(f"{what} {path} does not exist.")
-    with tf.io.gfile.GFile(path, "rb") as f:
-      data = f.read()
-  lines = data.split(b"\n")
-  if lines and lines[-1] == b"":
-    lines.pop()
-  out = []
-  for number, line in enumerate(lines, 1):
-    try:
-      out.append(line.rstrip(b"\r").decode("utf-8"))
-    except UnicodeDecodeError as error:
-      raise DataError(f"{what} {path} line {number} is not valid UTF-8 ({error.reason} at "
-                      f"byte {error.start}); fix or re-encode the file (e.g. iconv -f "
-                      "latin1 -t utf-8).") from None
-  return out
+  from t2t_keras import decoding, scoring
+  layer, head = FLAGS.alignment_layer, FLAGS.alignment_head
+  if not -layers <= layer < layers:
+    raise flags.ValidationError(f"--alignment_layer={layer} but the model has {layers} "
+                                f"decoder layers: use 0..{layers - 1} or -1 (the last).")
+  pairs = [(r.source_ids, ids) for r in results for ids in (r.ids if multiple else r.ids[:1])]
+  meter = decoding.Progress(len(pairs), unit="pairs", verb="aligned")
+  forced = scoring.force(model, [s for s, _ in pairs], [scoring.with_eos(t) for _, t in pairs],
+                         batch_size=FLAGS.decode_batch_size, attention_layer=layer,
+                         progress=meter)
+  heads = forced[0].attention.shape[0] if forced else 0
+  if head >= heads > 0:
+    raise flags.ValidationError(f"--alignment_head={head} but the model has {heads} "
+                                f"heads: use 0..{heads - 1} or -1 (their average).")
+  starts = scoring.word_starts(tokenizer)
+  lines = iter([scoring.pharaoh(scoring.align(f.attention, s, scoring.with_eos(t), starts,
+                                              head)) for f, (s, t) in zip(forced, pairs)])
+  with tf.io.gfile.GFile(FLAGS.output_alignments, "w") as out:
+    for result in results:
+      for _ in (result.ids if multiple else result.ids[:1]):
+        out.write(next(lines) + "\n")
+      if multiple:
+        out.write("\n")
 
 
 def run() -> None:
@@ -77,42 +122,53 @@ def run() -> None:
   import tensorflow as tf
 
   from t2t_keras import decoding, inference
-  from t2t_keras.data.sources import DataError
+  from t2t_keras.data.sources import DataError, read_text_lines
   from t2t_keras.training import checkpoints
 
   tf.get_logger().setLevel("WARNING")
-  decode_config = t2t_flags.decode_config()
+  decode_config = config_from_flags()
+  model_dirs = t2t_flags.model_dirs()
   for warning in t2t_flags.check_inference_flags(
-      sys.argv, checkpoints.load_model_config(FLAGS.model_dir), "decode",
-      requested_vocab_size=inference.data_config_of(FLAGS.model_dir).vocab_size):
+      sys.argv, checkpoints.load_model_config(model_dirs[0]), "decode", reads=_READS,
+      requested_vocab_size=inference.data_config_of(model_dirs[0]).vocab_size):
     logging.warning(warning)
-  loaded = inference.load(FLAGS.model_dir, FLAGS.checkpoint_path, FLAGS.average_last_n,
-                          FLAGS.decode_dtype)
-  sentences = read_lines(FLAGS.input_file, "--input_file")
+  checkpoint_path, average_last_n = t2t_flags.checkpoint_choice(sys.argv)
+  model, loaded = inference.load_ensemble(model_dirs, checkpoint_path, average_last_n,
+                                          FLAGS.decode_dtype)
+  tokenizer = loaded[0].tokenizer
+  sentences = read_text_lines(FLAGS.input_file, "--input_file")
   references = None
   if FLAGS.reference_file:
-    references = read_lines(FLAGS.reference_file, "--reference_file")
+    references = read_text_lines(FLAGS.reference_file, "--reference_file")
     if len(references) != len(sentences):
       raise DataError(f"--reference_file {FLAGS.reference_file} has {len(references)} "
                       f"lines but --input_file {FLAGS.input_file or '<stdin>'} has "
                       f"{len(sentences)}: they must be line-aligned.")
-  print(f"decoding {len(sentences)} sentences with {', '.join(loaded.checkpoints)} (beam "
-        f"{decode_config.beam_size}, alpha {decode_config.alpha}, extra length "
+  if decode_config.sampling:
+    how = (f"sampling {decode_config.num_samples} per input: top-k "
+           f"{decode_config.sampling_topk or 'all'}, top-p {decode_config.sampling_topp:g}, "
+           f"temperature {decode_config.sampling_temperature:g}, seed {decode_config.seed}")
+  else:
+    how = f"beam {decode_config.beam_size}, alpha {decode_config.alpha}"
+  used = "; ".join(", ".join(l.checkpoints) for l in loaded)
+  print(f"decoding {len(sentences)} sentences with {used}"
+        f"{' (ensemble)' if len(loaded) > 1 else ''} ({how}, extra length "
         f"{decode_config.extra_decode_length})", file=sys.stderr, flush=True)
   constraint = None
   if FLAGS.constrain_trees:
     try:
-      constraint = decoding.TreeConstraint.from_tokenizer(loaded.tokenizer)
+      constraint = decoding.TreeConstraint.from_tokenizer(tokenizer)
     except ValueError as error:
       raise DataError(f"--constrain_trees with --model_dir={FLAGS.model_dir}: "
                       f"{error}") from None
-  results = decoding.translate(loaded.model, loaded.tokenizer, sentences, decode_config,
+  results = decoding.translate(model, tokenizer, sentences, decode_config,
                                max_input_length=FLAGS.max_input_length,
                                tree_constraint=constraint)
+  multiple = decode_config.return_beams or decode_config.num_samples > 1
   out = (tf.io.gfile.GFile(FLAGS.output_file, "w") if FLAGS.output_file else sys.stdout)
   try:
     for result in results:
-      if decode_config.return_beams:
+      if multiple:
         for text, score in zip(result.texts, result.scores):
           out.write(f"{score:.4f}\t{text}\n")
         out.write("\n")
@@ -121,6 +177,9 @@ def run() -> None:
   finally:
     if FLAGS.output_file:
       out.close()
+  if FLAGS.output_alignments:
+    write_alignments(model, tokenizer, results, loaded[0].model_config.decoder_layers,
+                     multiple)
   if references is not None:
     from t2t_keras import metrics
     report = metrics.bleu_report([r.texts[0] for r in results], [references])
@@ -133,13 +192,7 @@ def main(argv):
     raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
   if not FLAGS.model_dir:
     raise app.UsageError("--model_dir is required (the directory training wrote).")
-  from t2t_keras.errors import USER_ERRORS  # pylint: disable=import-outside-toplevel
-  try:
-    run()
-  except (*USER_ERRORS, flags.ValidationError) as error:
-    logging.debug("user error", exc_info=True)
-    print(f"error: {error}", file=sys.stderr)
-    sys.exit(1)
+  console.run_reporting_user_errors(run)
 
 
 if __name__ == "__main__":

@@ -48,11 +48,12 @@ MAX_SLOTTED_BEAM = 8
 
 def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
                decode_length=None, in_place_cache: bool = False,
-               tree_constraint: Optional["TreeConstraint"] = None) -> tuple:
+               tree_constraint: Optional["TreeConstraint"] = None,
+               keys: Optional[tf.Tensor] = None) -> tuple:
   """Decodes a padded batch of source ids.
 
   Args:
-    model: a built `Transformer`.
+    model: a built `Transformer`, or an `ensemble.Ensemble` of them.
     inputs: int32 (B, S) source ids ending with EOS, PAD after.
     config: beam size, alpha, extra decode length.
     decode_length: maximum generated tokens; default S + config.extra_decode_length.
@@ -60,13 +61,24 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
       the function is compiled with XLA, slower otherwise. Same results either way.
     tree_constraint: parsing only: allow only outputs that are a tree over exactly the
       source's words (`TreeConstraint`); None decodes freely.
+    keys: sampling only: (B,) int32, each input's key (its line number), which with
+      `config.seed` decides its samples; default 0..B-1.
 
   Returns:
     ids (B, K, decode_length) int32 (K = beam size, best first; PAD after EOS) and
-    scores (B, K) float32: length-penalised log probabilities (greedy: plain).
+    scores (B, K) float32: length-penalised log probabilities (greedy: plain). When
+    sampling, K = num_samples and the scores are the samples' plain log probabilities.
   """
   inputs = tf.cast(inputs, tf.int32)
-  k = config.beam_size
+  samples = config.num_samples if config.sampling else 1
+  if config.sampling:
+    if keys is None:
+      keys = tf.range(tf.shape(inputs)[0])
+    # Sample s of input b is a row of its own, keyed b * samples + s.
+    keys = tf.reshape(tf.cast(keys, tf.int32)[:, None] * samples + tf.range(samples)[None],
+                      [-1])
+    inputs = beam_search_lib.tile_beams(inputs, samples)
+  k = 1 if config.sampling else config.beam_size
   batch = tf.shape(inputs)[0]
   if decode_length is None:
     decode_length = tf.shape(inputs)[1] + config.extra_decode_length
@@ -96,7 +108,13 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
 
   if k == 1:
     step, state = finish(plain_step, model.init_cache(batch, decode_length))
-    return beam_search_lib.greedy_search(step, start, state, decode_length)
+    if not config.sampling:
+      return beam_search_lib.greedy_search(step, start, state, decode_length)
+    ids, scores = beam_search_lib.sample_search(
+        step, start, state, decode_length, keys, config.seed, topk=config.sampling_topk,
+        topp=config.sampling_topp, temperature=config.sampling_temperature)
+    return (tf.reshape(ids, [-1, samples, tf.shape(ids)[-1]]),
+            tf.reshape(scores, [-1, samples]))
   if not in_place_cache or k > MAX_SLOTTED_BEAM:
     # One cache row per hypothesis, gathered by parent beam at every step.
     step, state = finish(plain_step, model.init_cache(batch * k, decode_length))
@@ -254,6 +272,13 @@ def make_decode_fn(model, config: DecodeConfig,
     jit_compile = config.jit_compile
   # No autograph: decoding has no Python control flow on tensors (the loops are
   # explicit tf.while_loops), and tracing plain Python is faster and more predictable.
+  if config.sampling:  # (inputs, keys): the keys decide each input's samples
+    return tf.function(
+        lambda inputs, keys: decode_ids(model, inputs, config, in_place_cache=jit_compile,
+                                        tree_constraint=tree_constraint, keys=keys),
+        input_signature=[tf.TensorSpec([None, None], tf.int32),
+                         tf.TensorSpec([None], tf.int32)],
+        jit_compile=jit_compile or None, autograph=False)
   return tf.function(lambda inputs: decode_ids(model, inputs, config,
                                                in_place_cache=jit_compile,
                                                tree_constraint=tree_constraint),
@@ -277,8 +302,8 @@ class Progress:
   """A progress line on stderr every `every` seconds: done/total, rate, ETA."""
 
   def __init__(self, total: int, unit: str = "sentences", every: float = 5.0,
-               stream=None):
-    self.total, self.unit, self.every = total, unit, every
+               stream=None, verb: str = "decoded"):
+    self.total, self.unit, self.every, self.verb = total, unit, every, verb
     self.stream = stream or sys.stderr
     self.start = self.last = time.time()
     self.done = 0
@@ -291,16 +316,22 @@ class Progress:
       elapsed = max(now - self.start, 1e-9)
       rate = self.done / elapsed
       eta = (self.total - self.done) / rate if rate > 0 else float("inf")
-      print(f"decoded {self.done}/{self.total} {self.unit} ({rate:.1f} {self.unit}/s, "
+      print(f"{self.verb} {self.done}/{self.total} {self.unit} ({rate:.1f} {self.unit}/s, "
             f"elapsed {elapsed:.0f}s, eta {eta:.0f}s)", file=self.stream, flush=True)
 
 
 @dataclasses.dataclass
 class Translation:
-  """Beams of one input, best first."""
+  """Beams (or samples) of one input, best first (samples in drawing order).
+
+  `source_ids` are the input's ids as decoded (EOS included, after truncation to
+  `max_input_length`); `ids` each beam's output ids without EOS or PAD.
+  """
 
   texts: List[str]
   scores: List[float]
+  ids: List[List[int]] = dataclasses.field(default_factory=list)
+  source_ids: List[int] = dataclasses.field(default_factory=list)
 
 
 MIN_XLA_WIDTH = 16
@@ -365,12 +396,18 @@ def translate(model, tokenizer, sentences: Sequence[str], config: DecodeConfig,
     batch[len(chunk):, 0] = EOS_ID  # XLA filler rows: a one-token source
     for row, i in enumerate(chunk):
       batch[row, :len(sources[i])] = sources[i]
-    out_ids, scores = decode_fn(tf.constant(batch))
+    if config.sampling:  # filler rows (XLA) get key -1
+      keys = np.full([rows], -1, np.int32)
+      keys[:len(chunk)] = chunk
+      out_ids, scores = decode_fn(tf.constant(batch), tf.constant(keys))
+    else:
+      out_ids, scores = decode_fn(tf.constant(batch))
     texts = tokenizer.detokenize(out_ids).numpy()  # (B, K)
-    scores = scores.numpy()
+    scores, out_ids = scores.numpy(), out_ids.numpy()
     for row, i in enumerate(chunk):
       results[i] = Translation([t.decode("utf-8") for t in texts[row]],
-                               [float(s) for s in scores[row]])
+                               [float(s) for s in scores[row]],
+                               [strip_ids(beam) for beam in out_ids[row]], sources[i])
     if meter:
       meter.update(len(chunk))
   return results

@@ -29,8 +29,6 @@ from t2t_keras import flags as t2t_flags
 FLAGS = flags.FLAGS
 t2t_flags.define_all()
 flags.DEFINE_integer("export_version", 0, "Version number (default: Unix time).")
-flags.DEFINE_string("checkpoint_path", None, "A specific checkpoint (default: latest).")
-flags.DEFINE_integer("average_last_n", 0, "Export the average of the last N checkpoints.")
 flags.DEFINE_enum("format", "saved_model", ["saved_model", "ctranslate2"],
                   "saved_model: TensorFlow Serving (strings in, translations out); "
                   "ctranslate2: a CTranslate2 model directory (pip install ctranslate2).")
@@ -45,8 +43,8 @@ def export_ctranslate2(export_dir: str) -> str:
   as a CTranslate2 model directory."""
   # pylint: disable=import-outside-toplevel
   from t2t_keras import ctranslate2_export, inference
-  loaded = inference.load(FLAGS.model_dir, FLAGS.checkpoint_path, FLAGS.average_last_n,
-                          "float32")
+  checkpoint_path, average_last_n = t2t_flags.checkpoint_choice(sys.argv)
+  loaded = inference.load(FLAGS.model_dir, checkpoint_path, average_last_n, "float32")
   vocab = os.path.join(FLAGS.model_dir, inference.VOCAB_FILE)
   return ctranslate2_export.export(
       loaded.model, loaded.model_config, loaded.tokenizer, export_dir,
@@ -89,8 +87,9 @@ def main(argv):
             f"  python tools/ct2_translate.py --model={path} --input_file=in.txt")
       return
     path = serving.export_model_dir(FLAGS.model_dir, export_dir, t2t_flags.decode_config(),
-                            FLAGS.max_input_length, FLAGS.checkpoint_path,
-                            FLAGS.average_last_n, FLAGS.export_version)
+                                    FLAGS.max_input_length,
+                                    *t2t_flags.checkpoint_choice(sys.argv),
+                                    FLAGS.export_version)
   except (*USER_ERRORS, FileExistsError, flags.ValidationError,
           ctranslate2_export.ExportError) as error:
     logging.debug("user error", exc_info=True)

@@ -274,6 +274,18 @@ def define_decode_flags(f):
   f.DEFINE_integer("max_input_length", 256,
                    "Sources longer than this many subwords (EOS included) are truncated "
                    "when decoding and in exports: bounds the memory of a batch.")
+  f.DEFINE_string("checkpoint_path", None,
+                  "Decode/export this checkpoint (a prefix such as <model_dir>/ckpt-5000, "
+                  "or a directory of checkpoints such as <model_dir>/best) instead of the "
+                  "latest. Typed on the command line, it overrides a flagfile's "
+                  "--average_last_n.")
+  f.DEFINE_integer("average_last_n", 0,
+                   "Decode/export the average of the last N checkpoints' weights (paper "
+                   "section 6.1: 5 for base, 20 for big); 0 or 1 = the latest only.")
+  f.DEFINE_string("decode_dtype", None,
+                  "Override the model's dtype for decoding (e.g. float32).")
+  f.register_validator("average_last_n", lambda v: v >= 0,
+                       message="--average_last_n must be >= 0.")
   f.register_validator("max_input_length", lambda v: v >= 2,
                        message="--max_input_length must be >= 2 (a token and EOS).")
   f.register_validator("beam_size", lambda v: v > 0, message="--beam_size must be > 0.")
@@ -348,6 +360,28 @@ def decode_config(fv=FLAGS) -> DecodeConfig:
                       jit_compile=fv.decode_jit_compile)
 
 
+def model_dirs(fv=FLAGS) -> list:
+  """The model directories of --model_dir (a comma-separated list for ensembles)."""
+  dirs = [d.strip() for d in (fv.model_dir or "").split(",")]
+  if not all(dirs):
+    raise flags.ValidationError(f"--model_dir={fv.model_dir} has an empty entry: give "
+                                "one directory, or several separated by commas.")
+  return dirs
+
+
+def checkpoint_choice(argv, fv=FLAGS) -> tuple:
+  """(checkpoint_path, average_last_n) for decode, score and export.
+
+  A recipe's flagfile may set --average_last_n (the paper's 5 or 20); a
+  --checkpoint_path typed on the command line then wins over it (both typed on the
+  command line is refused by `inference.load`).
+  """
+  average = fv.average_last_n
+  if fv.checkpoint_path and "average_last_n" not in command_line_flags(argv, fv):
+    average = 0
+  return fv.checkpoint_path, average
+
+
 # ------------------------------------------------------------ flags a run does not use
 _MODEL_FLAGS = ("vocab_size", "hidden_size", "filter_size", "num_heads", "num_hidden_layers",
                 "num_encoder_layers", "num_decoder_layers", "key_size", "value_size",
@@ -355,7 +389,8 @@ _MODEL_FLAGS = ("vocab_size", "hidden_size", "filter_size", "num_heads", "num_hi
                 "position_embedding", "max_position", "pre_norm", "norm_epsilon",
                 "shared_embeddings", "dtype")
 _DECODE_FLAGS = ("beam_size", "alpha", "extra_decode_length", "return_beams",
-                 "decode_batch_size", "decode_jit_compile", "max_input_length")
+                 "decode_batch_size", "decode_jit_compile", "max_input_length",
+                 "checkpoint_path", "average_last_n", "decode_dtype")
 # Data flags each --data_source reads (the others are ignored by it).
 _SOURCE_FLAGS = {
     "files": ("train_src", "train_tgt", "dev_src", "dev_tgt"),

@@ -102,6 +102,14 @@ def load(model_dir: str, checkpoint_path: Optional[str] = None, average_last_n: 
   tokenizer = load_tokenizer(model_dir, data_config)
   model = create_model(model_config)
   available = checkpoint_paths(model_dir)
+  if checkpoint_path and tf.io.gfile.isdir(checkpoint_path):
+    # A directory of checkpoints (e.g. <model_dir>/best): its latest one.
+    directory, checkpoint_path = checkpoint_path, tf.train.latest_checkpoint(checkpoint_path)
+    if checkpoint_path is None:
+      raise checkpoints.CheckpointError(
+          f"--checkpoint_path={directory} is a directory without a checkpoint: name a "
+          "checkpoint (e.g. <model_dir>/ckpt-1000) or a directory training saved into "
+          "(e.g. <model_dir>/best, written with --keep_best_checkpoint).")
   if average_last_n > 1:
     if checkpoint_path:
       raise checkpoints.ModelDirError("--checkpoint_path and --average_last_n exclude each "
@@ -128,3 +136,36 @@ def load(model_dir: str, checkpoint_path: Optional[str] = None, average_last_n: 
     used = [path]
   logging.info("Loaded %s", ", ".join(used))
   return Loaded(model, tokenizer, model_config, data_config, used)
+
+
+def load_ensemble(model_dirs: Sequence[str], checkpoint_path: Optional[str] = None,
+                  average_last_n: int = 0, dtype: Optional[str] = None):
+  """Loads one model, or several that share a vocabulary as an `ensemble.Ensemble`.
+
+  Returns:
+    (the model to decode with, the Loaded of every model directory).
+
+  Raises:
+    ModelDirError: when the models' vocabularies differ (naming both directories).
+  """
+  from t2t_keras.ensemble import Ensemble  # pylint: disable=import-outside-toplevel
+  if len(model_dirs) > 1 and checkpoint_path:
+    raise checkpoints.ModelDirError(
+        "--checkpoint_path names one checkpoint but --model_dir lists "
+        f"{len(model_dirs)} models: drop --checkpoint_path (each model's latest "
+        "checkpoint, or --average_last_n of each, is used).")
+  loaded = [load(d, checkpoint_path, average_last_n, dtype) for d in model_dirs]
+  first = loaded[0]
+  for model_dir, other in zip(model_dirs[1:], loaded[1:]):
+    same = (getattr(first.tokenizer, "model_proto", None)
+            == getattr(other.tokenizer, "model_proto", None)
+            and first.tokenizer.vocab_size == other.tokenizer.vocab_size
+            and first.model_config.vocab_size == other.model_config.vocab_size)
+    if not same:
+      raise checkpoints.ModelDirError(
+          f"--model_dir {model_dir} was trained with another vocabulary than "
+          f"{model_dirs[0]} ({VOCAB_FILE} or vocabulary size differ): an ensemble's "
+          "models must share one vocabulary (train them with the same --vocab_file).")
+  if len(loaded) == 1:
+    return first.model, loaded
+  return Ensemble([l.model for l in loaded]), loaded

@@ -23,7 +23,6 @@ from t2t_keras import flags as t2t_flags  # noqa: E402
 
 t2t_flags.define_decode_flags()
 flags.DEFINE_string("model_dir", None, "A model directory written by training.")
-flags.DEFINE_string("checkpoint_path", None, "A specific checkpoint (default: latest).")
 flags.DEFINE_string("sentence", None, "The source sentence.")
 flags.DEFINE_string("output_dir", "attention", "Where the PNG files go.")
 FLAGS = flags.FLAGS

@@ -121,6 +121,35 @@ def scan_text_file(path: str, skip_invalid_utf8: bool = False) -> FileScan:
   return FileScan(path=path, num_lines=num_lines, invalid_lines=tuple(invalid))
 
 
+def read_text_lines(path: Optional[str], what: str) -> List[str]:
+  """Lines of a UTF-8 file (stdin when `path` is None) without their line ends.
+
+  Raises:
+    DataError: the file is missing, or a line is not UTF-8 (naming flag, file, line).
+  """
+  import sys  # pylint: disable=import-outside-toplevel
+  if path is None:
+    data = sys.stdin.buffer.read()
+    path = "<stdin>"
+  else:
+    if not tf.io.gfile.exists(path):
+      raise DataError(f"{what} {path} does not exist.")
+    with tf.io.gfile.GFile(path, "rb") as f:
+      data = f.read()
+  lines = data.split(b"\n")
+  if lines and lines[-1] == b"":
+    lines.pop()
+  out = []
+  for number, line in enumerate(lines, 1):
+    try:
+      out.append(line.rstrip(b"\r").decode("utf-8"))
+    except UnicodeDecodeError as error:
+      raise DataError(f"{what} {path} line {number} is not valid UTF-8 ({error.reason} at "
+                      f"byte {error.start}); fix or re-encode the file (e.g. iconv -f "
+                      "latin1 -t utf-8).") from None
+  return out
+
+
 def validate_parallel_files(src_path: str, tgt_path: str,
                             skip_invalid_utf8: bool = False) -> Tuple[FileScan, FileScan]:
   """Checks that two line-aligned files exist, are UTF-8 and have equal line counts.

@@ -1,0 +1,76 @@
+"""Ensembles of Transformers that share a vocabulary (decode `--model_dir=A,B[,C]`).
+
+`Ensemble` has the decoding interface of `Transformer` (`encode`, `cross_key_values`,
+`init_cache`, `decode_step`), so `decoding.decode_ids` runs beam search, greedy search
+or sampling over it unchanged, with and without XLA: each member encodes the source
+and keeps its own key/value cache, and each step's scores are the average of the
+members' log probabilities (as OpenNMT-py and Marian combine them; beam search then
+renormalises them, a normalised geometric mean of the members' distributions). A model
+ensembled with itself translates exactly as the model alone.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import tensorflow as tf
+
+
+class Ensemble:
+  """Members decode in lock step; log probabilities are averaged at each step."""
+
+  def __init__(self, models: Sequence):
+    if not models:
+      raise ValueError("an ensemble needs at least one model")
+    vocab_sizes = {m.model_config.vocab_size for m in models}
+    if len(vocab_sizes) > 1:
+      raise ValueError(f"ensemble members have vocabularies of different sizes "
+                       f"{sorted(vocab_sizes)}: they must share one vocabulary")
+    self.models = list(models)
+    self.model_config = self.models[0].model_config
+
+  def encode(self, inputs, training=False):
+    """(one encoder output per member, the source mask they share)."""
+    outputs = [m.encode(inputs, training=training) for m in self.models]
+    return tuple(encoded for encoded, _ in outputs), outputs[0][1]
+
+  def cross_key_values(self, encoded):
+    return tuple(m.cross_key_values(e) for m, e in zip(self.models, encoded))
+
+  def init_cache(self, batch_size, max_length, beam_size=1):
+    return tuple(m.init_cache(batch_size, max_length, beam_size=beam_size)
+                 for m in self.models)
+
+  def decode_step(self, ids, index, cache, cross_key_values, memory_mask, slots=None):
+    """The members' average log probabilities (B * K, V) and their updated caches."""
+    log_probs, caches = [], []
+    for model, model_cache, key_values in zip(self.models, cache, cross_key_values):
+      logits, model_cache = model.decode_step(ids, index, model_cache, key_values,
+                                              memory_mask, slots=slots)
+      log_probs.append(tf.nn.log_softmax(tf.cast(logits, tf.float32)))
+      caches.append(model_cache)
+    if len(log_probs) == 1:
+      return log_probs[0], tuple(caches)
+    return tf.add_n(log_probs) / float(len(log_probs)), tuple(caches)
+
+  def forced(self, inputs, targets, layer: int = -1):
+    """Teacher forcing: the members' average log probabilities (B, T, V) and average
+    cross-attention of decoder layer `layer` (B, H, T, S)."""
+    log_probs, attention = [], []
+    for model in self.models:
+      lp, att = forced_pass(model, inputs, targets, layer)
+      log_probs.append(lp)
+      attention.append(att)
+    return tf.add_n(log_probs) / len(log_probs), tf.add_n(attention) / len(attention)
+
+
+def forced_pass(model, inputs, targets, layer: int = -1):
+  """Teacher forcing of one model (or an Ensemble): log probabilities (B, T, V) of
+  every target position and decoder layer `layer`'s cross-attention (B, H, T, S)."""
+  if isinstance(model, Ensemble):
+    return model.forced(inputs, targets, layer)
+  encoded, mask = model.encode(inputs, training=False)
+  logits, maps = model.decode(targets, encoded, mask, training=False,
+                              return_attention=True)
+  _, cross = maps[layer]
+  return tf.nn.log_softmax(tf.cast(logits, tf.float32)), tf.cast(cross, tf.float32)

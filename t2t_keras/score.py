@@ -1,0 +1,105 @@
+"""Scores existing translations with a trained model: `python -m t2t_keras.score
+--model_dir=M --source_file=S --target_file=T [--output_file=F] [--per_token]`.
+
+One line per pair, in input order: the total log probability of the target given
+the source (natural log, EOS included), a tab, the number of target tokens (EOS
+included); with `--per_token`, a tab and every token's log probability. Used to filter
+back-translations, to rerank, and to compare engines (CTranslate2's `score_batch`
+gives the same numbers for an exported model). `--model_dir=A,B` scores with the
+ensemble's averaged log probabilities.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from t2t_keras import console
+
+console.quiet_tensorflow()  # before TensorFlow is imported
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+from absl import logging  # noqa: E402
+
+from t2t_keras import flags as t2t_flags
+
+FLAGS = flags.FLAGS
+t2t_flags.define_all()
+flags.DEFINE_string("source_file", None, "Source sentences, one per line.")
+flags.DEFINE_string("target_file", None, "Target sentences (translations to score), "
+                    "line-aligned with --source_file.")
+flags.DEFINE_string("output_file", None, "Where scores go (default stdout).")
+flags.DEFINE_bool("per_token", False, "Append each token's log probability (space "
+                  "separated, EOS last) after a tab.")
+
+
+def run() -> None:
+  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
+
+  from t2t_keras import decoding, inference, scoring
+  from t2t_keras.data.sources import DataError, read_text_lines
+  from t2t_keras.training import checkpoints
+
+  tf.get_logger().setLevel("WARNING")
+  model_dirs = t2t_flags.model_dirs()
+  for warning in t2t_flags.check_inference_flags(
+      sys.argv, checkpoints.load_model_config(model_dirs[0]), "score",
+      reads=("source_file", "target_file", "output_file", "per_token"),
+      requested_vocab_size=inference.data_config_of(model_dirs[0]).vocab_size):
+    logging.warning(warning)
+  sources = read_text_lines(FLAGS.source_file, "--source_file")
+  targets = read_text_lines(FLAGS.target_file, "--target_file")
+  if len(sources) != len(targets):
+    raise DataError(f"--source_file {FLAGS.source_file} has {len(sources)} lines but "
+                    f"--target_file {FLAGS.target_file} has {len(targets)}: they must be "
+                    "line-aligned (one target per source).")
+  checkpoint_path, average_last_n = t2t_flags.checkpoint_choice(sys.argv)
+  model, loaded = inference.load_ensemble(model_dirs, checkpoint_path, average_last_n,
+                                          FLAGS.decode_dtype)
+  tokenizer = loaded[0].tokenizer
+  print(f"scoring {len(sources)} pairs with "
+        f"{'; '.join(', '.join(l.checkpoints) for l in loaded)}", file=sys.stderr,
+        flush=True)
+  source_ids = [scoring.with_eos(s) for s in tokenizer.tokenize(tf.constant(sources or
+                                                                            [""])).to_list()]
+  target_ids = [scoring.with_eos(t) for t in tokenizer.tokenize(tf.constant(targets or
+                                                                            [""])).to_list()]
+  if not sources:
+    source_ids = target_ids = []
+  limit = FLAGS.max_input_length
+  source_ids = [s if len(s) <= limit else s[:limit - 1] + [s[-1]] for s in source_ids]
+  meter = decoding.Progress(len(sources), unit="pairs", verb="scored")
+  results = scoring.force(model, source_ids, target_ids,
+                          batch_size=FLAGS.decode_batch_size, progress=meter)
+  out = tf.io.gfile.GFile(FLAGS.output_file, "w") if FLAGS.output_file else sys.stdout
+  try:
+    for result in results:
+      line = f"{result.total:.4f}\t{len(result.log_probs)}"
+      if FLAGS.per_token:
+        line += "\t" + " ".join(f"{v:.4f}" for v in result.log_probs)
+      out.write(line + "\n")
+  finally:
+    if FLAGS.output_file:
+      out.close()
+  if results:
+    total = sum(r.total for r in results)
+    tokens = sum(len(r.log_probs) for r in results)
+    print(f"scored {len(results)} pairs: {total / tokens:.4f} nats per target token "
+          f"(perplexity {2.718281828459045 ** (-total / tokens):.3f})", file=sys.stderr,
+          flush=True)
+
+
+def main(argv):
+  console.setup_logging()
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
+  if not FLAGS.model_dir:
+    raise app.UsageError("--model_dir is required (the directory training wrote).")
+  if not FLAGS.source_file or not FLAGS.target_file:
+    raise app.UsageError("--source_file and --target_file are required.")
+  console.run_reporting_user_errors(run)
+
+
+if __name__ == "__main__":
+  app.run(main)
