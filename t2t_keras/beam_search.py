@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional, Tuple
 
 import tensorflow as tf
 
-from t2t_keras import EOS_ID, PAD_ID
+from t2t_keras import BOS_ID, EOS_ID, PAD_ID
 
 # A large negative score instead of -inf: -inf - -inf is NaN, and XLA dislikes infs.
 NEG_INF = -1.0e9
@@ -283,6 +283,9 @@ def filter_logits(logits: tf.Tensor, topk: int = 0, topp: float = 1.0) -> tf.Ten
   return logits
 
 
+NEVER_SAMPLED = tf.constant([PAD_ID, BOS_ID], tf.int32)
+
+
 def sample_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, state: Any,
                   decode_length, keys: tf.Tensor, seed, topk: int = 0, topp: float = 1.0,
                   temperature: float = 1.0, eos_id: int = EOS_ID
@@ -290,6 +293,7 @@ def sample_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, st
   """Random sampling: one sequence per row, drawn token by token from the model.
 
   Each step samples from softmax(logits / temperature) restricted by `filter_logits`
+  and without PAD and BOS
   (Gumbel-max: the arg-max of filtered logits plus Gumbel noise from `row_uniform`, so
   row r's draws depend only on seed, keys[r] and the position).
 
@@ -311,6 +315,9 @@ def sample_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, st
     logits = tf.cast(logits, tf.float32)
     step_log_probs = tf.nn.log_softmax(logits)
     vocab = logits.shape[-1]
+    # PAD and BOS are never outputs (a sentence cannot contain them).
+    logits = tf.where(tf.reduce_any(tf.range(vocab)[:, None] == NEVER_SAMPLED, axis=1),
+                      NEG_INF, logits)
     filtered = filter_logits(logits / temperature, topk, topp)
     noise = -tf.math.log(-tf.math.log(row_uniform(seed, keys, i, vocab)))
     # Tokens excluded by the caller (NEG_INF logits: a forced EOS, a constraint) or by

@@ -191,6 +191,11 @@ class TrainConfig:
   save_checkpoint_steps: int = 1000
   save_checkpoint_minutes: float = 10.0
   keep_checkpoint_max: int = 20
+  # After each dev evaluation, keep the best checkpoint (by dev BLEU when it is
+  # computed, else dev loss) in <model_dir>/best, outside the rotation above.
+  keep_best_checkpoint: bool = False
+  # Stop after this many dev evaluations without improvement (0 = never).
+  early_stopping_patience: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

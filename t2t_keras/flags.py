@@ -235,6 +235,15 @@ def define_train_flags(f):
   f.DEFINE_integer("show_examples", 5,
                    "After training, decode the dev set with beam search, print this "
                    "many examples and the exact-match accuracy (0 = skip).")
+  f.DEFINE_boolean("keep_best_checkpoint", d.keep_best_checkpoint,
+                   "After each dev evaluation keep the best checkpoint so far (by dev BLEU "
+                   "with --eval_bleu_sentences > 0, else dev loss) in <model_dir>/best, "
+                   "outside the --keep_checkpoint_max rotation; decode or export it with "
+                   "--checkpoint_path=<model_dir>/best.")
+  f.DEFINE_integer("early_stopping_patience", d.early_stopping_patience,
+                   "Stop training after this many dev evaluations (--eval_every) without "
+                   "improvement of dev BLEU (or dev loss), with a final checkpoint; 0 = "
+                   "never.", lower_bound=0)
   f.DEFINE_integer("keep_checkpoint_max", d.keep_checkpoint_max,
                        "Checkpoints kept (paper averages the last 5 or 20).")
   for name in ("train_steps", "learning_rate_warmup_steps", "steps_per_loop", "accum_steps",
@@ -350,7 +359,9 @@ def train_config(fv=FLAGS) -> TrainConfig:
       eval_every=fv.eval_every, eval_steps=fv.eval_steps,
       save_checkpoint_steps=fv.save_checkpoint_steps,
       save_checkpoint_minutes=fv.save_checkpoint_minutes,
-      keep_checkpoint_max=fv.keep_checkpoint_max)
+      keep_checkpoint_max=fv.keep_checkpoint_max,
+      keep_best_checkpoint=fv.keep_best_checkpoint,
+      early_stopping_patience=fv.early_stopping_patience)
 
 
 def decode_config(fv=FLAGS) -> DecodeConfig:

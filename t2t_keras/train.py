@@ -97,6 +97,12 @@ def train() -> None:
         f"d_model {model_config.hidden_size}, vocabulary {model_config.vocab_size} on "
         f"{strategy.num_replicas_in_sync} replica(s); model_dir {train_config.model_dir}",
         flush=True)
+  if ((train_config.keep_best_checkpoint or train_config.early_stopping_patience)
+      and datasets.eval_fn is None):
+    from t2t_keras.errors import DataError
+    raise DataError("--keep_best_checkpoint and --early_stopping_patience judge the dev "
+                    "set, and this run has none: set --dev_src/--dev_tgt (files; TFDS and "
+                    "synthetic data bring their own), or drop those flags.")
   trainer = Trainer(model_config, train_config, strategy)
   eval_hook = None
   if FLAGS.eval_bleu_sentences and datasets.eval_fn is not None:
@@ -108,6 +114,9 @@ def train() -> None:
     print(f"stopped by SIGTERM at step {result.steps} with a checkpoint; exit code "
           f"{PREEMPTED_EXIT_CODE}: rerun the same command to resume", flush=True)
     sys.exit(PREEMPTED_EXIT_CODE)
+  if result.stopped_early:
+    print(f"stopped early at step {result.steps}: the dev score stopped improving "
+          f"(--early_stopping_patience={train_config.early_stopping_patience})", flush=True)
   print(f"done: {result.steps} steps in {format_duration(result.wall_seconds)}, "
         f"{result.target_tokens:,.0f} target tokens this run, estimated training cost "
         f"{result.flops:.3g} FLOPs this run (matmuls, forward + backward)", flush=True)

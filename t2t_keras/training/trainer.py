@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import logging as logging_lib
 import math
 import signal
@@ -62,6 +63,61 @@ class TrainResult:
   final_loss: float
   eval_metrics: dict
   preempted: bool = False  # stopped by SIGTERM after saving a checkpoint
+  stopped_early: bool = False  # --early_stopping_patience evaluations without improvement
+
+
+BEST_DIR = "best"  # <model_dir>/best: the best checkpoint (--keep_best_checkpoint)
+BEST_STATE_FILE = "best_eval.json"  # <model_dir>/best_eval.json: what is best, since when
+
+
+class BestEval:
+  """The best dev result so far and the evaluations since, kept across restarts.
+
+  The metric is dev BLEU (higher is better) when the evaluation computes it, else dev
+  loss (lower is better). The state lives in <model_dir>/best_eval.json, so a resumed
+  run keeps its best checkpoint and its early-stopping count.
+  """
+
+  def __init__(self, model_dir: str, write: bool):
+    self.path = f"{model_dir}/{BEST_STATE_FILE}"
+    self.write = write
+    self.state = {}
+    if tf.io.gfile.exists(self.path):
+      try:
+        with tf.io.gfile.GFile(self.path) as f:
+          self.state = json.load(f)
+      except (json.JSONDecodeError, tf.errors.OpError) as error:
+        logging.warning("ignoring %s (%s): the best dev result starts anew", self.path,
+                        error)
+
+  @property
+  def since_best(self) -> int:
+    return int(self.state.get("evaluations_since_best", 0))
+
+  def update(self, step: int, metrics: dict) -> bool:
+    """Records an evaluation; returns whether it is the best so far."""
+    metric = "bleu" if "bleu" in metrics else "loss"
+    value = float(metrics[metric])
+    if self.state and self.state.get("metric") != metric:
+      logging.warning("the dev metric changed from %s to %s: the best result starts anew",
+                      self.state.get("metric"), metric)
+      self.state = {}
+    best = self.state.get("value")
+    improved = (best is None or (value > best if metric == "bleu" else value < best))
+    if improved:
+      self.state = {"metric": metric, "value": value, "step": step,
+                    "evaluations_since_best": 0}
+    elif self.state.get("step") != step:  # the same step evaluated again at a restart
+      self.state["evaluations_since_best"] = self.since_best + 1
+    if self.write:
+      with tf.io.gfile.GFile(self.path + ".tmp", "w") as f:
+        json.dump(self.state, f, indent=2, sort_keys=True)
+      tf.io.gfile.rename(self.path + ".tmp", self.path, overwrite=True)
+    return improved
+
+  def describe(self) -> str:
+    return (f"dev {self.state['metric']} {self.state['value']:.4g} at step "
+            f"{self.state['step']}")
 
 
 class Trainer:
@@ -275,6 +331,14 @@ class Trainer:
     else:
       writer = eval_writer = tf.summary.create_noop_writer()
 
+    best = best_manager = None
+    if cfg.keep_best_checkpoint or cfg.early_stopping_patience:
+      best = BestEval(cfg.model_dir, write=chief)
+      if cfg.keep_best_checkpoint:
+        best_manager = tf.train.CheckpointManager(
+            tf.train.Checkpoint(model=self.model), f"{save_dir}/{BEST_DIR}", max_to_keep=1)
+    stopped_early = False
+
     step = start_step = self.current_step()
     start = last_log = last_save = self.clock()
     window = np.zeros(3)  # loss_sum, tokens, flops since the last progress line
@@ -287,7 +351,7 @@ class Trainer:
     preemption = _SignalFlag(signal.SIGTERM)
     preemption.install()
     try:
-      while (step < cfg.train_steps and not out_of_time
+      while (step < cfg.train_steps and not out_of_time and not stopped_early
              and not self._any_worker(preemption.received)):
         boundary = min(cfg.log_every, cfg.save_checkpoint_steps, cfg.eval_every)
         n = min(cfg.steps_per_loop, cfg.train_steps - step, boundary - step % boundary,
@@ -347,6 +411,20 @@ class Trainer:
             eval_metrics.update(extra)
             line += "".join(f" | {name} {value:.2f}" for name, value in extra.items())
           progress(line)
+          if best is not None:
+            if best.update(step, eval_metrics):
+              if best_manager is not None:
+                best_manager.save(checkpoint_number=step)
+                progress(f"best so far: {best.describe()}, saved in "
+                         f"{cfg.model_dir}/{BEST_DIR}")
+            elif cfg.early_stopping_patience:
+              progress(f"no improvement for {best.since_best} evaluation(s) (best: "
+                       f"{best.describe()}; patience {cfg.early_stopping_patience})")
+            if (cfg.early_stopping_patience and not last
+                and best.since_best >= cfg.early_stopping_patience):
+              stopped_early = True
+              progress(f"early stopping at step {step}: {best.since_best} evaluations "
+                       f"without improvement of the best {best.describe()}")
           with eval_writer.as_default(step=step):
             for name, value in eval_metrics.items():
               tf.summary.scalar(name, value)
@@ -368,7 +446,7 @@ class Trainer:
     logging.info("trained %d steps in %.1fs", step - start_step, wall)
     return TrainResult(steps=step, wall_seconds=wall, target_tokens=total_tokens,
                        flops=total_flops, final_loss=loss, eval_metrics=eval_metrics,
-                       preempted=preemption.received)
+                       preempted=preemption.received, stopped_early=stopped_early)
 
 
 class _LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
