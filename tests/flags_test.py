@@ -50,6 +50,23 @@ def test_big_is_base_plus_deltas():
   assert base_train.adam_beta2 == 0.98 and base_train.learning_rate_warmup_steps == 4000
 
 
+def test_presets_average_the_papers_checkpoints_and_a_typed_checkpoint_wins():
+  """Paper 6.1: base averages the last 5 checkpoints, big the last 20; decode and
+  export take it from the flagfile, unless --checkpoint_path is typed."""
+  base, _, _ = parse("--flagfile=flags/base_en_de.cfg")
+  big, _, _ = parse("--flagfile=flags/big_en_de.cfg")
+  assert (base.average_last_n, big.average_last_n) == (5, 20)
+  argv = ["decode", "--flagfile=flags/big_en_de.cfg"]
+  assert t2t_flags.checkpoint_choice(argv, big) == (None, 20)
+  chosen, _, _ = parse("--flagfile=flags/big_en_de.cfg", "--checkpoint_path=m/best")
+  assert t2t_flags.checkpoint_choice(argv + ["--checkpoint_path=m/best"], chosen) == \
+      ("m/best", 0)
+  both, _, _ = parse("--flagfile=flags/big_en_de.cfg", "--checkpoint_path=m/best",
+                     "--average_last_n=3")
+  assert t2t_flags.checkpoint_choice(
+      argv + ["--checkpoint_path=m/best", "--average_last_n=3"], both) == ("m/best", 3)
+
+
 def test_en_fr_big_uses_low_dropout():
   _, model, _ = parse("--flagfile=flags/big_en_fr.cfg")
   assert model.hidden_size == 1024 and model.layer_prepostprocess_dropout == 0.1
