@@ -218,6 +218,9 @@ class DecodeConfig:
   # XLA-compiled decoding (`decoding.translate`): batches are padded to batch_size rows
   # and to a power-of-two source width, so it compiles once per width bucket.
   jit_compile: bool = False
+  # EOS cannot end an output before this many tokens (1: never an empty translation,
+  # as CTranslate2's beam search; 0: tensor2tensor's behaviour).
+  min_decode_length: int = 0
   sampling_topk: int = 1
   sampling_topp: float = 1.0
   sampling_temperature: float = 1.0
@@ -234,6 +237,8 @@ class DecodeConfig:
     problems = []
     if self.beam_size < 1:
       problems.append(f"--beam_size={self.beam_size} must be >= 1")
+    if self.min_decode_length < 0:
+      problems.append(f"--min_decode_length={self.min_decode_length} must be >= 0")
     if self.sampling_topk < 0:
       problems.append(f"--sampling_topk={self.sampling_topk} must be >= 0 (0 = the "
                       "whole vocabulary, 1 = no sampling)")

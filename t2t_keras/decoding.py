@@ -104,6 +104,8 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
       words = per_row(tree_constraint.count_words(inputs))
       step = tree_constraint.wrap(step, words, per_row(limits))
       state = (state, tf.zeros([batch * k, 2], tf.int32))
+    if config.min_decode_length > 0:
+      step = no_eos_before(step, config.min_decode_length)
     return force_eos_at(step, per_row(limits)), state
 
   if k == 1:
@@ -150,6 +152,16 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
       return inner_reorder(inner, parents), counts
   return beam_search_lib.beam_search(step, start, state, k, decode_length,
                                      alpha=config.alpha, reorder_state=reorder)
+
+
+def no_eos_before(symbols_to_logits, min_length: int):
+  """Wraps a decoder so that EOS cannot come before position `min_length`."""
+  def fn(ids, index, state):
+    logits, state = symbols_to_logits(ids, index, state)
+    is_eos = tf.equal(tf.range(tf.shape(logits)[-1]), EOS_ID)[None, :]
+    return tf.where(is_eos & (index < min_length), beam_search_lib.NEG_INF,
+                    tf.cast(logits, tf.float32)), state
+  return fn
 
 
 def force_eos_at(symbols_to_logits, limits):

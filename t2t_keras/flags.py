@@ -272,6 +272,10 @@ def define_decode_flags(f):
   f.DEFINE_float("alpha", d.alpha, "GNMT length penalty exponent.")
   f.DEFINE_integer("extra_decode_length", d.extra_decode_length,
                        "Maximum output length = input length + this.")
+  f.DEFINE_integer("min_decode_length", d.min_decode_length,
+                   "Outputs have at least this many tokens before EOS: 1 never returns an "
+                   "empty translation (as CTranslate2's beam search); 0 (tensor2tensor) "
+                   "returns one when ending at once scores best.", lower_bound=0)
   f.DEFINE_boolean("return_beams", d.return_beams, "Output every beam with its score.")
   f.DEFINE_integer("decode_batch_size", d.batch_size, "Sentences per decoding batch.")
   f.DEFINE_boolean("decode_jit_compile", d.jit_compile,
@@ -367,6 +371,7 @@ def train_config(fv=FLAGS) -> TrainConfig:
 def decode_config(fv=FLAGS) -> DecodeConfig:
   return DecodeConfig(beam_size=fv.beam_size, alpha=fv.alpha,
                       extra_decode_length=fv.extra_decode_length,
+                      min_decode_length=fv.min_decode_length,
                       return_beams=fv.return_beams, batch_size=fv.decode_batch_size,
                       jit_compile=fv.decode_jit_compile)
 
@@ -399,7 +404,8 @@ _MODEL_FLAGS = ("vocab_size", "hidden_size", "filter_size", "num_heads", "num_hi
                 "layer_prepostprocess_dropout", "attention_dropout", "relu_dropout",
                 "position_embedding", "max_position", "pre_norm", "norm_epsilon",
                 "shared_embeddings", "dtype")
-_DECODE_FLAGS = ("beam_size", "alpha", "extra_decode_length", "return_beams",
+_DECODE_FLAGS = ("beam_size", "alpha", "extra_decode_length", "min_decode_length",
+                 "return_beams",
                  "decode_batch_size", "decode_jit_compile", "max_input_length",
                  "checkpoint_path", "average_last_n", "decode_dtype")
 # Data flags each --data_source reads (the others are ignored by it).

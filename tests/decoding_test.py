@@ -257,3 +257,25 @@ def test_tree_constraint_holds_against_a_decoder_that_wants_to_stop(beam):
     assert np.all(scores.numpy()[:, 0] > bs.NEG_INF / 1e3)
   for b, n in enumerate(words.numpy()):
     check_tree(ids.numpy()[b, 0], n, constraint)
+
+
+@pytest.mark.parametrize("beam,topk", [(1, 1), (4, 1), (1, 0)])
+def test_min_decode_length_keeps_eos_away(beam, topk):
+  """A decoder that wants to stop at once (EOS scores best everywhere) writes at least
+  --min_decode_length tokens, and EOS comes right after them."""
+  keras.utils.set_random_seed(4)
+  eager = create_model(ModelConfig(vocab_size=V, hidden_size=16, filter_size=32,
+                                   num_heads=2, num_hidden_layers=1))
+  bias = eager.softmax_embedding  # push EOS far above every other token
+  original = bias.logits
+  bias.logits = lambda x: original(x) + tf.one_hot(EOS_ID, V) * 50.0
+  try:
+    inputs = sources(np.random.default_rng(1), [5, 3])
+    for minimum in (0, 3):
+      config = DecodeConfig(beam_size=beam, sampling_topk=topk, extra_decode_length=8,
+                            min_decode_length=minimum)
+      ids, _ = decoding.decode_ids(eager, inputs, config)
+      lengths = [len(decoding.strip_ids(row)) for row in ids.numpy()[:, 0]]
+      assert lengths == [minimum, minimum], (minimum, lengths)
+  finally:
+    bias.logits = original
