@@ -208,14 +208,23 @@ def greedy_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, st
     ids (B, 1, decode_length) with PAD after EOS, and the sequences' log
     probabilities (B, 1) (EOS included), matching `beam_search`'s layout.
   """
+  return _one_per_row(symbols_to_logits, initial_ids, state, decode_length,
+                      lambda logits, log_probs, i: tf.argmax(log_probs, axis=-1,
+                                                             output_type=tf.int32),
+                      eos_id)
+
+
+def _one_per_row(symbols_to_logits, initial_ids, state, decode_length, choose, eos_id):
+  """The loop of greedy search and sampling: one hypothesis per row, each step's token
+  chosen by `choose(float32 logits, their log_softmax, index)` -> (R,) ids."""
   batch = tf.shape(initial_ids)[0]
   decode_length = tf.convert_to_tensor(decode_length, tf.int32)
 
   def step(i, seqs, log_probs, last_ids, done, state):
     logits, state = symbols_to_logits(last_ids, i, state)
-    step_log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32))
-    ids = tf.argmax(step_log_probs, axis=-1, output_type=tf.int32)
-    ids = tf.where(done, PAD_ID, ids)
+    logits = tf.cast(logits, tf.float32)
+    step_log_probs = tf.nn.log_softmax(logits)
+    ids = tf.where(done, PAD_ID, choose(logits, step_log_probs, i))
     gained = tf.gather(step_log_probs, ids, batch_dims=1)
     log_probs += tf.where(done, 0.0, gained)
     position = tf.one_hot(i, decode_length, on_value=True, off_value=False)
@@ -306,14 +315,10 @@ def sample_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, st
     under the model (R, 1) (plain softmax: no temperature, no filtering; EOS included),
     matching `greedy_search`'s layout.
   """
-  batch = tf.shape(initial_ids)[0]
-  decode_length = tf.convert_to_tensor(decode_length, tf.int32)
   keys = tf.cast(keys, tf.int32)
 
-  def step(i, seqs, log_probs, last_ids, done, state):
-    logits, state = symbols_to_logits(last_ids, i, state)
-    logits = tf.cast(logits, tf.float32)
-    step_log_probs = tf.nn.log_softmax(logits)
+  def choose(logits, log_probs, i):
+    del log_probs
     vocab = logits.shape[-1]
     # PAD and BOS are never outputs (a sentence cannot contain them).
     logits = tf.where(tf.reduce_any(tf.range(vocab)[:, None] == NEVER_SAMPLED, axis=1),
@@ -323,22 +328,7 @@ def sample_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, st
     # Tokens excluded by the caller (NEG_INF logits: a forced EOS, a constraint) or by
     # the filter are never drawn, whatever the temperature did to their logits.
     allowed = (logits > NEG_INF / 2) & (filtered > NEG_INF / 2)
-    ids = tf.argmax(tf.where(allowed, filtered + noise, 2 * NEG_INF), axis=-1,
-                    output_type=tf.int32)
-    ids = tf.where(done, PAD_ID, ids)
-    gained = tf.gather(step_log_probs, ids, batch_dims=1)
-    log_probs += tf.where(done, 0.0, gained)
-    position = tf.one_hot(i, decode_length, on_value=True, off_value=False)
-    seqs = tf.where(position[None, :], ids[:, None], seqs)
-    return i + 1, seqs, log_probs, ids, done | tf.equal(ids, eos_id), state
+    return tf.argmax(tf.where(allowed, filtered + noise, 2 * NEG_INF), axis=-1,
+                     output_type=tf.int32)
 
-  def not_done(i, seqs, log_probs, last_ids, done, state):
-    del seqs, log_probs, last_ids, state
-    return tf.logical_and(i < decode_length, tf.logical_not(tf.reduce_all(done)))
-
-  initial = (tf.constant(0), tf.fill([batch, decode_length], tf.constant(PAD_ID, tf.int32)),
-             tf.zeros([batch]), tf.cast(initial_ids, tf.int32),
-             tf.zeros([batch], tf.bool), state)
-  _, seqs, log_probs, _, _, _ = tf.while_loop(not_done, step, initial,
-                                              maximum_iterations=decode_length)
-  return seqs[:, None, :], log_probs[:, None]
+  return _one_per_row(symbols_to_logits, initial_ids, state, decode_length, choose, eos_id)

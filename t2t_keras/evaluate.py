@@ -83,18 +83,8 @@ def read_segments(path: str, what: str) -> list:
   Raises:
     InputError: the file is missing, or a line is not UTF-8 (naming file and line).
   """
-  lines = _read_bytes(path, what).split(b"\n")
-  if lines and lines[-1] == b"":
-    lines.pop()
-  segments = []
-  for number, line in enumerate(lines, 1):
-    try:
-      segments.append(line.rstrip(b"\r").decode("utf-8"))
-    except UnicodeDecodeError as error:
-      raise InputError(f"{what} {path} line {number} is not valid UTF-8 ({error.reason} at "
-                       f"byte {error.start}); re-encode the file (e.g. iconv -f latin1 -t "
-                       "utf-8).") from None
-  return segments
+  from t2t_keras.textio import split_lines  # pylint: disable=import-outside-toplevel
+  return split_lines(_read_bytes(path, what), what, path, InputError)
 
 
 def read_inputs(hypotheses_path: str, reference_paths: list) -> tuple:

@@ -136,18 +136,8 @@ def read_text_lines(path: Optional[str], what: str) -> List[str]:
       raise DataError(f"{what} {path} does not exist.")
     with tf.io.gfile.GFile(path, "rb") as f:
       data = f.read()
-  lines = data.split(b"\n")
-  if lines and lines[-1] == b"":
-    lines.pop()
-  out = []
-  for number, line in enumerate(lines, 1):
-    try:
-      out.append(line.rstrip(b"\r").decode("utf-8"))
-    except UnicodeDecodeError as error:
-      raise DataError(f"{what} {path} line {number} is not valid UTF-8 ({error.reason} at "
-                      f"byte {error.start}); fix or re-encode the file (e.g. iconv -f "
-                      "latin1 -t utf-8).") from None
-  return out
+  from t2t_keras.textio import split_lines  # pylint: disable=import-outside-toplevel
+  return split_lines(data, what, path, DataError)
 
 
 def validate_parallel_files(src_path: str, tgt_path: str,
