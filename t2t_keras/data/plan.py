@@ -88,6 +88,7 @@ class BatchPlan:
                        f"than max_length={boundaries[-1]}")
     self._lock = threading.Lock()
     self._epochs = collections.OrderedDict()  # the epochs used last (LRU)
+    self._making = {}  # epoch number -> lock held by the thread computing it
     self._positions = {}  # (epoch, bucket) -> the epoch's steps of that bucket
 
   def epoch(self, number: int) -> Epoch:
@@ -95,21 +96,28 @@ class BatchPlan:
 
     The EPOCHS_KEPT epochs used last are kept: per-bucket datasets read ahead by
     different amounts, so a rare bucket's next steps may lie several epochs ahead of
-    the others'. An epoch is computed outside the lock (map threads that need another
-    epoch do not wait); two threads may compute the same one, with the same result.
+    the others'. An epoch is computed outside the shared lock (map threads that need
+    another epoch do not wait), once: threads that need the same epoch wait for the
+    one computing it.
     """
     with self._lock:
       if number in self._epochs:
         self._epochs.move_to_end(number)
         return self._epochs[number]
-    epoch = self._make_epoch(number)
-    with self._lock:
-      self._epochs[number] = self._epochs.get(number, epoch)
-      self._epochs.move_to_end(number)
-      while len(self._epochs) > EPOCHS_KEPT:
-        old, _ = self._epochs.popitem(last=False)
-        self._positions = {k: v for k, v in self._positions.items() if k[0] != old}
-      return self._epochs[number]
+      making = self._making.setdefault(number, threading.Lock())
+    with making:
+      with self._lock:
+        if number in self._epochs:  # made by another thread while this one waited
+          self._epochs.move_to_end(number)
+          return self._epochs[number]
+      epoch = self._make_epoch(number)
+      with self._lock:
+        self._epochs[number] = epoch
+        self._making.pop(number, None)
+        while len(self._epochs) > EPOCHS_KEPT:
+          old, _ = self._epochs.popitem(last=False)
+          self._positions = {k: v for k, v in self._positions.items() if k[0] != old}
+        return epoch
 
   def steps_left_in_run(self, step: int) -> int:
     """Steps from `step` on (itself included) that are sure to share its bucket."""
