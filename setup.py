@@ -26,6 +26,10 @@ setup(
         "matplotlib>=3.8",  # attention maps and learning curves
         "tensorboard>=2.20",  # tf.summary and the learning-curve tool
     ],
+    # tensor2tensor had t2t-trainer and t2t-decoder; `python -m t2t_keras.X` runs the same.
+    entry_points={"console_scripts": [
+        f"t2t-{name}=t2t_keras.{name}:console_main"
+        for name in ("train", "decode", "export", "evaluate", "score")]},
     extras_require={
         # tensorflow-serving-api: tests/serving_test.py runs the gRPC client.
         # ctranslate2: tests/ctranslate2_export_test.py checks the export against it.

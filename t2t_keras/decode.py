@@ -195,5 +195,10 @@ def main(argv):
   console.run_reporting_user_errors(run)
 
 
-if __name__ == "__main__":
+def console_main():
+  """The `t2t-decode` console script (setup.py)."""
   app.run(main)
+
+
+if __name__ == "__main__":
+  console_main()

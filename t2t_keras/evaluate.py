@@ -189,5 +189,10 @@ def _evaluate_parsing():
     print(f"rebuilt trees: {FLAGS.output_trees}")
 
 
-if __name__ == "__main__":
+def console_main():
+  """The `t2t-evaluate` console script (setup.py)."""
   app.run(main)
+
+
+if __name__ == "__main__":
+  console_main()

@@ -100,5 +100,10 @@ def main(argv):
         f"--model_base_path={os.path.abspath(export_dir)}")
 
 
-if __name__ == "__main__":
+def console_main():
+  """The `t2t-export` console script (setup.py)."""
   app.run(main)
+
+
+if __name__ == "__main__":
+  console_main()

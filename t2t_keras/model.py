@@ -10,7 +10,8 @@ position t predict targets[:, t].
 Besides `call` (teacher forcing), the model exposes the pieces decoding needs:
 `encode`, `cross_key_values` (encoder keys/values projected once per source),
 `init_cache` (fixed-size self-attention caches) and `decode_step` (one token for
-every sequence, returning the updated cache). Beam search (beam_search.py) drives them.
+every sequence, returning the updated cache). decoding.py drives them (beam search,
+greedy search and sampling).
 """
 
 from __future__ import annotations

@@ -159,5 +159,10 @@ def main(argv):
     sys.exit(1)
 
 
-if __name__ == "__main__":
+def console_main():
+  """The `t2t-train` console script (setup.py)."""
   app.run(main)
+
+
+if __name__ == "__main__":
+  console_main()

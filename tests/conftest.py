@@ -56,11 +56,9 @@ def tiny_model_dir(tmp_path_factory):
 def _split_cpu(num_devices=2):
   """Splits the CPU into logical devices before TensorFlow initialises its runtime,
   so distribution tests can compare 1 and 2 replicas on one machine."""
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  cpus = tf.config.list_physical_devices("CPU")
+  from t2t_keras.training import distribute  # pylint: disable=import-outside-toplevel
   try:
-    tf.config.set_logical_device_configuration(
-        cpus[0], [tf.config.LogicalDeviceConfiguration()] * num_devices)
+    distribute.split_cpu(num_devices)
   except RuntimeError:  # already initialised (e.g. a plugin imported TF first)
     pass
 

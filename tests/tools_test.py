@@ -90,3 +90,31 @@ def test_attention_maps_are_distributions_and_pictures(tiny_model_dir, tmp_path)
                          for i in range(2))
   with open(tmp_path / "png" / "cross_layer1.png", "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_console_scripts_run_the_entry_points(tiny_model_dir, tmp_path):
+  """`pip install` puts t2t-train, t2t-decode, ... beside the interpreter; each runs the
+  same code as `python -m t2t_keras.X` (here: a dry run, and decoding one file both ways)."""
+  bin_dir = os.path.dirname(sys.executable)
+  for name in ("train", "decode", "export", "evaluate", "score"):
+    assert os.access(os.path.join(bin_dir, f"t2t-{name}"), os.X_OK), (
+        f"t2t-{name} is not installed beside {sys.executable}: `pip install -e .` again")
+  dry = subprocess.run([os.path.join(bin_dir, "t2t-train"), "--flagfile=flags/tiny.cfg",
+                        "--dry_run"], capture_output=True, text=True, cwd=REPO_ROOT,
+                       env=ENV, timeout=600, check=False)
+  assert dry.returncode == 0, dry.stderr[-3000:]
+  assert dry.stdout.splitlines()[-1].startswith("parameters: ")
+  source = tmp_path / "src.txt"
+  source.write_text("the man runs\na small dog\n", encoding="utf-8")
+  outputs = []
+  for command in ([os.path.join(bin_dir, "t2t-decode")], [sys.executable, "-m",
+                                                           "t2t_keras.decode"]):
+    output = tmp_path / f"out{len(outputs)}.txt"
+    result = subprocess.run([*command, f"--model_dir={tiny_model_dir}",
+                             f"--input_file={source}", f"--output_file={output}",
+                             "--beam_size=2", "--extra_decode_length=3"],
+                            capture_output=True, text=True, cwd=REPO_ROOT, env=ENV,
+                            timeout=600, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    outputs.append(output.read_text(encoding="utf-8"))
+  assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 2

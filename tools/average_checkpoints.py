@@ -9,12 +9,9 @@ with an average without writing one, use `decode --average_last_n=5` instead.
 It is a thin CLI: the work is t2t_keras.training.averaging.write_averaged.
 """
 
-import os
 import sys
 
 from absl import app, flags, logging
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from t2t_keras import console  # noqa: E402
 

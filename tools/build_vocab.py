@@ -10,12 +10,9 @@ race to build the same files) and to inspect the vocabulary (the .vocab text fil
 It is a thin CLI: the work is t2t_keras.data.build_vocab and make_datasets.
 """
 
-import os
 import sys
 
 from absl import app, flags, logging
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from t2t_keras import console  # noqa: E402
 

@@ -13,12 +13,9 @@ score them.
 A thin CLI over t2t_keras.parsing; it does not import TensorFlow.
 """
 
-import os
 import sys
 
 from absl import app, flags
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from t2t_keras import console  # noqa: E402
 

@@ -17,8 +17,6 @@ import sys
 
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 from t2t_keras import console  # noqa: E402
 
 console.quiet_tensorflow()  # before TensorFlow is imported

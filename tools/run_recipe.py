@@ -29,9 +29,6 @@ import time
 
 from absl import app, flags
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
 flags.DEFINE_string("recipe", None, "The recipe's flagfile, e.g. flags/multi30k_en_de.cfg.")
 flags.DEFINE_string("model_dir", None, "Where the run's checkpoints, logs and results go.")
 flags.DEFINE_string("test_src", None, "Test source sentences, one per line.")

@@ -8,12 +8,9 @@ self-attention) and cross_layer<i>.png (encoder-decoder attention), one heatmap 
 head with the subword tokens on the axes, for the model's own translation.
 """
 
-import os
 import sys
 
 from absl import app, flags
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from t2t_keras import console  # noqa: E402
 

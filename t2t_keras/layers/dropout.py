@@ -15,11 +15,10 @@ compiles `stateless_uniform` to an RNG about 100x slower. (`tf.random` rather th
 Randomness: a `keras.random.SeedGenerator` created in `__init__` (seeded from Python's
 `random`, so `keras.utils.set_random_seed` makes runs reproducible) gives a new seed on
 every call and feeds `stateless_uniform`, which runs in `tf.function`, under XLA
-(`jit_compile=True`) and in every replica of a strategy. As with Keras' own Dropout,
-the generator's state is not a checkpoint dependency (a SeedGenerator is not
-trackable): checkpoints hold exactly `model.weights`, checkpoints written before this
-layer existed restore, and changing a rate between runs (0 <-> 0.1) does not change
-what a checkpoint must contain. A resumed run draws masks from a freshly seeded state.
+(`jit_compile=True`) and in every replica of a strategy. The generator's state is a
+variable but not a weight of the layer (a SeedGenerator is not trackable), so the
+trainer checkpoints it explicitly (`Trainer.checkpoint`, `dropout_seeds`): a resumed
+run draws the masks an uninterrupted run would. A rate of 0 creates no generator.
 """
 
 from __future__ import annotations

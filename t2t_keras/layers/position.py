@@ -48,8 +48,8 @@ class LearnedPosition(keras.layers.Layer):
   """Adds a learned embedding of positions start, start+1, ... (Table 3 row E).
 
   Args:
-    max_position: number of positions with an embedding; longer inputs are an error
-      the caller must prevent (the data pipeline's max_length and decoding limits).
+    max_position: number of positions with an embedding; positions past the table
+      reuse its last row (clamped), so size it to the longest sequence trained on.
     hidden_size: D.
   """
 

@@ -324,7 +324,7 @@ class Trainer:
       checkpoints.restore(checkpoint, latest)
       progress(f"resumed from {latest} at step {self.current_step()}")
     batches = self._last_batches = _Batches(self, train_dataset_fn, self.current_step())
-    train_fn = self.train_fn = tf.function(self._train_loop)
+    train_fn = tf.function(self._train_loop)
     if chief:
       writer = tf.summary.create_file_writer(f"{cfg.model_dir}/train")
       eval_writer = tf.summary.create_file_writer(f"{cfg.model_dir}/eval")
