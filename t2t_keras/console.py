@@ -107,20 +107,3 @@ def setup_logging(argv: Optional[Sequence[str]] = None) -> None:
   handler.setFormatter(_PlainFormatter())
   if not any(isinstance(f, _OwnInfoOnly) for f in handler.filters):
     handler.addFilter(_OwnInfoOnly())
-
-
-def run_reporting_user_errors(fn, extra_errors=()) -> None:
-  """Runs an entry point's `fn`; a user error (bad file, flag, checkpoint) becomes one
-  `error: ...` line on stderr and exit code 1 instead of a stack trace (the trace is
-  logged at debug level: `--verbosity=1`)."""
-  # pylint: disable=import-outside-toplevel
-  from absl import flags
-  from absl import logging as absl_logging
-
-  from t2t_keras.errors import USER_ERRORS
-  try:
-    fn()
-  except (*USER_ERRORS, flags.ValidationError, *extra_errors) as error:
-    absl_logging.debug("user error", exc_info=True)
-    print(f"error: {error}", file=sys.stderr)
-    sys.exit(1)

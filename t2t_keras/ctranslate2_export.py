@@ -34,16 +34,13 @@ import numpy as np
 
 from t2t_keras import BOS_ID, EOS_ID, NUM_RESERVED_IDS, PAD_ID, UNK_ID
 from t2t_keras.configs import ModelConfig
+from t2t_keras.errors import ExportError
 from t2t_keras.layers import position as position_lib
 
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
                  "float16", "bfloat16", "float32")
 INSTALL_HINT = 'pip install -e ".[ctranslate2]"  (or: pip install ctranslate2)'
 RESERVED_TOKENS = {PAD_ID: "<pad>", EOS_ID: "</s>", UNK_ID: "<unk>", BOS_ID: "<s>"}
-
-
-class ExportError(ValueError):
-  """A model or request CTranslate2 cannot represent, or ctranslate2 is missing."""
 
 
 def _ctranslate2():

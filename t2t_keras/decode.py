@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import sys
 
-from t2t_keras import console
+from t2t_keras import console, errors
 
 console.quiet_tensorflow()  # before TensorFlow is imported
 
@@ -192,7 +192,7 @@ def main(argv):
     raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
   if not FLAGS.model_dir:
     raise app.UsageError("--model_dir is required (the directory training wrote).")
-  console.run_reporting_user_errors(run)
+  errors.exit_on_user_error(run)
 
 
 def console_main():

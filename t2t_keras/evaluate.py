@@ -28,7 +28,6 @@ second.
 
 from __future__ import annotations
 
-import sys
 
 from t2t_keras import console
 
@@ -36,7 +35,7 @@ console.quiet_tensorflow(import_now=False)  # TensorFlow only for remote paths
 
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
-from absl import logging  # noqa: E402
+from t2t_keras.errors import InputError, exit_on_user_error  # noqa: E402
 
 flags.DEFINE_string("hypotheses", None, "System output, one segment per line (UTF-8).")
 flags.DEFINE_multi_string("references", None,
@@ -57,10 +56,6 @@ flags.DEFINE_string("output_trees", None,
                     "here, one Penn Treebank bracketing per line, e.g. for evalb.")
 flags.mark_flags_as_required(["hypotheses", "references"])
 FLAGS = flags.FLAGS
-
-
-class InputError(ValueError):
-  """A missing, undecodable or misaligned input file; the message names it."""
 
 
 def _read_bytes(path: str, what: str) -> bytes:
@@ -155,32 +150,23 @@ def main(argv):
     raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
   if (FLAGS.sources or FLAGS.output_trees) and FLAGS.task != "parsing":
     raise app.UsageError("--sources and --output_trees are for --task=parsing.")
-  if FLAGS.task == "parsing":
-    _evaluate_parsing()
-    return
+  exit_on_user_error(_evaluate_parsing if FLAGS.task == "parsing" else _evaluate_translation)
+
+
+def _evaluate_translation():
   from t2t_keras import metrics  # pylint: disable=import-outside-toplevel
-  try:
-    hypotheses, references = read_inputs(FLAGS.hypotheses, FLAGS.references)
-  except InputError as error:
-    logging.debug("input error", exc_info=True)
-    print(f"error: {error}", file=sys.stderr)
-    sys.exit(1)
+  hypotheses, references = read_inputs(FLAGS.hypotheses, FLAGS.references)
   report = metrics.bleu_report(hypotheses, references, lowercase_chrf=FLAGS.lowercase)
   print(metrics.format_report(report, details=True))
 
 
 def _evaluate_parsing():
   from t2t_keras import evalb  # pylint: disable=import-outside-toplevel
-  try:
-    if len(FLAGS.references) != 1:
-      raise InputError(f"--task=parsing takes one --references treebank file, got "
-                       f"{len(FLAGS.references)}.")
-    hypotheses, references, words = read_parsing_inputs(
-        FLAGS.hypotheses, FLAGS.references[0], FLAGS.sources)
-  except InputError as error:
-    logging.debug("input error", exc_info=True)
-    print(f"error: {error}", file=sys.stderr)
-    sys.exit(1)
+  if len(FLAGS.references) != 1:
+    raise InputError(f"--task=parsing takes one --references treebank file, got "
+                     f"{len(FLAGS.references)}.")
+  hypotheses, references, words = read_parsing_inputs(
+      FLAGS.hypotheses, FLAGS.references[0], FLAGS.sources)
   report = evalb.score_linearized(hypotheses, references, words)
   print(evalb.format_report(report))
   if FLAGS.output_trees:

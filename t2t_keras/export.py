@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 
-from t2t_keras import console
+from t2t_keras import console, errors
 
 console.quiet_tensorflow()  # before TensorFlow is imported
 
@@ -66,39 +66,35 @@ def main(argv):
     sys.exit(2)
   export_dir = FLAGS.export_dir or os.path.join(
       FLAGS.model_dir, "ctranslate2" if ctranslate2 else "export")
+  errors.exit_on_user_error(lambda: run(export_dir, ctranslate2), (FileExistsError,))
+
+
+def run(export_dir: str, ctranslate2: bool) -> None:
+  """Checks the flags against the model directory, then writes the export."""
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
 
-  from t2t_keras import ctranslate2_export, serving
-  from t2t_keras.errors import USER_ERRORS
-  tf.get_logger().setLevel("ERROR")
-  from t2t_keras import inference
+  from t2t_keras import inference, serving
   from t2t_keras.training import checkpoints
-  try:
-    for warning in t2t_flags.check_inference_flags(
-        sys.argv, checkpoints.load_model_config(FLAGS.model_dir), "export",
-        reads=("export_dir", "format", "quantization"),
-        requested_vocab_size=inference.data_config_of(FLAGS.model_dir).vocab_size):
-      logging.warning(warning)
-    if ctranslate2:
-      path = export_ctranslate2(export_dir)
-      weights = FLAGS.quantization or "float32"
-      print(f"exported {path} (CTranslate2, {weights} weights)\n"
-            f"  python tools/ct2_translate.py --model={path} --input_file=in.txt")
-      return
-    path = serving.export_model_dir(FLAGS.model_dir, export_dir, t2t_flags.decode_config(),
-                                    FLAGS.max_input_length,
-                                    *t2t_flags.checkpoint_choice(sys.argv),
-                                    FLAGS.export_version)
-  except (*USER_ERRORS, FileExistsError, flags.ValidationError,
-          ctranslate2_export.ExportError) as error:
-    logging.debug("user error", exc_info=True)
-    print(f"error: {error}", file=sys.stderr)
-    sys.exit(1)
+  tf.get_logger().setLevel("ERROR")
+  for warning in t2t_flags.check_inference_flags(
+      sys.argv, checkpoints.load_model_config(FLAGS.model_dir), "export",
+      reads=("export_dir", "format", "quantization"),
+      requested_vocab_size=inference.data_config_of(FLAGS.model_dir).vocab_size):
+    logging.warning(warning)
+  if ctranslate2:
+    path = export_ctranslate2(export_dir)
+    weights = FLAGS.quantization or "float32"
+    print(f"exported {path} (CTranslate2, {weights} weights)\n"
+          f"  python tools/ct2_translate.py --model={path} --input_file=in.txt")
+    return
+  path = serving.export_model_dir(FLAGS.model_dir, export_dir, t2t_flags.decode_config(),
+                                  FLAGS.max_input_length,
+                                  *t2t_flags.checkpoint_choice(sys.argv),
+                                  FLAGS.export_version)
   print(f"exported {path}\n  python tools/saved_model_cli.py show --dir {path} --all\n"
         f"  tensorflow_model_server --rest_api_port=8501 --model_name=transformer "
         f"--model_base_path={os.path.abspath(export_dir)}")
-
 
 def console_main():
   """The `t2t-export` console script (setup.py)."""

@@ -55,6 +55,8 @@ import dataclasses
 import re
 from typing import List, Optional, Sequence, Tuple, Union
 
+from t2t_keras.errors import TreeError
+
 LINEARIZATION_VERSION = 1  # part of the data cache key: bump when the format changes
 NONE_TAG = "-NONE-"
 ROOT_LABELS = ("", "TOP", "ROOT")
@@ -70,10 +72,6 @@ _TOKEN = re.compile(r"\(|\)|[^\s()]+")
 # Output tokens: "(LABEL", ")" (a label glued to it, as in ")NP", is ignored), or a tag;
 # brackets split tokens even without a space ("NN)" is "NN" then ")").
 _OUTPUT_TOKEN = re.compile(r"\([^\s()]*|\)[^\s()]*|[^\s()]+")
-
-
-class TreeError(ValueError):
-  """A malformed tree; the message names the file (or input) and line."""
 
 
 @dataclasses.dataclass

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from t2t_keras import console
+from t2t_keras import console, errors
 
 console.quiet_tensorflow()  # before TensorFlow is imported
 
@@ -98,7 +98,7 @@ def main(argv):
     raise app.UsageError("--model_dir is required (the directory training wrote).")
   if not FLAGS.source_file or not FLAGS.target_file:
     raise app.UsageError("--source_file and --target_file are required.")
-  console.run_reporting_user_errors(run)
+  errors.exit_on_user_error(run)
 
 
 def console_main():

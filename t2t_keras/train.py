@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from t2t_keras import console
+from t2t_keras import console, errors
 
 console.quiet_tensorflow()  # before TensorFlow is imported
 
@@ -141,7 +141,7 @@ def main(argv):
   try:
     for warning in t2t_flags.check_train_flags(sys.argv):
       logging.warning(warning)
-  except flags.ValidationError as error:
+  except flags.ValidationError as error:  # a usage error: exit code 2, as absl's
     print(f"error: {error}", file=sys.stderr)
     sys.exit(2)
   if FLAGS.dry_run:
@@ -150,13 +150,7 @@ def main(argv):
   if not FLAGS.model_dir:
     raise app.UsageError("--model_dir is required: checkpoints, vocabulary and logs go "
                          "there (a local path or gs://bucket/path).")
-  from t2t_keras.errors import USER_ERRORS  # pylint: disable=import-outside-toplevel
-  try:
-    train()
-  except USER_ERRORS as error:
-    logging.debug("user error", exc_info=True)
-    print(f"error: {error}", file=sys.stderr)
-    sys.exit(1)
+  errors.exit_on_user_error(train)
 
 
 def console_main():

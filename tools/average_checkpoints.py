@@ -9,11 +9,10 @@ with an average without writing one, use `decode --average_last_n=5` instead.
 It is a thin CLI: the work is t2t_keras.training.averaging.write_averaged.
 """
 
-import sys
 
 from absl import app, flags, logging
 
-from t2t_keras import console  # noqa: E402
+from t2t_keras import console, errors  # noqa: E402
 
 console.quiet_tensorflow()  # before TensorFlow is imported
 
@@ -34,21 +33,15 @@ def main(argv):
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
 
-  from t2t_keras.errors import USER_ERRORS
   from t2t_keras.training import averaging
 
   tf.get_logger().setLevel("WARNING")
-  try:
-    path = averaging.write_averaged(FLAGS.model_dir, FLAGS.output_dir, FLAGS.last_n,
-                                    overwrite=FLAGS.overwrite)
-  except USER_ERRORS as error:
-    logging.debug("user error", exc_info=True)
-    print(f"error: {error}", file=sys.stderr)
-    sys.exit(1)
+  path = averaging.write_averaged(FLAGS.model_dir, FLAGS.output_dir, FLAGS.last_n,
+                                  overwrite=FLAGS.overwrite)
   print(f"wrote {path}: the average of the last {FLAGS.last_n} checkpoint(s) of "
         f"{FLAGS.model_dir}")
 
 
 if __name__ == "__main__":
   logging.set_verbosity(logging.INFO)
-  app.run(main)
+  app.run(errors.reporting_user_errors(main))

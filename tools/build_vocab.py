@@ -10,16 +10,15 @@ race to build the same files) and to inspect the vocabulary (the .vocab text fil
 It is a thin CLI: the work is t2t_keras.data.build_vocab and make_datasets.
 """
 
-import sys
 
 from absl import app, flags, logging
 
-from t2t_keras import console  # noqa: E402
+from t2t_keras import console, errors  # noqa: E402
 
 console.quiet_tensorflow()  # before TensorFlow is imported
 
 from t2t_keras import flags as t2t_flags  # noqa: E402
-from t2t_keras.data import DataError, build_vocab, make_datasets  # noqa: E402
+from t2t_keras.data import build_vocab, make_datasets  # noqa: E402
 
 flags.DEFINE_boolean("overwrite_vocab", False,
                      "Rebuild the vocabulary even if it exists (invalidates caches and "
@@ -33,11 +32,7 @@ FLAGS = flags.FLAGS
 def main(argv):
   console.setup_logging()
   del argv
-  try:
-    _build(t2t_flags.data_config())
-  except DataError as error:
-    logging.debug("data error", exc_info=True)
-    sys.exit(f"error: {error}")
+  errors.exit_on_user_error(lambda: _build(t2t_flags.data_config()))
 
 
 def _build(config):

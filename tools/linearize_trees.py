@@ -17,7 +17,7 @@ import sys
 
 from absl import app, flags
 
-from t2t_keras import console  # noqa: E402
+from t2t_keras import console, errors  # noqa: E402
 
 console.quiet_tensorflow()  # before TensorFlow is imported
 
@@ -38,11 +38,10 @@ def main(argv):
     raise app.UsageError("Nothing to write: give --sentences and/or --linearized.")
   try:
     with open(FLAGS.trees, "rb") as f:
-      pairs = parsing.read_examples(parsing.decode_utf8(f.read(), FLAGS.trees), FLAGS.trees)
+      data = f.read()
   except OSError as error:
     sys.exit(f"error: --trees {FLAGS.trees} cannot be read: {error.strerror}.")
-  except parsing.TreeError as error:
-    sys.exit(f"error: {error}")
+  pairs = parsing.read_examples(parsing.decode_utf8(data, FLAGS.trees), FLAGS.trees)
   for path, column in ((FLAGS.sentences, 0), (FLAGS.linearized, 1)):
     if path:
       with open(path, "w", encoding="utf-8") as f:
@@ -54,4 +53,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(errors.reporting_user_errors(main))

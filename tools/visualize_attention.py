@@ -8,11 +8,10 @@ self-attention) and cross_layer<i>.png (encoder-decoder attention), one heatmap 
 head with the subword tokens on the axes, for the model's own translation.
 """
 
-import sys
 
 from absl import app, flags
 
-from t2t_keras import console  # noqa: E402
+from t2t_keras import console, errors  # noqa: E402
 
 console.quiet_tensorflow()  # before TensorFlow is imported
 
@@ -35,13 +34,8 @@ def main(argv):
   import tensorflow as tf
 
   from t2t_keras import attention_maps, inference
-  from t2t_keras.errors import USER_ERRORS
   tf.get_logger().setLevel("ERROR")
-  try:
-    loaded = inference.load(FLAGS.model_dir, FLAGS.checkpoint_path)
-  except USER_ERRORS as error:
-    print(f"error: {error}", file=sys.stderr)
-    sys.exit(1)
+  loaded = inference.load(FLAGS.model_dir, FLAGS.checkpoint_path)
   maps = attention_maps.attention_maps(loaded.model, loaded.tokenizer, FLAGS.sentence,
                                        t2t_flags.decode_config(), FLAGS.max_input_length)
   paths = attention_maps.plot_maps(maps, FLAGS.output_dir)
@@ -51,4 +45,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(errors.reporting_user_errors(main))

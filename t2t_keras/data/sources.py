@@ -27,16 +27,13 @@ import tensorflow as tf
 
 from t2t_keras import NUM_RESERVED_IDS, parsing
 from t2t_keras.configs import DataConfig
+from t2t_keras.errors import DataError
 
 SOURCES = ("files", "tfds", "synthetic", "parsing")
 SYNTHETIC_TASKS = ("copy", "reverse")
 _CHUNK_BYTES = 16 << 20
 # TFDS split names of the WMT builders for our two splits.
 _TFDS_SPLITS = {"train": "train", "dev": "validation"}
-
-
-class DataError(ValueError):
-  """User-facing data problem: the message names the file/line and what to do."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,20 +17,13 @@ import tensorflow as tf
 from absl import logging
 
 from t2t_keras.configs import ModelConfig
+from t2t_keras.errors import CheckpointError, ModelDirError  # noqa: F401  (raised here)
 
 CONFIG_FILE = "config.json"
 # ModelConfig fields that change variable shapes or the computation a checkpoint encodes.
 SHAPE_FIELDS = ("vocab_size", "hidden_size", "filter_size", "num_heads",
                 "num_hidden_layers", "num_encoder_layers", "num_decoder_layers", "key_size",
                 "value_size", "position_embedding", "pre_norm", "shared_embeddings")
-
-
-class ModelDirError(ValueError):
-  """The model directory does not match the requested run, or cannot be read."""
-
-
-class CheckpointError(RuntimeError):
-  """A checkpoint is corrupt or belongs to a different model."""
 
 
 def _shape_of(config: ModelConfig) -> dict:

@@ -31,16 +31,13 @@ from absl import logging
 
 from t2t_keras import PAD_ID
 from t2t_keras.configs import ModelConfig, TrainConfig
+from t2t_keras.errors import TrainingError
 from t2t_keras.model import create_model
 from t2t_keras.training import checkpoints, flops, losses
 from t2t_keras.training.schedules import TransformerSchedule
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 SUM = tf.distribute.ReduceOp.SUM
-
-
-class TrainingError(RuntimeError):
-  """Training cannot go on (NaN loss, empty dataset); the message says what to do."""
 
 
 # Exit code of a run that saved a checkpoint and stopped on SIGTERM (preemption): the
