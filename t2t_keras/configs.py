@@ -4,58 +4,97 @@ Only entry points read absl FLAGS; they build these objects once (see flags.py) 
 pass them down, so library code, tests and notebooks can construct them directly.
 Names follow tensor2tensor / Model Garden where those exist (hidden_size, filter_size,
 num_heads, num_hidden_layers, attention_dropout, relu_dropout, label_smoothing, ...).
+
+Each setting is written once, here: its default, its help text, the values its flag
+accepts and its check sit beside the field (`setting`). flags.py generates the flags
+from these fields and builds the configs back from the flags, and `validate()` runs
+the same checks for configs built in code.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Any, Callable, List, Optional, Tuple
+
+Check = Tuple[Callable[[Any], bool], str]
+POSITIVE: Check = (lambda v: v > 0, "must be positive")
+AT_LEAST_0: Check = (lambda v: v >= 0, "must be >= 0")
+ZERO_MEANS_DEFAULT: Check = (lambda v: v >= 0, "must be >= 0 (0 = default)")
+DROPOUT: Check = (lambda v: 0.0 <= v < 1.0, "must be in [0, 1)")
+
+
+def setting(default, help: Optional[str] = None, *, flag: Optional[str] = None,  # pylint: disable=redefined-builtin
+            choices: Optional[Tuple[str, ...]] = None, check: Optional[Check] = None):
+  """A config field with what its command-line flag needs.
+
+  Args:
+    default: the field's default, also the flag's.
+    help: the flag's help text; None = the field has no flag of its own (it may still
+      read one defined elsewhere, see `flag`).
+    flag: the flag's name when it differs from the field's (e.g. `decode_batch_size`
+      for DecodeConfig.batch_size), or the shared flag a field without help reads.
+    choices: the values the flag accepts (an enum flag).
+    check: (predicate, "must be ...") that the value must pass, for the flag's
+      validator and for `validate()`.
+  """
+  return dataclasses.field(default=default, metadata={
+      "help": help, "flag": flag, "choices": choices, "check": check})
+
+
+def flag_name(field: dataclasses.Field) -> str:
+  """The flag a config field is read from."""
+  return field.metadata.get("flag") or field.name
+
+
+def check_fields(config) -> List[str]:
+  """The fields of `config` that fail their check, as "--<flag>=<value> must be ..."."""
+  problems = []
+  for field in dataclasses.fields(config):
+    check, value = field.metadata.get("check"), getattr(config, field.name)
+    if check and value is not None and not check[0](value):
+      problems.append(f"--{flag_name(field)}={value} {check[1]}")
+  return problems
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Architecture of the Transformer (paper section 3, Table 3).
+  """Architecture of the Transformer (paper section 3, Table 3)."""
 
-  Attributes:
-    vocab_size: size of the shared source/target vocabulary.
-    hidden_size: d_model.
-    filter_size: d_ff, inner size of the feed-forward network.
-    num_heads: h.
-    num_hidden_layers: N, used for both stacks unless overridden below.
-    num_encoder_layers: encoder depth; 0 means num_hidden_layers.
-    num_decoder_layers: decoder depth; 0 means num_hidden_layers.
-    key_size: d_k per head; 0 means hidden_size // num_heads.
-    value_size: d_v per head; 0 means hidden_size // num_heads.
-    layer_prepostprocess_dropout: P_drop on sublayer outputs and embedding sums.
-    attention_dropout: dropout on attention weights.
-    relu_dropout: dropout after the FFN's ReLU.
-    position_embedding: "sinusoid" (paper) or "learned" (Table 3 row E).
-    max_position: longest position the model can embed (learned positions size).
-    pre_norm: False = post-norm as in the paper; True = tensor2tensor's later default.
-    norm_epsilon: LayerNorm epsilon.
-    shared_embeddings: one matrix for source, target embeddings and pre-softmax.
-    dtype: "float32", "bfloat16", "mixed_float16" or "mixed_bfloat16" (logits always
-      float32); the --dtype flag offers the first three.
-  """
-
-  vocab_size: int = 37000
-  hidden_size: int = 512
-  filter_size: int = 2048
-  num_heads: int = 8
-  num_hidden_layers: int = 6
-  num_encoder_layers: int = 0
-  num_decoder_layers: int = 0
-  key_size: int = 0
-  value_size: int = 0
-  layer_prepostprocess_dropout: float = 0.1
-  attention_dropout: float = 0.0
-  relu_dropout: float = 0.0
-  position_embedding: str = "sinusoid"
-  max_position: int = 1024
-  pre_norm: bool = False
-  norm_epsilon: float = 1e-6
-  shared_embeddings: bool = True
-  dtype: str = "float32"
+  vocab_size: int = setting(
+      37000, "Shared source/target subword vocabulary size (paper EN-DE ~37000).",
+      check=POSITIVE)
+  hidden_size: int = setting(512, "d_model.", check=POSITIVE)
+  filter_size: int = setting(2048, "d_ff, feed-forward inner size.", check=POSITIVE)
+  num_heads: int = setting(8, "h, attention heads.", check=POSITIVE)
+  num_hidden_layers: int = setting(6, "N, layers in each stack.", check=POSITIVE)
+  num_encoder_layers: int = setting(0, "Encoder layers; 0 = num_hidden_layers.",
+                                    check=ZERO_MEANS_DEFAULT)
+  num_decoder_layers: int = setting(0, "Decoder layers; 0 = num_hidden_layers.",
+                                    check=ZERO_MEANS_DEFAULT)
+  key_size: int = setting(0, "d_k per head (Table 3 A, B); 0 = hidden_size / num_heads.",
+                          check=ZERO_MEANS_DEFAULT)
+  value_size: int = setting(0, "d_v per head (Table 3 A); 0 = hidden_size / num_heads.",
+                            check=ZERO_MEANS_DEFAULT)
+  layer_prepostprocess_dropout: float = setting(
+      0.1, "P_drop: residual and embedding dropout (paper 0.1, big EN-DE 0.3).",
+      check=DROPOUT)
+  attention_dropout: float = setting(0.0, "Dropout on attention probabilities.",
+                                     check=DROPOUT)
+  relu_dropout: float = setting(0.0, "Dropout after the FFN ReLU.", check=DROPOUT)
+  position_embedding: str = setting(
+      "sinusoid", "Sinusoidal (paper) or learned (Table 3 row E) positions.",
+      choices=("sinusoid", "learned"))
+  max_position: int = setting(
+      1024, "Positions a learned position table covers (later positions reuse its "
+      "last row).", check=POSITIVE)
+  pre_norm: bool = setting(False, "LayerNorm before each sublayer (t2t's later default); "
+                           "false = post-norm as in the paper.")
+  norm_epsilon: float = setting(1e-6, "LayerNorm epsilon.")
+  shared_embeddings: bool = setting(
+      True, "One matrix for source/target embeddings and the pre-softmax layer.")
+  # "mixed_bfloat16" is accepted as another name of "bfloat16" in code.
+  dtype: str = setting("float32", "Compute precision; variables, logits and loss stay "
+                       "float32.", choices=("float32", "bfloat16", "mixed_float16"))
 
   @property
   def encoder_layers(self) -> int:
@@ -75,26 +114,18 @@ class ModelConfig:
 
   def validate(self) -> "ModelConfig":
     """Raises ValueError naming the offending values; returns self."""
-    problems = []
-    for name in ("vocab_size", "hidden_size", "filter_size", "num_heads",
-                 "num_hidden_layers", "max_position"):
-      if getattr(self, name) <= 0:
-        problems.append(f"{name}={getattr(self, name)} must be positive")
+    problems = check_fields(self)
     if self.num_heads > 0 and (not self.key_size or not self.value_size):
       if self.hidden_size % self.num_heads:
         problems.append(
-            f"hidden_size={self.hidden_size} is not divisible by num_heads="
-            f"{self.num_heads}; pick sizes that divide, or set --key_size and "
+            f"--hidden_size={self.hidden_size} is not divisible by --num_heads="
+            f"{self.num_heads}: choose sizes that divide, or set --key_size and "
             "--value_size (d_k, d_v per head) explicitly")
-    for name in ("layer_prepostprocess_dropout", "attention_dropout", "relu_dropout"):
-      value = getattr(self, name)
-      if not 0.0 <= value < 1.0:
-        problems.append(f"{name}={value} must be in [0, 1)")
     if self.position_embedding not in ("sinusoid", "learned"):
-      problems.append(f"position_embedding={self.position_embedding!r} must be "
+      problems.append(f"--position_embedding={self.position_embedding!r} must be "
                       "'sinusoid' or 'learned'")
     if self.dtype not in ("float32", "bfloat16", "mixed_float16", "mixed_bfloat16"):
-      problems.append(f"dtype={self.dtype!r} must be float32, bfloat16 or "
+      problems.append(f"--dtype={self.dtype!r} must be float32, bfloat16 or "
                       "mixed_float16")
     if problems:
       raise ValueError("Invalid model configuration: " + "; ".join(problems))
@@ -105,98 +136,115 @@ class ModelConfig:
 class DataConfig:
   """Where sentence pairs come from and how they are batched.
 
-  Attributes:
-    source: "files", "tfds", "synthetic" (or "parsing").
-    train_src / train_tgt: line-aligned training files (source "files").
-    dev_src / dev_tgt: line-aligned dev files (optional).
-    tfds_name: e.g. "wmt14_translate/de-en" (source "tfds").
-    tfds_data_dir: tensorflow-datasets data directory (None = default).
-    source_lang / target_lang: translation direction for TFDS ("en" -> "de").
-    synthetic_task: "copy" or "reverse" (source "synthetic").
-    synthetic_min_length / synthetic_max_length: lengths of synthetic sequences.
-    synthetic_vocab_size: symbols used by the synthetic task (ids above reserved).
-    synthetic_train_size / synthetic_eval_size: examples generated per split.
-    data_dir: where the vocabulary and tokenized caches live.
-    vocab_type: "bpe" (paper EN-DE) or "unigram" (SentencePiece unigram, the
-      word-piece-like EN-FR choice).
-    vocab_file: explicit SentencePiece model path; None = a name derived from the
-      data inside data_dir. Built there if missing, reused if present.
-    vocab_size: target size of the shared subword vocabulary.
-    vocab_sample_sentences: sentences sampled to train the vocabulary.
-    max_length: pairs with more tokens on either side are dropped (and counted).
-    batch_size: token budget per replica per batch (t2t semantics).
-    static_shapes: pad to bucket boundaries with a fixed batch per bucket (TPU/XLA).
-    bucket_min / bucket_growth: bucket boundaries start at bucket_min, grow by factor.
-    seed: the seed of the batch plan (the order of the training pairs).
-    skip_invalid_utf8: skip and count lines with invalid UTF-8 instead of failing.
-    accum_steps: micro-batches per replica per update (the training flag; the
-      trainer passes its own): all batches of one update, on every replica, share a
-      bucket.
+  A few fields have no flag of their own: `vocab_size` reads --vocab_size (a model
+  flag), `seed` and `accum_steps` read the training flags (the trainer passes its own
+  accum_steps: all batches of one update, on every replica, share a bucket), `data_dir`
+  defaults to --model_dir, and the bucket boundaries start at `bucket_min` and grow by
+  `bucket_growth`.
   """
 
-  source: str = "synthetic"
-  train_src: Optional[str] = None
-  train_tgt: Optional[str] = None
-  dev_src: Optional[str] = None
-  dev_tgt: Optional[str] = None
-  tfds_name: str = "wmt14_translate/de-en"
-  tfds_data_dir: Optional[str] = None
-  source_lang: str = "en"
-  target_lang: str = "de"
-  synthetic_task: str = "copy"
-  synthetic_min_length: int = 1
-  synthetic_max_length: int = 10
-  synthetic_vocab_size: int = 16
-  synthetic_train_size: int = 100_000
-  synthetic_eval_size: int = 1_000
-  data_dir: Optional[str] = None
-  vocab_type: str = "bpe"
-  vocab_file: Optional[str] = None
-  vocab_size: int = 8000
-  vocab_sample_sentences: int = 1_000_000
-  max_length: int = 256
-  batch_size: int = 4096
-  static_shapes: bool = False
+  source: str = setting(
+      "synthetic", "files: --train_src/--train_tgt; tfds: --tfds_name; synthetic: an "
+      "offline algorithmic task (--synthetic_task); parsing: .mrg trees.",
+      flag="data_source", choices=("files", "tfds", "synthetic", "parsing"))
+  train_src: Optional[str] = setting(
+      None, "Training source file, one sentence per line (--data_source=parsing: a .mrg "
+      "file of bracketed trees).")
+  train_tgt: Optional[str] = setting(
+      None, "Training target file, line-aligned with source.")
+  dev_src: Optional[str] = setting(
+      None, "Dev source file (evaluation during training; parsing: a .mrg file).")
+  dev_tgt: Optional[str] = setting(None, "Dev target file.")
+  tfds_name: str = setting("wmt14_translate/de-en", "tensorflow-datasets name.")
+  tfds_data_dir: Optional[str] = setting(None, "tensorflow-datasets data directory.")
+  source_lang: str = setting("en", "Source language (TFDS direction).")
+  target_lang: str = setting("de", "Target language (TFDS direction).")
+  synthetic_task: str = setting("copy", "Offline algorithmic task.",
+                                choices=("copy", "reverse"))
+  synthetic_min_length: int = setting(1, "Shortest synthetic sequence.")
+  synthetic_max_length: int = setting(10, "Longest synthetic sequence.", check=POSITIVE)
+  synthetic_vocab_size: int = setting(16, "Distinct symbols of the synthetic task.",
+                                      check=POSITIVE)
+  synthetic_train_size: int = setting(
+      100_000, "Synthetic training examples (generated once, then repeated).")
+  synthetic_eval_size: int = setting(
+      1_000, "Held-out synthetic examples (a different seed from training).")
+  data_dir: Optional[str] = setting(
+      None, "Where the vocabulary and tokenized caches live (default: model_dir).")
+  vocab_type: str = setting(
+      "bpe", "SentencePiece model: bpe (paper EN-DE) or unigram (the word-piece-like "
+      "EN-FR choice).", choices=("bpe", "unigram"))
+  vocab_file: Optional[str] = setting(
+      None, "SentencePiece model to use (built there if missing); default: a name "
+      "derived from the data inside --data_dir.")
+  vocab_size: int = setting(8000, flag="vocab_size")
+  vocab_sample_sentences: int = setting(
+      1_000_000, "Sentences sampled from the training data to build the vocabulary.",
+      check=POSITIVE)
+  max_length: int = setting(
+      256, "Pairs with more subword tokens on either side are dropped (counted).",
+      check=POSITIVE)
+  batch_size: int = setting(4096, "Token budget per replica per batch (t2t semantics).",
+                            check=POSITIVE)
+  static_shapes: bool = setting(
+      False, "Pad every batch to its bucket boundary with a fixed batch size per bucket "
+      "(TPU / XLA).")
   bucket_min: int = 8
   bucket_growth: float = 1.1
-  seed: int = 1
-  skip_invalid_utf8: bool = False
-  accum_steps: int = 1
+  seed: int = setting(1, flag="seed")
+  skip_invalid_utf8: bool = setting(
+      False, "Skip and count lines with invalid UTF-8 instead of failing.")
+  accum_steps: int = setting(1, flag="accum_steps")
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
   """How the model is optimised, distributed and checkpointed."""
 
-  model_dir: str = "/tmp/t2t_keras"
-  train_steps: int = 100_000
-  train_minutes: float = 0.0  # training-time budget of this process; 0 = none
-  learning_rate_schedule: str = "paper"  # "paper" or "t2t" (constant * warmup * rsqrt)
-  learning_rate: float = 1.0  # multiplier of the schedule (t2t: 2.0)
-  learning_rate_warmup_steps: int = 4000
-  adam_beta1: float = 0.9
-  adam_beta2: float = 0.98
-  adam_epsilon: float = 1e-9
-  label_smoothing: float = 0.1
-  strategy: str = "default"  # default | mirrored | multi_worker_mirrored | tpu
-  tpu: Optional[str] = None
-  num_logical_devices: int = 0  # split the CPU into N devices (tests, demos)
-  jit_compile: bool = False
-  steps_per_loop: int = 1
-  accum_steps: int = 1
-  seed: int = 1
-  deterministic: bool = False
-  log_every: int = 100
-  eval_every: int = 1000
-  eval_steps: int = 0  # 0 = the whole dev set
-  save_checkpoint_steps: int = 1000
-  save_checkpoint_minutes: float = 10.0
-  keep_checkpoint_max: int = 20
-  # After each dev evaluation, keep the best checkpoint (by dev BLEU when it is
-  # computed, else dev loss) in <model_dir>/best, outside the rotation above.
-  keep_best_checkpoint: bool = False
-  # Stop after this many dev evaluations without improvement (0 = never).
-  early_stopping_patience: int = 0
+  model_dir: str = setting("/tmp/t2t_keras", flag="model_dir")
+  train_steps: int = setting(100_000, "Total optimizer updates.", check=POSITIVE)
+  train_minutes: float = setting(
+      0.0, "Training-time budget of this run in minutes (dev evaluation not counted): "
+      "training stops with a checkpoint at --train_steps or when the budget is spent, "
+      "whichever comes first; 0 = no budget.", check=(lambda v: v >= 0,
+                                                       "must be >= 0 (0 = no budget)"))
+  learning_rate_schedule: str = setting(
+      "paper", "paper: d^-0.5 min(s^-0.5, s w^-1.5); t2t: constant * min(1, s/w) * "
+      "rsqrt(max(s, w)) * d^-0.5.", choices=("paper", "t2t"))
+  learning_rate: float = setting(1.0, "Multiplier of the schedule (paper 1.0, t2t 2.0).")
+  learning_rate_warmup_steps: int = setting(4000, "Warm-up steps (paper 4000, t2t 8000).",
+                                            check=POSITIVE)
+  adam_beta1: float = setting(0.9, "Adam beta1.")
+  adam_beta2: float = setting(0.98, "Adam beta2 (paper 0.98, t2t 0.997).")
+  adam_epsilon: float = setting(1e-9, "Adam epsilon.")
+  label_smoothing: float = setting(0.1, "eps_ls.", check=DROPOUT)
+  strategy: str = setting("default", "tf.distribute strategy.",
+                          choices=("default", "mirrored", "multi_worker_mirrored", "tpu"))
+  tpu: Optional[str] = setting(None, "Cloud TPU name or address (--strategy=tpu).")
+  num_logical_devices: int = setting(
+      0, "Split the CPU into N logical devices (testing distribution).")
+  jit_compile: bool = setting(False, "Compile train steps with XLA.")
+  steps_per_loop: int = setting(1, "Train steps per host call (TPU).", check=POSITIVE)
+  accum_steps: int = setting(1, "Micro-batches accumulated per update.", check=POSITIVE)
+  seed: int = setting(1, "Random seed for initialisation and shuffling.")
+  deterministic: bool = setting(False, "Deterministic ops (bitwise reproducible resume).")
+  log_every: int = setting(100, "Steps between progress lines.", check=POSITIVE)
+  eval_every: int = setting(1000, "Steps between dev evaluations.", check=POSITIVE)
+  eval_steps: int = setting(0, "Dev batches per evaluation; 0 = all.")
+  save_checkpoint_steps: int = setting(1000, "Steps between checkpoints.", check=POSITIVE)
+  save_checkpoint_minutes: float = setting(10.0,
+                                           "Minutes between checkpoints (paper: 10).")
+  keep_checkpoint_max: int = setting(
+      20, "Checkpoints kept (paper averages the last 5 or 20).", check=POSITIVE)
+  keep_best_checkpoint: bool = setting(
+      False, "After each dev evaluation keep the best checkpoint so far (by dev BLEU "
+      "with --eval_bleu_sentences > 0, else dev loss) in <model_dir>/best, outside the "
+      "--keep_checkpoint_max rotation; decode or export it with "
+      "--checkpoint_path=<model_dir>/best.")
+  early_stopping_patience: int = setting(
+      0, "Stop training after this many dev evaluations (--eval_every) without "
+      "improvement of dev BLEU (or dev loss), with a final checkpoint; 0 = never.",
+      check=AT_LEAST_0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,22 +259,40 @@ class DecodeConfig:
   `seed`, the input's key (its line number) and the sample's index, never on the batch.
   """
 
-  beam_size: int = 4
-  alpha: float = 0.6
-  extra_decode_length: int = 50
-  return_beams: bool = False
-  batch_size: int = 32
-  # XLA-compiled decoding (`decoding.translate`): batches are padded to batch_size rows
-  # and to a power-of-two source width, so it compiles once per width bucket.
-  jit_compile: bool = False
-  # EOS cannot end an output before this many tokens (1: never an empty translation,
-  # as CTranslate2's beam search; 0: tensor2tensor's behaviour).
-  min_decode_length: int = 0
-  sampling_topk: int = 1
-  sampling_topp: float = 1.0
-  sampling_temperature: float = 1.0
-  num_samples: int = 1
-  seed: int = 1
+  beam_size: int = setting(4, "Beam size; 1 = greedy.", check=(lambda v: v >= 1,
+                                                              "must be >= 1"))
+  alpha: float = setting(0.6, "GNMT length penalty exponent.", check=AT_LEAST_0)
+  extra_decode_length: int = setting(50, "Maximum output length = input length + this.")
+  return_beams: bool = setting(False, "Output every beam with its score.")
+  batch_size: int = setting(32, "Sentences per decoding batch.", flag="decode_batch_size",
+                            check=POSITIVE)
+  jit_compile: bool = setting(
+      False, "Decode with XLA (Transformer base in bench/decode_speed.py: 2-3x faster on "
+      "CPU; the small Multi30k model: 1.25x). Batches are padded to --decode_batch_size "
+      "rows and a power-of-two source width (16, 32, 64, ...), and each width compiles "
+      "once (tens of seconds for a base model), so it pays off from a few hundred "
+      "sentences. Same translations as without.", flag="decode_jit_compile")
+  min_decode_length: int = setting(
+      0, "Outputs have at least this many tokens before EOS: 1 never returns an empty "
+      "translation (as CTranslate2's beam search); 0 (tensor2tensor) returns one when "
+      "ending at once scores best.", check=AT_LEAST_0)
+  # The sampling flags are the decode command's own (decode.py defines them).
+  sampling_topk: int = setting(
+      1, "Sample instead of beam search: from the K most likely tokens; 0 = the whole "
+      "vocabulary; 1 = no sampling (beam search / greedy).",
+      check=(lambda v: v >= 0, "must be >= 0 (0 = the whole vocabulary, 1 = no "
+             "sampling)"))
+  sampling_topp: float = setting(
+      1.0, "Sample from the smallest set of tokens whose probability reaches P (nucleus "
+      "sampling); < 1 turns sampling on.", check=(lambda v: 0.0 < v <= 1.0,
+                                                  "must be in (0, 1]"))
+  sampling_temperature: float = setting(
+      1.0, "Divide the logits by this before sampling (< 1 sharper, > 1 flatter).",
+      check=(lambda v: v > 0.0, "must be > 0"))
+  num_samples: int = setting(
+      1, "Samples per input when sampling (N > 1 writes them as --return_beams does).",
+      check=(lambda v: v >= 1, "must be >= 1"))
+  seed: int = setting(1, flag="seed")
 
   @property
   def sampling(self) -> bool:
@@ -235,20 +301,7 @@ class DecodeConfig:
 
   def validate(self) -> "DecodeConfig":
     """Raises ValueError naming the offending flags; returns self."""
-    problems = []
-    if self.beam_size < 1:
-      problems.append(f"--beam_size={self.beam_size} must be >= 1")
-    if self.min_decode_length < 0:
-      problems.append(f"--min_decode_length={self.min_decode_length} must be >= 0")
-    if self.sampling_topk < 0:
-      problems.append(f"--sampling_topk={self.sampling_topk} must be >= 0 (0 = the "
-                      "whole vocabulary, 1 = no sampling)")
-    if not 0.0 < self.sampling_topp <= 1.0:
-      problems.append(f"--sampling_topp={self.sampling_topp} must be in (0, 1]")
-    if self.sampling_temperature <= 0.0:
-      problems.append(f"--sampling_temperature={self.sampling_temperature} must be > 0")
-    if self.num_samples < 1:
-      problems.append(f"--num_samples={self.num_samples} must be >= 1")
+    problems = check_fields(self)
     if self.num_samples > 1 and not self.sampling:
       problems.append(f"--num_samples={self.num_samples} needs sampling: set "
                       "--sampling_topk (0 = whole vocabulary) or --sampling_topp < 1")

@@ -41,6 +41,7 @@ from absl import flags  # noqa: E402
 from absl import logging  # noqa: E402
 
 from t2t_keras import flags as t2t_flags
+from t2t_keras.configs import DecodeConfig
 
 FLAGS = flags.FLAGS
 t2t_flags.define_all()
@@ -51,16 +52,8 @@ flags.DEFINE_bool("constrain_trees", False,
                   "Parsing models: let beam search write only linearized trees over "
                   "exactly the input's words (one POS tag per word, balanced brackets, "
                   "no empty constituents), instead of repairing outputs afterwards.")
-flags.DEFINE_integer("sampling_topk", 1,
-                     "Sample instead of beam search: from the K most likely tokens; 0 = "
-                     "the whole vocabulary; 1 = no sampling (beam search / greedy).")
-flags.DEFINE_float("sampling_topp", 1.0,
-                   "Sample from the smallest set of tokens whose probability reaches P "
-                   "(nucleus sampling); < 1 turns sampling on.")
-flags.DEFINE_float("sampling_temperature", 1.0,
-                   "Divide the logits by this before sampling (< 1 sharper, > 1 flatter).")
-flags.DEFINE_integer("num_samples", 1, "Samples per input when sampling (N > 1 writes "
-                     "them as --return_beams does).")
+t2t_flags.define_settings(DecodeConfig, ("sampling_topk", "sampling_topp",
+                                         "sampling_temperature", "num_samples"))
 flags.DEFINE_string("output_alignments", None,
                     "Write word alignments (Pharaoh 'i-j', 0-based source-target word "
                     "indices) to this file, one line per output line.")
@@ -76,13 +69,8 @@ _READS = ("input_file", "output_file", "reference_file", "constrain_trees", "see
 
 def config_from_flags():
   """The DecodeConfig of the decoding and sampling flags, validated."""
-  import dataclasses  # pylint: disable=import-outside-toplevel
-  config = dataclasses.replace(
-      t2t_flags.decode_config(), sampling_topk=FLAGS.sampling_topk,
-      sampling_topp=FLAGS.sampling_topp, sampling_temperature=FLAGS.sampling_temperature,
-      num_samples=FLAGS.num_samples, seed=FLAGS.seed)
   try:
-    return config.validate()
+    return t2t_flags.decode_config().validate()
   except ValueError as error:
     raise flags.ValidationError(str(error)) from None
 

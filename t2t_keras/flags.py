@@ -1,8 +1,18 @@
-"""Every absl flag of t2t_keras, grouped, with validators; FLAGS -> frozen dataclasses.
+"""The shared absl flags of t2t_keras, generated from the config fields; FLAGS -> configs.
 
-Entry points (train, decode, export, evaluate) call `define_*` for the groups they use
-and then turn FLAGS into configs with the `*_config` functions below: library code
-never reads FLAGS. Names follow tensor2tensor's hparams so its users recognise them.
+The flags of ModelConfig, DataConfig, TrainConfig and DecodeConfig are generated from
+their fields (configs.py holds each setting's default, help, choices and check); this
+module adds the few shared flags that are not config fields (--model_dir, --export,
+--checkpoint_path, ...) and the checks that span several flags. Entry points call
+`define_*` for the groups they use and turn FLAGS into configs with the `*_config`
+functions below: library code never reads FLAGS. A command's own flags (decode's
+--input_file, evaluate's --hypotheses, ...) live in its entry point. Names follow
+tensor2tensor's hparams so its users recognise them.
+
+Every entry point that reads a model directory defines the model, data, training and
+decoding groups, so one recipe flagfile serves train, decode and export; a flag typed
+on the command line that the command would ignore is refused or warned about
+(`check_train_flags`, `check_inference_flags`).
 
 Presets are flagfiles under flags/ (`--flagfile=flags/base_en_de.cfg`); a flagfile can
 include another, and later flags override earlier ones. Relative paths in flagfiles
@@ -11,12 +21,13 @@ resolve from the current directory: run the commands from the repository root.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 
 from absl import flags
 
-from t2t_keras.configs import DataConfig, DecodeConfig, ModelConfig, TrainConfig
+from t2t_keras.configs import DataConfig, DecodeConfig, ModelConfig, TrainConfig, flag_name
 
 FLAGS = flags.FLAGS
 
@@ -42,49 +53,53 @@ def _once(first_flag):
   return wrapper
 
 
+_DEFINERS = {"int": "DEFINE_integer", "float": "DEFINE_float", "bool": "DEFINE_boolean",
+             "str": "DEFINE_string", "Optional[str]": "DEFINE_string"}
+
+
+def define_settings(config_class, names=None, flag_values=FLAGS) -> None:
+  """Defines the flags of `config_class`'s fields that have help (or only `names`),
+  skipping flags `flag_values` already has.
+
+  Each flag gets the field's default and help, an enum of its choices, and a
+  validator of its check (`configs.setting`).
+  """
+  f = _Definer(flag_values)
+  for field in dataclasses.fields(config_class):
+    meta = field.metadata
+    if meta.get("help") is None or (names is not None and field.name not in names):
+      continue
+    name = flag_name(field)
+    if name in flag_values:  # defined by an earlier call (entry points share groups)
+      continue
+    if meta["choices"]:
+      f.DEFINE_enum(name, field.default, list(meta["choices"]), meta["help"])
+    else:
+      getattr(f, _DEFINERS[field.type])(name, field.default, meta["help"])
+    if meta["check"]:
+      ok, text = meta["check"]
+      f.register_validator(name, lambda v, ok=ok: v is None or ok(v),
+                           message=f"--{name} {text}.")
+
+
+def settings_from_flags(config_class, fv=FLAGS, **values):
+  """`config_class` with each field read from its flag where `fv` has one.
+
+  Fields given in `values`, and fields whose flag `fv` does not define, keep those
+  values or their defaults.
+  """
+  for field in dataclasses.fields(config_class):
+    name = flag_name(field)
+    meta = field.metadata
+    if field.name not in values and (meta.get("help") or meta.get("flag")) and name in fv:
+      values[field.name] = fv[name].value
+  return config_class(**values)
+
+
 @_once("vocab_size")
 def define_model_flags(f):
   """Architecture flags (paper section 3 and Table 3)."""
-  d = ModelConfig()
-  f.DEFINE_integer("vocab_size", d.vocab_size,
-                       "Shared source/target subword vocabulary size (paper EN-DE ~37000).")
-  f.DEFINE_integer("hidden_size", d.hidden_size, "d_model.")
-  f.DEFINE_integer("filter_size", d.filter_size, "d_ff, feed-forward inner size.")
-  f.DEFINE_integer("num_heads", d.num_heads, "h, attention heads.")
-  f.DEFINE_integer("num_hidden_layers", d.num_hidden_layers,
-                       "N, layers in each stack.")
-  f.DEFINE_integer("num_encoder_layers", 0, "Encoder layers; 0 = num_hidden_layers.")
-  f.DEFINE_integer("num_decoder_layers", 0, "Decoder layers; 0 = num_hidden_layers.")
-  f.DEFINE_integer("key_size", 0,
-                       "d_k per head (Table 3 A, B); 0 = hidden_size / num_heads.")
-  f.DEFINE_integer("value_size", 0,
-                       "d_v per head (Table 3 A); 0 = hidden_size / num_heads.")
-  f.DEFINE_float("layer_prepostprocess_dropout", d.layer_prepostprocess_dropout,
-                     "P_drop: residual and embedding dropout (paper 0.1, big EN-DE 0.3).")
-  f.DEFINE_float("attention_dropout", d.attention_dropout,
-                     "Dropout on attention probabilities.")
-  f.DEFINE_float("relu_dropout", d.relu_dropout, "Dropout after the FFN ReLU.")
-  f.DEFINE_enum("position_embedding", d.position_embedding, ["sinusoid", "learned"],
-                    "Sinusoidal (paper) or learned (Table 3 row E) positions.")
-  f.DEFINE_integer("max_position", d.max_position,
-                       "Positions a learned position table covers.")
-  f.DEFINE_boolean("pre_norm", d.pre_norm,
-                       "LayerNorm before each sublayer (t2t's later default); "
-                       "false = post-norm as in the paper.")
-  f.DEFINE_float("norm_epsilon", d.norm_epsilon, "LayerNorm epsilon.")
-  f.DEFINE_boolean("shared_embeddings", d.shared_embeddings,
-                       "One matrix for source/target embeddings and the pre-softmax layer.")
-  f.DEFINE_enum("dtype", d.dtype, ["float32", "bfloat16", "mixed_float16"],
-                    "Compute precision; variables, logits and loss stay float32.")
-  for name in ("vocab_size", "hidden_size", "filter_size", "num_heads",
-               "num_hidden_layers", "max_position"):
-    f.register_validator(name, lambda v: v > 0, message=f"--{name} must be positive.")
-  for name in ("num_encoder_layers", "num_decoder_layers", "key_size", "value_size"):
-    f.register_validator(name, lambda v: v >= 0,
-                             message=f"--{name} must be >= 0 (0 = default).")
-  for name in ("layer_prepostprocess_dropout", "attention_dropout", "relu_dropout"):
-    f.register_validator(name, lambda v: 0.0 <= v < 1.0,
-                             message=f"--{name} must be in [0, 1).")
+  define_settings(ModelConfig, flag_values=f.flag_values)
 
   @f.multi_flags_validator(["hidden_size", "num_heads", "key_size", "value_size"])
   def _heads_divide(v):
@@ -101,57 +116,10 @@ def define_model_flags(f):
 @_once("data_source")
 def define_data_flags(f):
   """Where the sentence pairs come from and how they are batched."""
-  d = DataConfig()
-  f.DEFINE_enum("data_source", d.source, ["files", "tfds", "synthetic", "parsing"],
-                    "files: --train_src/--train_tgt; tfds: --tfds_name; synthetic: an "
-                    "offline algorithmic task (--synthetic_task); parsing: .mrg trees.")
-  f.DEFINE_string("train_src", None, "Training source file, one sentence per line "
-                  "(--data_source=parsing: a .mrg file of bracketed trees).")
-  f.DEFINE_string("train_tgt", None, "Training target file, line-aligned with source.")
-  f.DEFINE_string("dev_src", None, "Dev source file (evaluation during training; "
-                  "parsing: a .mrg file).")
-  f.DEFINE_string("dev_tgt", None, "Dev target file.")
-  f.DEFINE_string("tfds_name", d.tfds_name, "tensorflow-datasets name.")
-  f.DEFINE_string("tfds_data_dir", None, "tensorflow-datasets data directory.")
-  f.DEFINE_string("source_lang", d.source_lang, "Source language (TFDS direction).")
-  f.DEFINE_string("target_lang", d.target_lang, "Target language (TFDS direction).")
-  f.DEFINE_enum("synthetic_task", d.synthetic_task, ["copy", "reverse"],
-                    "Offline algorithmic task.")
-  f.DEFINE_integer("synthetic_min_length", d.synthetic_min_length,
-                       "Shortest synthetic sequence.")
-  f.DEFINE_integer("synthetic_max_length", d.synthetic_max_length,
-                       "Longest synthetic sequence.")
-  f.DEFINE_integer("synthetic_vocab_size", d.synthetic_vocab_size,
-                       "Distinct symbols of the synthetic task.")
-  f.DEFINE_integer("synthetic_train_size", d.synthetic_train_size,
-                   "Synthetic training examples (generated once, then repeated).")
-  f.DEFINE_integer("synthetic_eval_size", d.synthetic_eval_size,
-                   "Held-out synthetic examples (a different seed from training).")
-  f.DEFINE_string("data_dir", None,
-                      "Where the vocabulary and tokenized caches live (default: model_dir).")
-  f.DEFINE_enum("vocab_type", d.vocab_type, ["bpe", "unigram"],
-                "SentencePiece model: bpe (paper EN-DE) or unigram (the word-piece-like "
-                "EN-FR choice).")
-  f.DEFINE_string("vocab_file", None,
-                  "SentencePiece model to use (built there if missing); default: a name "
-                  "derived from the data inside --data_dir.")
-  f.DEFINE_integer("vocab_sample_sentences", d.vocab_sample_sentences,
-                       "Sentences sampled from the training data to build the vocabulary.")
-  f.DEFINE_integer("max_length", d.max_length,
-                       "Pairs with more subword tokens on either side are dropped (counted).")
-  f.DEFINE_integer("batch_size", d.batch_size,
-                       "Token budget per replica per batch (t2t semantics).")
-  f.DEFINE_boolean("static_shapes", d.static_shapes,
-                       "Pad every batch to its bucket boundary with a fixed batch size "
-                       "per bucket (TPU / XLA).")
+  define_settings(DataConfig, flag_values=f.flag_values)
   f.DEFINE_integer("shuffle_buffer", None, "Deprecated and ignored: training shuffles "
                        "the whole corpus (t2t_keras.data.plan). Kept so that old "
                        "flagfiles run; setting it logs a warning.")
-  f.DEFINE_boolean("skip_invalid_utf8", d.skip_invalid_utf8,
-                       "Skip and count lines with invalid UTF-8 instead of failing.")
-  for name in ("max_length", "batch_size", "synthetic_vocab_size", "synthetic_max_length",
-               "vocab_sample_sentences"):
-    f.register_validator(name, lambda v: v > 0, message=f"--{name} must be positive.")
 
   @f.multi_flags_validator(["data_source", "train_src", "train_tgt"])
   def _files_given(v):
@@ -181,49 +149,12 @@ def define_data_flags(f):
 
 @_once("model_dir")
 def define_train_flags(f):
-  """Optimisation, distribution and checkpointing."""
-  d = TrainConfig()
+  """Optimisation, distribution and checkpointing, and what happens after training."""
+  define_settings(TrainConfig, flag_values=f.flag_values)
   f.DEFINE_string("model_dir", None, "Checkpoints, summaries, vocabulary, flags.")
-  f.DEFINE_integer("train_steps", d.train_steps, "Total optimizer updates.")
-  f.DEFINE_float("train_minutes", d.train_minutes,
-                 "Training-time budget of this run in minutes (dev evaluation not "
-                 "counted): training stops with a checkpoint at --train_steps or when the "
-                 "budget is spent, whichever comes first; 0 = no budget.")
   f.DEFINE_integer("eval_bleu_sentences", 0,
                    "At each dev evaluation, also decode the first N dev sentences with the "
                    "decode flags and log sacreBLEU (files data source; 0 = off).")
-  f.DEFINE_enum("learning_rate_schedule", d.learning_rate_schedule, ["paper", "t2t"],
-                    "paper: d^-0.5 min(s^-0.5, s w^-1.5); t2t: constant * "
-                    "min(1, s/w) * rsqrt(max(s, w)) * d^-0.5.")
-  f.DEFINE_float("learning_rate", d.learning_rate,
-                     "Multiplier of the schedule (paper 1.0, t2t 2.0).")
-  f.DEFINE_integer("learning_rate_warmup_steps", d.learning_rate_warmup_steps,
-                       "Warm-up steps (paper 4000, t2t 8000).")
-  f.DEFINE_float("adam_beta1", d.adam_beta1, "Adam beta1.")
-  f.DEFINE_float("adam_beta2", d.adam_beta2, "Adam beta2 (paper 0.98, t2t 0.997).")
-  f.DEFINE_float("adam_epsilon", d.adam_epsilon, "Adam epsilon.")
-  f.DEFINE_float("label_smoothing", d.label_smoothing, "eps_ls.")
-  f.DEFINE_enum("strategy", d.strategy,
-                    ["default", "mirrored", "multi_worker_mirrored", "tpu"],
-                    "tf.distribute strategy.")
-  f.DEFINE_string("tpu", None, "Cloud TPU name or address (--strategy=tpu).")
-  f.DEFINE_integer("num_logical_devices", 0,
-                       "Split the CPU into N logical devices (testing distribution).")
-  f.DEFINE_boolean("jit_compile", d.jit_compile, "Compile train steps with XLA.")
-  f.DEFINE_integer("steps_per_loop", d.steps_per_loop,
-                       "Train steps per host call (TPU).")
-  f.DEFINE_integer("accum_steps", d.accum_steps,
-                       "Micro-batches accumulated per update.")
-  f.DEFINE_integer("seed", d.seed, "Random seed for initialisation and shuffling.")
-  f.DEFINE_boolean("deterministic", d.deterministic,
-                       "Deterministic ops (bitwise reproducible resume).")
-  f.DEFINE_integer("log_every", d.log_every, "Steps between progress lines.")
-  f.DEFINE_integer("eval_every", d.eval_every, "Steps between dev evaluations.")
-  f.DEFINE_integer("eval_steps", d.eval_steps, "Dev batches per evaluation; 0 = all.")
-  f.DEFINE_integer("save_checkpoint_steps", d.save_checkpoint_steps,
-                       "Steps between checkpoints.")
-  f.DEFINE_float("save_checkpoint_minutes", d.save_checkpoint_minutes,
-                     "Minutes between checkpoints (paper: 10).")
   f.DEFINE_boolean("export", False,
                    "After training, export a SavedModel for TensorFlow Serving to "
                    "--export_dir (decoding settings from the decode flags).")
@@ -235,26 +166,8 @@ def define_train_flags(f):
   f.DEFINE_integer("show_examples", 5,
                    "After training, decode the dev set with beam search, print this "
                    "many examples and the exact-match accuracy (0 = skip).")
-  f.DEFINE_boolean("keep_best_checkpoint", d.keep_best_checkpoint,
-                   "After each dev evaluation keep the best checkpoint so far (by dev BLEU "
-                   "with --eval_bleu_sentences > 0, else dev loss) in <model_dir>/best, "
-                   "outside the --keep_checkpoint_max rotation; decode or export it with "
-                   "--checkpoint_path=<model_dir>/best.")
-  f.DEFINE_integer("early_stopping_patience", d.early_stopping_patience,
-                   "Stop training after this many dev evaluations (--eval_every) without "
-                   "improvement of dev BLEU (or dev loss), with a final checkpoint; 0 = "
-                   "never.", lower_bound=0)
-  f.DEFINE_integer("keep_checkpoint_max", d.keep_checkpoint_max,
-                       "Checkpoints kept (paper averages the last 5 or 20).")
-  for name in ("train_steps", "learning_rate_warmup_steps", "steps_per_loop", "accum_steps",
-               "log_every", "eval_every", "save_checkpoint_steps", "keep_checkpoint_max"):
-    f.register_validator(name, lambda v: v > 0, message=f"--{name} must be positive.")
-  f.register_validator("train_minutes", lambda v: v >= 0,
-                       message="--train_minutes must be >= 0 (0 = no budget).")
   f.register_validator("eval_bleu_sentences", lambda v: v >= 0,
                        message="--eval_bleu_sentences must be >= 0 (0 = off).")
-  f.register_validator("label_smoothing", lambda v: 0.0 <= v < 1.0,
-                           message="--label_smoothing must be in [0, 1).")
 
   @f.multi_flags_validator(["strategy", "tpu"])
   def _tpu_named(v):
@@ -264,26 +177,15 @@ def define_train_flags(f):
     return True
 
 
+# Decoding settings every command that decodes reads; sampling is decode's own.
+_SHARED_DECODE_FIELDS = ("beam_size", "alpha", "extra_decode_length", "return_beams",
+                         "batch_size", "jit_compile", "min_decode_length")
+
+
 @_once("beam_size")
 def define_decode_flags(f):
-  """Beam search (paper: beam 4, alpha 0.6, input length + 50)."""
-  d = DecodeConfig()
-  f.DEFINE_integer("beam_size", d.beam_size, "Beam size; 1 = greedy.")
-  f.DEFINE_float("alpha", d.alpha, "GNMT length penalty exponent.")
-  f.DEFINE_integer("extra_decode_length", d.extra_decode_length,
-                       "Maximum output length = input length + this.")
-  f.DEFINE_integer("min_decode_length", d.min_decode_length,
-                   "Outputs have at least this many tokens before EOS: 1 never returns an "
-                   "empty translation (as CTranslate2's beam search); 0 (tensor2tensor) "
-                   "returns one when ending at once scores best.", lower_bound=0)
-  f.DEFINE_boolean("return_beams", d.return_beams, "Output every beam with its score.")
-  f.DEFINE_integer("decode_batch_size", d.batch_size, "Sentences per decoding batch.")
-  f.DEFINE_boolean("decode_jit_compile", d.jit_compile,
-                   "Decode with XLA (Transformer base in bench/decode_speed.py: 2-3x "
-                   "faster on CPU; the small Multi30k model: 1.25x). Batches are padded to --decode_batch_size rows and "
-                   "a power-of-two source width (16, 32, 64, ...), and each width "
-                   "compiles once (tens of seconds for a base model), so it pays off "
-                   "from a few hundred sentences. Same translations as without.")
+  """Beam search (paper: beam 4, alpha 0.6, input length + 50) and what to decode with."""
+  define_settings(DecodeConfig, _SHARED_DECODE_FIELDS, flag_values=f.flag_values)
   f.DEFINE_integer("max_input_length", 256,
                    "Sources longer than this many subwords (EOS included) are truncated "
                    "when decoding and in exports: bounds the memory of a batch.")
@@ -301,8 +203,6 @@ def define_decode_flags(f):
                        message="--average_last_n must be >= 0.")
   f.register_validator("max_input_length", lambda v: v >= 2,
                        message="--max_input_length must be >= 2 (a token and EOS).")
-  f.register_validator("beam_size", lambda v: v > 0, message="--beam_size must be > 0.")
-  f.register_validator("alpha", lambda v: v >= 0, message="--alpha must be >= 0.")
 
 
 def define_all(flag_values=FLAGS):
@@ -314,66 +214,23 @@ def define_all(flag_values=FLAGS):
 
 def model_config(vocab_size=None, fv=FLAGS) -> ModelConfig:
   """ModelConfig from FLAGS (vocab_size from the built vocabulary when given)."""
-  return ModelConfig(
-      vocab_size=vocab_size or fv.vocab_size, hidden_size=fv.hidden_size,
-      filter_size=fv.filter_size, num_heads=fv.num_heads,
-      num_hidden_layers=fv.num_hidden_layers,
-      num_encoder_layers=fv.num_encoder_layers,
-      num_decoder_layers=fv.num_decoder_layers, key_size=fv.key_size,
-      value_size=fv.value_size,
-      layer_prepostprocess_dropout=fv.layer_prepostprocess_dropout,
-      attention_dropout=fv.attention_dropout, relu_dropout=fv.relu_dropout,
-      position_embedding=fv.position_embedding, max_position=fv.max_position,
-      pre_norm=fv.pre_norm, norm_epsilon=fv.norm_epsilon,
-      shared_embeddings=fv.shared_embeddings, dtype=fv.dtype).validate()
+  values = {"vocab_size": vocab_size} if vocab_size else {}
+  return settings_from_flags(ModelConfig, fv, **values).validate()
 
 
 def data_config(fv=FLAGS) -> DataConfig:
-  return DataConfig(
-      source=fv.data_source, train_src=fv.train_src, train_tgt=fv.train_tgt,
-      dev_src=fv.dev_src, dev_tgt=fv.dev_tgt, tfds_name=fv.tfds_name,
-      tfds_data_dir=fv.tfds_data_dir, source_lang=fv.source_lang,
-      target_lang=fv.target_lang, synthetic_task=fv.synthetic_task,
-      synthetic_min_length=fv.synthetic_min_length,
-      synthetic_max_length=fv.synthetic_max_length,
-      synthetic_vocab_size=fv.synthetic_vocab_size,
-      data_dir=fv.data_dir or (fv.model_dir if "model_dir" in fv else None),
-      synthetic_train_size=fv.synthetic_train_size,
-      synthetic_eval_size=fv.synthetic_eval_size, vocab_file=fv.vocab_file,
-      vocab_type=fv.vocab_type, vocab_size=fv.vocab_size,
-      vocab_sample_sentences=fv.vocab_sample_sentences, max_length=fv.max_length,
-      batch_size=fv.batch_size, static_shapes=fv.static_shapes,
-      seed=fv.seed if "seed" in fv else 1,
-      skip_invalid_utf8=fv.skip_invalid_utf8,
-      accum_steps=fv.accum_steps if "accum_steps" in fv else 1)
+  """DataConfig from FLAGS; the data directory defaults to --model_dir."""
+  return settings_from_flags(
+      DataConfig, fv, data_dir=fv.data_dir or (fv.model_dir if "model_dir" in fv else None))
 
 
 def train_config(fv=FLAGS) -> TrainConfig:
-  return TrainConfig(
-      model_dir=fv.model_dir, train_steps=fv.train_steps, train_minutes=fv.train_minutes,
-      learning_rate_schedule=fv.learning_rate_schedule,
-      learning_rate=fv.learning_rate,
-      learning_rate_warmup_steps=fv.learning_rate_warmup_steps,
-      adam_beta1=fv.adam_beta1, adam_beta2=fv.adam_beta2,
-      adam_epsilon=fv.adam_epsilon, label_smoothing=fv.label_smoothing,
-      strategy=fv.strategy, tpu=fv.tpu,
-      num_logical_devices=fv.num_logical_devices, jit_compile=fv.jit_compile,
-      steps_per_loop=fv.steps_per_loop, accum_steps=fv.accum_steps, seed=fv.seed,
-      deterministic=fv.deterministic, log_every=fv.log_every,
-      eval_every=fv.eval_every, eval_steps=fv.eval_steps,
-      save_checkpoint_steps=fv.save_checkpoint_steps,
-      save_checkpoint_minutes=fv.save_checkpoint_minutes,
-      keep_checkpoint_max=fv.keep_checkpoint_max,
-      keep_best_checkpoint=fv.keep_best_checkpoint,
-      early_stopping_patience=fv.early_stopping_patience)
+  return settings_from_flags(TrainConfig, fv)
 
 
 def decode_config(fv=FLAGS) -> DecodeConfig:
-  return DecodeConfig(beam_size=fv.beam_size, alpha=fv.alpha,
-                      extra_decode_length=fv.extra_decode_length,
-                      min_decode_length=fv.min_decode_length,
-                      return_beams=fv.return_beams, batch_size=fv.decode_batch_size,
-                      jit_compile=fv.decode_jit_compile)
+  """DecodeConfig from FLAGS (the sampling fields too where the command defines them)."""
+  return settings_from_flags(DecodeConfig, fv)
 
 
 def model_dirs(fv=FLAGS) -> list:
@@ -399,15 +256,11 @@ def checkpoint_choice(argv, fv=FLAGS) -> tuple:
 
 
 # ------------------------------------------------------------ flags a run does not use
-_MODEL_FLAGS = ("vocab_size", "hidden_size", "filter_size", "num_heads", "num_hidden_layers",
-                "num_encoder_layers", "num_decoder_layers", "key_size", "value_size",
-                "layer_prepostprocess_dropout", "attention_dropout", "relu_dropout",
-                "position_embedding", "max_position", "pre_norm", "norm_epsilon",
-                "shared_embeddings", "dtype")
-_DECODE_FLAGS = ("beam_size", "alpha", "extra_decode_length", "min_decode_length",
-                 "return_beams",
-                 "decode_batch_size", "decode_jit_compile", "max_input_length",
-                 "checkpoint_path", "average_last_n", "decode_dtype")
+_MODEL_FLAGS = tuple(flag_name(field) for field in dataclasses.fields(ModelConfig))
+_DECODE_FLAGS = tuple(flag_name(field) for field in dataclasses.fields(DecodeConfig)
+                      if field.name in _SHARED_DECODE_FIELDS) + (
+                          "max_input_length", "checkpoint_path", "average_last_n",
+                          "decode_dtype")
 # Data flags each --data_source reads (the others are ignored by it).
 _SOURCE_FLAGS = {
     "files": ("train_src", "train_tgt", "dev_src", "dev_tgt"),

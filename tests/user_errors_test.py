@@ -20,7 +20,7 @@ from absl import flags
 
 from t2t_keras import flags as t2t_flags
 from t2t_keras import inference
-from t2t_keras.configs import ModelConfig
+from t2t_keras.configs import DecodeConfig, ModelConfig
 from t2t_keras.data import sources
 from t2t_keras.data import tokenizer as tokenizer_lib
 from t2t_keras.model import create_model
@@ -49,7 +49,11 @@ def _defined_flags():
       text = f.read()
     names |= set(re.findall(r"DEFINE_\w+\(\s*[\"'](\w+)[\"']", text))
     names |= set(re.findall(r"(?:add_argument|add)\(\s*[\"']--(\w+)[\"']", text))
-  return names
+  # The shared flags are generated from the config fields (t2t_flags.define_settings).
+  generated = flags.FlagValues()
+  t2t_flags.define_all(generated)
+  t2t_flags.define_settings(DecodeConfig, flag_values=generated)
+  return names | set(generated)
 
 
 def _unknown(names, defined):
