@@ -23,7 +23,7 @@ caller's closure, tiled once with `tile_beams`, and are never reordered.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, NamedTuple, Optional, Tuple
 
 import tensorflow as tf
 
@@ -88,6 +88,22 @@ def top_k_rows(values: tf.Tensor, k: int, chunk: int = 128) -> Tuple[tf.Tensor, 
   return top_values, ids
 
 
+class BeamState(NamedTuple):
+  """The loop variables of `beam_search` (B batch, K beam, L decode length).
+
+  Alive hypotheses have not ended; finished ones ended with EOS and are scored with
+  the length penalty. Both sets are kept sorted, best first.
+  """
+
+  i: tf.Tensor  # () int32: the position being decoded
+  alive_seqs: tf.Tensor  # (B, K, L) int32, PAD after position i
+  alive_log_probs: tf.Tensor  # (B, K) float32
+  last_ids: tf.Tensor  # (B, K) int32: each alive hypothesis's last token
+  finished_seqs: tf.Tensor  # (B, K, L) int32
+  finished_scores: tf.Tensor  # (B, K) float32, NEG_INF for empty slots
+  state: Any  # the decoder state nest (rows B * K), reordered with the alive beams
+
+
 def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, state: Any,
                 beam_size: int, decode_length, alpha: float = 0.6,
                 eos_id: int = EOS_ID,
@@ -125,9 +141,9 @@ def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, stat
 
   gather_state = reorder_state or gather_state
 
-  def step(i, alive_seqs, alive_log_probs, last_ids, finished_seqs, finished_scores,
-           state):
-    logits, state = symbols_to_logits(_merge(last_ids), i, state)
+  def step(loop: BeamState):
+    i, alive_log_probs = loop.i, loop.alive_log_probs
+    logits, state = symbols_to_logits(_merge(loop.last_ids), i, loop.state)
     logits = tf.cast(logits, tf.float32)  # (B*K, V)
     # The 2K best continuations of a sentence are among the 2K best of each of its
     # beams: take those per beam from the logits, then normalise only them (log
@@ -141,7 +157,7 @@ def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, stat
     top_beams = top_index // per_beam  # (B, 2K)
     top_ids = tf.gather(tf.reshape(beam_ids, [batch, k * per_beam]), top_index, batch_dims=1)
     position = tf.one_hot(i, decode_length, on_value=True, off_value=False)  # (L,)
-    top_seqs = tf.where(position, top_ids[:, :, None], _gather(alive_seqs, top_beams))
+    top_seqs = tf.where(position, top_ids[:, :, None], _gather(loop.alive_seqs, top_beams))
     # A candidate of a dead beam (only possible when V < 2K) never counts as finished.
     ends = tf.equal(top_ids, eos_id) & (top_scores > NEG_INF / 2)
 
@@ -153,40 +169,40 @@ def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, stat
 
     # Finished: merge the candidates that ended with the K finished so far.
     ended_scores = tf.where(ends, top_scores / length_penalty(i + 1, alpha), NEG_INF)
-    all_scores = tf.concat([finished_scores, ended_scores], axis=1)  # (B, 3K)
-    all_seqs = tf.concat([finished_seqs, top_seqs], axis=1)
+    all_scores = tf.concat([loop.finished_scores, ended_scores], axis=1)  # (B, 3K)
+    all_seqs = tf.concat([loop.finished_seqs, top_seqs], axis=1)
     finished_scores, finished_pick = tf.math.top_k(all_scores, k)
     finished_seqs = _gather(all_seqs, finished_pick)
-    return (i + 1, alive_seqs, alive_scores, last_ids, finished_seqs, finished_scores,
-            state)
+    return (BeamState(i + 1, alive_seqs, alive_scores, last_ids, finished_seqs,
+                      finished_scores, state),)
 
-  def not_done(i, alive_seqs, alive_log_probs, last_ids, finished_seqs, finished_scores,
-               state):
-    del alive_seqs, last_ids, finished_seqs, state
+  def not_done(loop: BeamState):
     # Best score any alive hypothesis could still reach vs the worst finished one
     # (NEG_INF while fewer than K have finished).
-    best_alive = alive_log_probs[:, 0] / length_penalty(decode_length, alpha)
-    worst_finished = finished_scores[:, -1]
-    return tf.logical_and(i < decode_length,
+    best_alive = loop.alive_log_probs[:, 0] / length_penalty(decode_length, alpha)
+    worst_finished = loop.finished_scores[:, -1]
+    return tf.logical_and(loop.i < decode_length,
                           tf.logical_not(tf.reduce_all(worst_finished > best_alive)))
 
-  seq_shape = [None, k, static_length]
-  initial = (
-      tf.constant(0),
-      tf.fill([batch, k, decode_length], tf.constant(PAD_ID, tf.int32)),
-      tf.tile(tf.constant([[0.0] + [NEG_INF] * (k - 1)]), [batch, 1]),
-      tf.tile(tf.cast(initial_ids, tf.int32)[:, None], [1, k]),
-      tf.fill([batch, k, decode_length], tf.constant(PAD_ID, tf.int32)),
-      tf.fill([batch, k], tf.constant(NEG_INF)),
-      state,
+  seq_shape = tf.TensorShape([None, k, static_length])
+  initial = BeamState(
+      i=tf.constant(0),
+      alive_seqs=tf.fill([batch, k, decode_length], tf.constant(PAD_ID, tf.int32)),
+      alive_log_probs=tf.tile(tf.constant([[0.0] + [NEG_INF] * (k - 1)]), [batch, 1]),
+      last_ids=tf.tile(tf.cast(initial_ids, tf.int32)[:, None], [1, k]),
+      finished_seqs=tf.fill([batch, k, decode_length], tf.constant(PAD_ID, tf.int32)),
+      finished_scores=tf.fill([batch, k], tf.constant(NEG_INF)),
+      state=state,
   )
-  shapes = (tf.TensorShape([]), tf.TensorShape(seq_shape), tf.TensorShape([None, k]),
-            tf.TensorShape([None, k]), tf.TensorShape(seq_shape),
-            tf.TensorShape([None, k]),
-            tf.nest.map_structure(lambda t: tf.TensorShape(t.shape), state))
-  (_, alive_seqs, alive_log_probs, _, finished_seqs, finished_scores,
-   _) = tf.while_loop(not_done, step, initial, shape_invariants=shapes,
-                      maximum_iterations=decode_length)
+  shapes = BeamState(
+      i=tf.TensorShape([]), alive_seqs=seq_shape, alive_log_probs=tf.TensorShape([None, k]),
+      last_ids=tf.TensorShape([None, k]), finished_seqs=seq_shape,
+      finished_scores=tf.TensorShape([None, k]),
+      state=tf.nest.map_structure(lambda t: tf.TensorShape(t.shape), state))
+  final, = tf.while_loop(not_done, step, (initial,), shape_invariants=(shapes,),
+                         maximum_iterations=decode_length)
+  alive_seqs, alive_log_probs = final.alive_seqs, final.alive_log_probs
+  finished_seqs, finished_scores = final.finished_seqs, final.finished_scores
 
   # Fill the slots of sentences with fewer than K finished hypotheses with their best
   # alive ones, scored as if they had ended at the length limit. Finished come first:
