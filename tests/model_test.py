@@ -145,7 +145,7 @@ def test_model_config_round_trip():
 
 
 def test_validation_names_the_values():
-  with pytest.raises(ValueError, match="hidden_size=10 is not divisible by num_heads=3"):
+  with pytest.raises(ValueError, match="--hidden_size=10 is not divisible by --num_heads=3"):
     ModelConfig(hidden_size=10, num_heads=3).validate()
   ModelConfig(hidden_size=10, num_heads=3, key_size=4, value_size=4).validate()
 
