@@ -41,14 +41,14 @@ def main(argv):
   import ctranslate2
   import sentencepiece
 
-  from t2t_keras import ctranslate2_export, decoding, inference, metrics
+  from t2t_keras import ctranslate2_export, decoding, modeldir, metrics
   from t2t_keras.configs import DecodeConfig
 
   with open(FLAGS.src, encoding="utf-8") as f:
     sources = [line.rstrip("\n") for line in f]
   with open(FLAGS.ref, encoding="utf-8") as f:
     references = [line.rstrip("\n") for line in f]
-  loaded = inference.load(FLAGS.model_dir, average_last_n=FLAGS.average_last_n,
+  loaded = modeldir.load(FLAGS.model_dir, average_last_n=FLAGS.average_last_n,
                           dtype="float32")
   print(f"{common.machine()}; CTranslate2 {ctranslate2.__version__}; "
         f"{len(sources)} sentences, beam {FLAGS.beam_size}, batch {FLAGS.batch_size}")
@@ -78,7 +78,7 @@ def main(argv):
     outputs[name] = report(name, [t.texts[0] for t in result],
                            time.perf_counter() - start)
 
-  spm_path = os.path.join(FLAGS.model_dir, inference.VOCAB_FILE)
+  spm_path = modeldir.vocab_path(FLAGS.model_dir)
   processor = sentencepiece.SentencePieceProcessor(model_file=spm_path)
   tokens = [processor.encode(s, out_type=str) for s in sources]
   with tempfile.TemporaryDirectory() as tmp:

@@ -109,19 +109,18 @@ def run() -> None:
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
 
-  from t2t_keras import decoding, inference
+  from t2t_keras import decoding, modeldir
   from t2t_keras.data.sources import DataError, read_text_lines
-  from t2t_keras.training import checkpoints
 
   tf.get_logger().setLevel("WARNING")
   decode_config = config_from_flags()
   model_dirs = t2t_flags.model_dirs()
   for warning in t2t_flags.check_inference_flags(
-      sys.argv, checkpoints.load_model_config(model_dirs[0]), "decode", reads=_READS,
-      requested_vocab_size=inference.data_config_of(model_dirs[0]).vocab_size):
+      sys.argv, modeldir.load_model_config(model_dirs[0]), "decode", reads=_READS,
+      requested_vocab_size=modeldir.data_config_of(model_dirs[0]).vocab_size):
     logging.warning(warning)
   checkpoint_path, average_last_n = t2t_flags.checkpoint_choice(sys.argv)
-  model, loaded = inference.load_ensemble(model_dirs, checkpoint_path, average_last_n,
+  model, loaded = modeldir.load_ensemble(model_dirs, checkpoint_path, average_last_n,
                                           FLAGS.decode_dtype)
   tokenizer = loaded[0].tokenizer
   sentences = read_text_lines(FLAGS.input_file, "--input_file")

@@ -42,10 +42,10 @@ def export_ctranslate2(export_dir: str) -> str:
   """Restores the model (latest, --checkpoint_path or --average_last_n) and writes it
   as a CTranslate2 model directory."""
   # pylint: disable=import-outside-toplevel
-  from t2t_keras import ctranslate2_export, inference
+  from t2t_keras import ctranslate2_export, modeldir
   checkpoint_path, average_last_n = t2t_flags.checkpoint_choice(sys.argv)
-  loaded = inference.load(FLAGS.model_dir, checkpoint_path, average_last_n, "float32")
-  vocab = os.path.join(FLAGS.model_dir, inference.VOCAB_FILE)
+  loaded = modeldir.load(FLAGS.model_dir, checkpoint_path, average_last_n, "float32")
+  vocab = modeldir.vocab_path(FLAGS.model_dir)
   return ctranslate2_export.export(
       loaded.model, loaded.model_config, loaded.tokenizer, export_dir,
       quantization=FLAGS.quantization,
@@ -64,8 +64,8 @@ def main(argv):
           "float32 weights); add --format=ctranslate2 or drop --quantization",
           file=sys.stderr)
     sys.exit(2)
-  export_dir = FLAGS.export_dir or os.path.join(
-      FLAGS.model_dir, "ctranslate2" if ctranslate2 else "export")
+  from t2t_keras import modeldir  # pylint: disable=import-outside-toplevel
+  export_dir = FLAGS.export_dir or modeldir.default_export_dir(FLAGS.model_dir, ctranslate2)
   errors.exit_on_user_error(lambda: run(export_dir, ctranslate2), (FileExistsError,))
 
 
@@ -74,13 +74,12 @@ def run(export_dir: str, ctranslate2: bool) -> None:
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
 
-  from t2t_keras import inference, serving
-  from t2t_keras.training import checkpoints
+  from t2t_keras import modeldir, serving
   tf.get_logger().setLevel("ERROR")
   for warning in t2t_flags.check_inference_flags(
-      sys.argv, checkpoints.load_model_config(FLAGS.model_dir), "export",
+      sys.argv, modeldir.load_model_config(FLAGS.model_dir), "export",
       reads=("export_dir", "format", "quantization"),
-      requested_vocab_size=inference.data_config_of(FLAGS.model_dir).vocab_size):
+      requested_vocab_size=modeldir.data_config_of(FLAGS.model_dir).vocab_size):
     logging.warning(warning)
   if ctranslate2:
     path = export_ctranslate2(export_dir)

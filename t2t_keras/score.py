@@ -37,16 +37,15 @@ def run() -> None:
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
 
-  from t2t_keras import decoding, inference, scoring
+  from t2t_keras import decoding, modeldir, scoring
   from t2t_keras.data.sources import DataError, read_text_lines
-  from t2t_keras.training import checkpoints
 
   tf.get_logger().setLevel("WARNING")
   model_dirs = t2t_flags.model_dirs()
   for warning in t2t_flags.check_inference_flags(
-      sys.argv, checkpoints.load_model_config(model_dirs[0]), "score",
+      sys.argv, modeldir.load_model_config(model_dirs[0]), "score",
       reads=("source_file", "target_file", "output_file", "per_token"),
-      requested_vocab_size=inference.data_config_of(model_dirs[0]).vocab_size):
+      requested_vocab_size=modeldir.data_config_of(model_dirs[0]).vocab_size):
     logging.warning(warning)
   sources = read_text_lines(FLAGS.source_file, "--source_file")
   targets = read_text_lines(FLAGS.target_file, "--target_file")
@@ -55,7 +54,7 @@ def run() -> None:
                     f"--target_file {FLAGS.target_file} has {len(targets)}: they must be "
                     "line-aligned (one target per source).")
   checkpoint_path, average_last_n = t2t_flags.checkpoint_choice(sys.argv)
-  model, loaded = inference.load_ensemble(model_dirs, checkpoint_path, average_last_n,
+  model, loaded = modeldir.load_ensemble(model_dirs, checkpoint_path, average_last_n,
                                           FLAGS.decode_dtype)
   tokenizer = loaded[0].tokenizer
   print(f"scoring {len(sources)} pairs with "

@@ -136,9 +136,9 @@ def export(translator: Translator, export_dir: str, version: Optional[int] = Non
 def export_model_dir(model_dir: str, export_dir: str, decode_config, max_input_length: int,
                      checkpoint_path=None, average_last_n: int = 0, version: int = 0) -> str:
   """Loads model_dir and exports it; returns the versioned export path."""
-  from t2t_keras import inference  # pylint: disable=import-outside-toplevel
-  loaded = inference.load(model_dir, checkpoint_path, average_last_n)
-  vocab = os.path.join(model_dir, inference.VOCAB_FILE)
+  from t2t_keras import modeldir  # pylint: disable=import-outside-toplevel
+  loaded = modeldir.load(model_dir, checkpoint_path, average_last_n)
+  vocab = modeldir.vocab_path(model_dir)
   translator = Translator(
       loaded.model, loaded.tokenizer, decode_config, max_input_length,
       vocab_file=vocab if getattr(loaded.tokenizer, "model_proto", None) else None)

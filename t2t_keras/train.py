@@ -8,7 +8,6 @@ prints its summary and, as the last line, `parameters: <count>`.
 
 from __future__ import annotations
 
-import os
 import sys
 
 from t2t_keras import console, errors
@@ -75,8 +74,8 @@ def train() -> None:
   import keras
   import tensorflow as tf
 
-  from t2t_keras import data, inference
-  from t2t_keras.training import checkpoints, distribute
+  from t2t_keras import data, modeldir
+  from t2t_keras.training import distribute
   from t2t_keras.training.trainer import PREEMPTED_EXIT_CODE, Trainer, format_duration
 
   tf.get_logger().setLevel("WARNING")  # TF's own INFO chatter (saver timings, ...)
@@ -89,10 +88,10 @@ def train() -> None:
   decode_config = t2t_flags.decode_config()
   datasets = data.make_datasets(data_config)
   model_config = t2t_flags.model_config(vocab_size=datasets.vocab_size)
-  checkpoints.write_or_check_config(train_config.model_dir, model_config, data=data_config,
+  modeldir.write_or_check_config(train_config.model_dir, model_config, data=data_config,
                                     train=train_config, decode=decode_config)
-  inference.save_vocab(datasets.tokenizer, train_config.model_dir)
-  FLAGS.append_flags_into_file(os.path.join(train_config.model_dir, "flags.txt"))
+  vocab = modeldir.save_vocab(datasets.tokenizer, train_config.model_dir)
+  FLAGS.append_flags_into_file(modeldir.flags_path(train_config.model_dir))
   print(f"training {model_config.encoder_layers}+{model_config.decoder_layers} layers, "
         f"d_model {model_config.hidden_size}, vocabulary {model_config.vocab_size} on "
         f"{strategy.num_replicas_in_sync} replica(s); model_dir {train_config.model_dir}",
@@ -126,11 +125,10 @@ def train() -> None:
                              FLAGS.show_examples)
   if FLAGS.export or FLAGS.export_dir:
     from t2t_keras import serving
-    vocab = inference.save_vocab(datasets.tokenizer, train_config.model_dir)
     translator = serving.Translator(trainer.model, datasets.tokenizer, decode_config,
                                     FLAGS.max_input_length, vocab_file=vocab)
     path = serving.export(translator, FLAGS.export_dir or
-                          os.path.join(train_config.model_dir, "export"))
+                          modeldir.default_export_dir(train_config.model_dir))
     print(f"exported {path} (serving_default: strings in, translations out)", flush=True)
 
 

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t2t_keras import inference
+from t2t_keras import errors, modeldir
 from t2t_keras.configs import DataConfig, TrainConfig
-from t2t_keras.training import checkpoints, distribute
-from t2t_keras.training.trainer import BEST_STATE_FILE, Trainer
+from t2t_keras.training import distribute
+from t2t_keras.modeldir import BEST_STATE_FILE
+from t2t_keras.training.trainer import Trainer
 from tests.trainer_test import MODEL, make_dataset_fn
 
 
@@ -52,8 +53,8 @@ def test_best_checkpoint_kept_and_early_stopping(tmp_path):
   state = json.loads((model_dir / BEST_STATE_FILE).read_text())
   assert state == {"metric": "bleu", "value": 12.0, "step": 4, "evaluations_since_best": 2}
   # Decoding loads it by directory, and gets the step-4 weights, not the latest.
-  checkpoints.write_or_check_config(str(model_dir), MODEL, data=DataConfig())
-  loaded = inference.load(str(model_dir), checkpoint_path=str(model_dir / "best"))
+  modeldir.write_or_check_config(str(model_dir), MODEL, data=DataConfig())
+  loaded = modeldir.load(str(model_dir), checkpoint_path=str(model_dir / "best"))
   assert loaded.checkpoints == [best]
   for restored, at_step_4 in zip(loaded.model.weights, trainer.weights_at_eval[4]):
     np.testing.assert_array_equal(restored.numpy(), at_step_4)
@@ -89,6 +90,6 @@ def test_without_bleu_dev_loss_decides(tmp_path):
 def test_empty_best_directory_is_a_clear_error(tiny_model_dir, tmp_path):
   empty = tmp_path / "best"
   empty.mkdir()
-  with pytest.raises(checkpoints.CheckpointError, match="is a directory without a "
+  with pytest.raises(errors.CheckpointError, match="is a directory without a "
                      "checkpoint"):
-    inference.load(tiny_model_dir, checkpoint_path=str(empty))
+    modeldir.load(tiny_model_dir, checkpoint_path=str(empty))

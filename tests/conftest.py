@@ -26,11 +26,10 @@ def build_tiny_model_dir(path, seed=0):
   import numpy as np
   import tensorflow as tf
 
-  from t2t_keras import inference
+  from t2t_keras import modeldir
   from t2t_keras.configs import DataConfig, ModelConfig
   from t2t_keras.data import tokenizer as tokenizer_lib
   from t2t_keras.model import create_model
-  from t2t_keras.training import checkpoints
 
   rng = np.random.default_rng(seed)
   words = ("a the man woman dog cat runs sits on in park street red blue small big "
@@ -38,10 +37,10 @@ def build_tiny_model_dir(path, seed=0):
   corpus = [" ".join(rng.choice(words, rng.integers(3, 12))) for _ in range(400)]
   vocab = tokenizer_lib.train_sentencepiece(corpus, os.path.join(path, "v.model"), 120)
   tokenizer = tokenizer_lib.load_tokenizer(vocab)
-  inference.save_vocab(tokenizer, path)
+  modeldir.save_vocab(tokenizer, path)
   config = ModelConfig(vocab_size=tokenizer.vocab_size, hidden_size=16, filter_size=32,
                        num_heads=2, num_hidden_layers=2)
-  checkpoints.write_or_check_config(path, config, data=DataConfig(source="files"))
+  modeldir.write_or_check_config(path, config, data=DataConfig(source="files"))
   keras.utils.set_random_seed(seed)
   model = create_model(config)
   tf.train.CheckpointManager(tf.train.Checkpoint(model=model), path, 3).save(7)
@@ -106,7 +105,8 @@ def build_trained_reverse_dir(path, steps=600, seed=1):
 
   from t2t_keras.configs import DataConfig, ModelConfig, TrainConfig
   from t2t_keras.data import pipeline
-  from t2t_keras.training import checkpoints, distribute
+  from t2t_keras import modeldir
+  from t2t_keras.training import distribute
   from t2t_keras.training.trainer import Trainer
 
   data_config = DataConfig(synthetic_task="reverse", synthetic_vocab_size=REVERSE_VOCAB - 4,
@@ -115,7 +115,7 @@ def build_trained_reverse_dir(path, steps=600, seed=1):
   config = ModelConfig(vocab_size=REVERSE_VOCAB, hidden_size=32, filter_size=64,
                        num_heads=4, num_hidden_layers=2, layer_prepostprocess_dropout=0.0,
                        pre_norm=True)
-  checkpoints.write_or_check_config(path, config, data=data_config)
+  modeldir.write_or_check_config(path, config, data=data_config)
   train_config = TrainConfig(model_dir=path, train_steps=steps, learning_rate=2.0,
                              learning_rate_warmup_steps=100, log_every=steps,
                              eval_every=10**6, save_checkpoint_steps=steps,

@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from t2t_keras import EOS_ID, PAD_ID
 from t2t_keras import ctranslate2_export as ce
-from t2t_keras import decoding
+from t2t_keras import decoding, modeldir
 from t2t_keras.configs import DataConfig, DecodeConfig, ModelConfig, TrainConfig
 from t2t_keras.data import pipeline
 from t2t_keras.data.tokenizer import IntegerTokenizer
@@ -161,8 +161,7 @@ def test_export_command_writes_model_vocabulary_and_int8(trained, tmp_path):
   model_dir = tmp / "model"
   # The trained fixture's model_dir lacks config.json (the Trainer alone does not
   # write it); write what the train entry point writes.
-  from t2t_keras.training import checkpoints  # pylint: disable=import-outside-toplevel
-  checkpoints.write_or_check_config(
+  modeldir.write_or_check_config(
       str(model_dir), dataclasses.replace(BASE, pre_norm=True), data=DataConfig(
           synthetic_task="reverse", synthetic_vocab_size=VOCAB - 4),
       train=TrainConfig(model_dir=str(model_dir)), decode=DecodeConfig())

@@ -6,17 +6,14 @@ import os
 import subprocess
 import sys
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from t2t_keras import EOS_ID, PAD_ID, inference
-from t2t_keras.configs import DataConfig, DecodeConfig, ModelConfig
+from t2t_keras import EOS_ID, PAD_ID, modeldir
+from t2t_keras.configs import DecodeConfig
 from t2t_keras.data import tokenizer as tokenizer_lib
 from t2t_keras.serving import export_model_dir
-from t2t_keras.model import create_model
-from t2t_keras.training import checkpoints
 from tests.conftest import REPO_ROOT, SessionModel
 
 DECODE = DecodeConfig(beam_size=2, alpha=0.6, extra_decode_length=5, return_beams=True)
@@ -38,7 +35,7 @@ def export_path(model_dir, tmp_path_factory):
 
 def eager_translations(model_dir, sentences):
   from t2t_keras import decoding  # pylint: disable=import-outside-toplevel
-  loaded = inference.load(model_dir)
+  loaded = modeldir.load(model_dir)
   return decoding.translate(loaded.model, loaded.tokenizer, sentences, DECODE,
                             max_input_length=MAX_INPUT, progress=False)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t2t_keras import EOS_ID, PAD_ID
+from t2t_keras import EOS_ID, PAD_ID, errors, modeldir
 from t2t_keras.configs import ModelConfig, TrainConfig
 from t2t_keras.training import checkpoints, distribute, losses
 from t2t_keras.training.schedules import TransformerSchedule
@@ -164,13 +164,13 @@ def test_nan_loss_stops_with_step_and_keeps_checkpoint(tmp_path):
 
 def test_model_dir_refuses_another_shape(tmp_path):
   model_dir = str(tmp_path / "m")
-  checkpoints.write_or_check_config(model_dir, MODEL)
-  checkpoints.write_or_check_config(model_dir, MODEL)  # same shape: fine
+  modeldir.write_or_check_config(model_dir, MODEL)
+  modeldir.write_or_check_config(model_dir, MODEL)  # same shape: fine
   other = ModelConfig(**{**MODEL.__dict__, "hidden_size": 32, "num_heads": 4})
-  with pytest.raises(checkpoints.ModelDirError,
+  with pytest.raises(errors.ModelDirError,
                      match=r"--hidden_size: saved 16, requested 32.*--num_heads: saved 2"):
-    checkpoints.write_or_check_config(model_dir, other)
-  assert checkpoints.load_model_config(model_dir) == MODEL
+    modeldir.write_or_check_config(model_dir, other)
+  assert modeldir.load_model_config(model_dir) == MODEL
 
 
 def test_corrupt_checkpoint_gives_clear_error(tmp_path):
@@ -178,7 +178,7 @@ def test_corrupt_checkpoint_gives_clear_error(tmp_path):
   model_dir = tmp_path / "corrupt"
   for data_file in model_dir.glob("ckpt-2.data-*"):
     data_file.write_bytes(b"garbage")
-  with pytest.raises(checkpoints.CheckpointError, match=r"cannot restore checkpoint .*ckpt-2"):
+  with pytest.raises(errors.CheckpointError, match=r"cannot restore checkpoint .*ckpt-2"):
     train(tmp_path, "corrupt", 4)
 
 

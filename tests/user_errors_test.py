@@ -19,12 +19,11 @@ import tensorflow as tf
 from absl import flags
 
 from t2t_keras import flags as t2t_flags
-from t2t_keras import inference
+from t2t_keras import errors, modeldir
 from t2t_keras.configs import DecodeConfig, ModelConfig
 from t2t_keras.data import sources
 from t2t_keras.data import tokenizer as tokenizer_lib
 from t2t_keras.model import create_model
-from t2t_keras.training import checkpoints
 from tests.conftest import REPO_ROOT
 
 # Flags of other programs that the documents and messages name on purpose.
@@ -166,7 +165,7 @@ def _decode(model_dir, *args, flagfile=None, tmp_path=None):
 
 
 def test_decode_refuses_model_flags_that_disagree(tiny_model_dir, tmp_path):
-  saved = checkpoints.load_model_config(tiny_model_dir)
+  saved = modeldir.load_model_config(tiny_model_dir)
   result = _decode(tiny_model_dir, "--hidden_size=64", "--nopre_norm",
                    "--learning_rate=3", tmp_path=tmp_path)
   assert result.returncode == 1, result.stderr[-2000:]
@@ -202,16 +201,16 @@ def test_decode_refuses_model_flags_that_disagree(tiny_model_dir, tmp_path):
 ])
 def test_checkpoint_of_another_model_is_refused(tiny_model_dir, tmp_path, changes,
                                                 expected):
-  saved = checkpoints.load_model_config(tiny_model_dir)
+  saved = modeldir.load_model_config(tiny_model_dir)
   other = ModelConfig(**{**saved.__dict__, **changes})
   keras.utils.set_random_seed(1)
   prefix = tf.train.CheckpointManager(tf.train.Checkpoint(model=create_model(other)),
                                       str(tmp_path / "other"), 1).save(3)
-  with pytest.raises(checkpoints.CheckpointError, match=expected) as error:
-    inference.load(tiny_model_dir, checkpoint_path=prefix)
+  with pytest.raises(errors.CheckpointError, match=expected) as error:
+    modeldir.load(tiny_model_dir, checkpoint_path=prefix)
   assert prefix in str(error.value) and "ckpt-7" in str(error.value)
   # The model's own checkpoint still loads.
-  assert inference.load(tiny_model_dir).checkpoints[0].endswith("ckpt-7")
+  assert modeldir.load(tiny_model_dir).checkpoints[0].endswith("ckpt-7")
 
 
 def test_vocabulary_smaller_than_the_characters_names_the_flag(tmp_path):

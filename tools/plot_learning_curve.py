@@ -17,7 +17,7 @@ import sys
 
 from absl import app, flags
 
-from t2t_keras import console  # noqa: E402
+from t2t_keras import console, modeldir  # noqa: E402
 
 console.quiet_tensorflow()  # before TensorFlow is imported
 
@@ -41,8 +41,8 @@ def main(argv):
                          "--model_dir entries.")
   runs = []
   for label, model_dir in zip(labels, FLAGS.model_dir):
-    train = read_scalars(os.path.join(model_dir, "train"))
-    ev = read_scalars(os.path.join(model_dir, "eval"))
+    train = read_scalars(modeldir.logs_dir(model_dir, "train"))
+    ev = read_scalars(modeldir.logs_dir(model_dir, "eval"))
     if not train and not ev:
       print(f"error: no TensorBoard scalars under {model_dir}/train or {model_dir}/eval: "
             "is it the --model_dir of a training run?", file=sys.stderr)

@@ -85,14 +85,14 @@ def main(argv):
   decode_wall = run(decode_cmd, os.path.join(FLAGS.model_dir, "decode.log"))
 
   # pylint: disable=import-outside-toplevel
-  from t2t_keras import metrics
+  from t2t_keras import metrics, modeldir
   from t2t_keras.learning_curves import read_scalars
   with open(hypotheses, encoding="utf-8") as f:
     hyps = [line.rstrip("\n") for line in f]
   with open(FLAGS.test_ref, encoding="utf-8") as f:
     refs = [line.rstrip("\n") for line in f]
   report = metrics.bleu_report(hyps, [refs])
-  ev = read_scalars(os.path.join(FLAGS.model_dir, "eval"))
+  ev = read_scalars(modeldir.logs_dir(FLAGS.model_dir, "eval"))
   steps = ev["train_minutes"][-1][0] if ev.get("train_minutes") else None
   train_minutes = ev["train_minutes"][-1][1] if ev.get("train_minutes") else None
   results = {

@@ -23,7 +23,7 @@ from __future__ import annotations
 import collections
 import os
 import re
-from typing import Dict, List, NamedTuple, Optional, Sequence, Union
+from typing import Dict, NamedTuple, Optional, Sequence, Union
 
 import keras
 import numpy as np
@@ -31,14 +31,13 @@ import tensorflow as tf
 from absl import logging
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
+from t2t_keras import modeldir
+from t2t_keras.errors import CheckpointError, ModelDirError
 from t2t_keras.model import create_model
-from t2t_keras.training import checkpoints
-from t2t_keras.training.checkpoints import CheckpointError, ModelDirError
 
 _OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 _VARIABLE_ATTRIBUTE = "VARIABLE_VALUE"
 _ROOT_NAME = "model"  # the keyword trainer, decoding and export give the model
-VOCAB_PATTERNS = ("*.model", "*.vocab")
 _MAX_NAMES_SHOWN = 5
 
 
@@ -48,49 +47,6 @@ class _Entry(NamedTuple):
   key: str
   shape: tuple
   dtype: tf.DType
-
-
-# ---------------------------------------------------------------- which checkpoints
-def checkpoint_paths(model_dir_or_paths: Union[str, Sequence[str]],
-                     last_n: Optional[int] = None) -> List[str]:
-  """The last `last_n` checkpoints of a model directory (or of a list), oldest first.
-
-  Args:
-    model_dir_or_paths: a model directory (its `checkpoint` file lists the kept
-      checkpoints) or checkpoint prefixes such as `.../ckpt-1000`, oldest first.
-    last_n: how many of the newest to take (None: all of them).
-
-  Raises:
-    ModelDirError: the directory does not exist or holds no checkpoint.
-    CheckpointError: fewer than `last_n` checkpoints exist.
-  """
-  if isinstance(model_dir_or_paths, (str, os.PathLike)):
-    model_dir = os.fspath(model_dir_or_paths)
-    if not tf.io.gfile.isdir(model_dir):
-      raise ModelDirError(f"{model_dir} does not exist: pass the --model_dir training "
-                          "wrote its checkpoints to.")
-    state = tf.train.get_checkpoint_state(model_dir)
-    paths = list(state.all_model_checkpoint_paths) if state else []
-    if not paths:
-      raise ModelDirError(f"{model_dir} holds no checkpoint (no `checkpoint` file listing "
-                          "ckpt-<step> files): train first, or point at the directory "
-                          "training wrote.")
-    where = model_dir
-  else:
-    paths = [os.fspath(p) for p in model_dir_or_paths]
-    if not paths:
-      raise ModelDirError("no checkpoint paths given to average.")
-    where = "the given list"
-  if last_n is None:
-    return paths
-  if last_n < 1:
-    raise ModelDirError(f"last_n={last_n}: average at least 1 checkpoint.")
-  if last_n > len(paths):
-    raise CheckpointError(
-        f"cannot average the last {last_n} checkpoints: {where} holds {len(paths)} "
-        f"checkpoint(s) ({', '.join(os.path.basename(p) for p in paths)}). Lower "
-        "--last_n, or keep more with --keep_checkpoint_max when training.")
-  return paths[-last_n:]
 
 
 def _step_of(path: str) -> Optional[int]:
@@ -245,7 +201,7 @@ def average_checkpoints(model_dir_or_paths: Union[str, Sequence[str]],
     CheckpointError: too few checkpoints; unreadable ones; checkpoints whose model
       variables or shapes differ (naming the checkpoint, variable and both shapes).
   """
-  paths = checkpoint_paths(model_dir_or_paths, last_n)
+  paths = modeldir.checkpoint_paths(model_dir_or_paths, last_n)
   means, entries = _mean_of(paths)
   return {name: mean.astype(entries[name].dtype.as_numpy_dtype)
           for name, mean in means.items()}
@@ -311,30 +267,24 @@ def write_averaged(model_dir: str, output_dir: str, last_n: int,
     ModelDirError / CheckpointError: naming the offending directory, checkpoint or
       variable, and what to do.
   """
-  paths = checkpoint_paths(model_dir, last_n)
+  paths = modeldir.checkpoint_paths(model_dir, last_n)
   if os.path.realpath(output_dir) == os.path.realpath(model_dir):
     raise ModelDirError(f"--output_dir is --model_dir ({model_dir}): writing there would "
                         "mix the average with the training checkpoints. Choose a new "
                         f"directory, e.g. {model_dir.rstrip('/')}_avg.")
-  state = tf.train.get_checkpoint_state(output_dir) if tf.io.gfile.isdir(output_dir) else None
-  existing = list(state.all_model_checkpoint_paths) if state else []
+  existing = modeldir.listed_checkpoints(output_dir)
   if existing and not overwrite:
     raise ModelDirError(f"{output_dir} already holds checkpoints "
                         f"({', '.join(map(os.path.basename, existing))}): choose an empty "
                         "--output_dir, or pass --overwrite to replace them.")
-  model = create_model(checkpoints.load_model_config(model_dir))
+  model = create_model(modeldir.load_model_config(model_dir))
   average_into_model(model, paths)
   tf.io.gfile.makedirs(output_dir)
   steps = [s for s in map(_step_of, paths) if s is not None]
   manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), output_dir,
                                        max_to_keep=1)
   written = manager.save(checkpoint_number=max(steps) if steps else None)
-  copied = []
-  for pattern in (checkpoints.CONFIG_FILE,) + VOCAB_PATTERNS:
-    for source in tf.io.gfile.glob(os.path.join(model_dir, pattern)):
-      tf.io.gfile.copy(source, os.path.join(output_dir, os.path.basename(source)),
-                       overwrite=True)
-      copied.append(os.path.basename(source))
+  copied = modeldir.copy_config_and_vocab(model_dir, output_dir)
   logging.info("wrote %s (the average of %s) and copied %s", written,
                ", ".join(map(os.path.basename, paths)), ", ".join(copied) or "nothing")
   return written

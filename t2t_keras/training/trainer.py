@@ -29,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from t2t_keras import PAD_ID
+from t2t_keras import PAD_ID, modeldir
 from t2t_keras.configs import ModelConfig, TrainConfig
 from t2t_keras.errors import TrainingError
 from t2t_keras.model import create_model
@@ -63,10 +63,6 @@ class TrainResult:
   stopped_early: bool = False  # --early_stopping_patience evaluations without improvement
 
 
-BEST_DIR = "best"  # <model_dir>/best: the best checkpoint (--keep_best_checkpoint)
-BEST_STATE_FILE = "best_eval.json"  # <model_dir>/best_eval.json: what is best, since when
-
-
 class BestEval:
   """The best dev result so far and the evaluations since, kept across restarts.
 
@@ -76,7 +72,7 @@ class BestEval:
   """
 
   def __init__(self, model_dir: str, write: bool):
-    self.path = f"{model_dir}/{BEST_STATE_FILE}"
+    self.path = modeldir.best_state_path(model_dir)
     self.write = write
     self.state = {}
     if tf.io.gfile.exists(self.path):
@@ -311,8 +307,9 @@ class Trainer:
     # Every worker of a multi-worker run takes part in saving (variables may need a
     # collective read), but only the chief writes into model_dir; the others write to
     # a scratch directory of their own, as TensorFlow's multi-worker guide prescribes.
-    save_dir = cfg.model_dir if chief else f"{cfg.model_dir}/.worker-{worker_id}"
+    save_dir = cfg.model_dir if chief else modeldir.worker_dir(cfg.model_dir, worker_id)
     manager = tf.train.CheckpointManager(checkpoint, save_dir,
+                                         checkpoint_name=modeldir.CHECKPOINT_PREFIX,
                                          max_to_keep=1 if not chief else
                                          cfg.keep_checkpoint_max,
                                          step_counter=self.optimizer.iterations)
@@ -321,10 +318,12 @@ class Trainer:
       checkpoints.restore(checkpoint, latest)
       progress(f"resumed from {latest} at step {self.current_step()}")
     batches = self._last_batches = _Batches(self, train_dataset_fn, self.current_step())
-    train_fn = tf.function(self._train_loop)
+    # One host call: --steps_per_loop steps. Kept on the trainer so that its traces can
+    # be counted (one program per bucket shape, tests/trainer_test.py).
+    train_fn = self.train_fn = tf.function(self._train_loop)
     if chief:
-      writer = tf.summary.create_file_writer(f"{cfg.model_dir}/train")
-      eval_writer = tf.summary.create_file_writer(f"{cfg.model_dir}/eval")
+      writer = tf.summary.create_file_writer(modeldir.logs_dir(cfg.model_dir, "train"))
+      eval_writer = tf.summary.create_file_writer(modeldir.logs_dir(cfg.model_dir, "eval"))
     else:
       writer = eval_writer = tf.summary.create_noop_writer()
 
@@ -333,7 +332,7 @@ class Trainer:
       best = BestEval(cfg.model_dir, write=chief)
       if cfg.keep_best_checkpoint:
         best_manager = tf.train.CheckpointManager(
-            tf.train.Checkpoint(model=self.model), f"{save_dir}/{BEST_DIR}", max_to_keep=1)
+            tf.train.Checkpoint(model=self.model), modeldir.best_dir(save_dir), max_to_keep=1)
     stopped_early = False
 
     step = start_step = self.current_step()
@@ -413,7 +412,7 @@ class Trainer:
               if best_manager is not None:
                 best_manager.save(checkpoint_number=step)
                 progress(f"best so far: {best.describe()}, saved in "
-                         f"{cfg.model_dir}/{BEST_DIR}")
+                         f"{modeldir.best_dir(cfg.model_dir)}")
             elif cfg.early_stopping_patience:
               progress(f"no improvement for {best.since_best} evaluation(s) (best: "
                        f"{best.describe()}; patience {cfg.early_stopping_patience})")

@@ -1,0 +1,377 @@
+"""The model directory: its layout, config.json, the vocabulary, its checkpoints, loading.
+
+Training writes one self-contained directory per model, and every command that uses a
+model reads it back: decode, score, export, the tools that average checkpoints, draw
+learning curves and visualise attention. This module is the one place that knows what
+the directory holds, so that a new file (or a renamed one) is one edit:
+
+  config.json          the resolved ModelConfig and the data, training and decoding
+                       settings (`write_or_check_config`, `load_model_config`)
+  flags.txt            the run's flags, as a flagfile (`flags_path`)
+  vocab.model          a copy of the SentencePiece model training used; synthetic
+                       tasks need none (`save_vocab`, `load_tokenizer`)
+  ckpt-<step>.*        checkpoints of model, optimizer and dropout seeds, listed in
+                       `checkpoint` (`checkpoint_paths`, `choose_checkpoints`)
+  train/, eval/        TensorBoard logs (`logs_dir`)
+  best/, best_eval.json  the best checkpoint by dev BLEU or loss and its record
+  .worker-<i>/         scratch checkpoints of the non-chief workers
+  export/, ctranslate2/  default export directories
+
+A model directory can be copied to another machine (or bucket) and decoded or exported
+there without the training data. A restart whose model shape differs is refused with
+the differing flags named, because restoring would fail deep inside TensorFlow (or,
+worse, silently skip variables).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import List, Optional, Sequence, Union
+
+import tensorflow as tf
+from absl import logging
+
+from t2t_keras.configs import DataConfig, ModelConfig
+from t2t_keras.errors import CheckpointError, ModelDirError
+
+CONFIG_FILE = "config.json"
+FLAGS_FILE = "flags.txt"
+VOCAB_FILE = "vocab.model"
+VOCAB_PATTERNS = ("*.model", "*.vocab")  # SentencePiece files copied with a model
+CHECKPOINT_PREFIX = "ckpt"
+BEST_DIR = "best"
+BEST_STATE_FILE = "best_eval.json"
+EXPORT_DIR = "export"
+CTRANSLATE2_DIR = "ctranslate2"
+# ModelConfig fields that change variable shapes or the computation a checkpoint encodes.
+SHAPE_FIELDS = ("vocab_size", "hidden_size", "filter_size", "num_heads",
+                "num_hidden_layers", "num_encoder_layers", "num_decoder_layers", "key_size",
+                "value_size", "position_embedding", "pre_norm", "shared_embeddings")
+
+
+# ---------------------------------------------------------------- layout
+def flags_path(model_dir: str) -> str:
+  return os.path.join(model_dir, FLAGS_FILE)
+
+
+def vocab_path(model_dir: str) -> str:
+  return os.path.join(model_dir, VOCAB_FILE)
+
+
+def logs_dir(model_dir: str, split: str) -> str:
+  """TensorBoard logs of "train" or "eval"."""
+  return os.path.join(model_dir, split)
+
+
+def best_dir(model_dir: str) -> str:
+  return os.path.join(model_dir, BEST_DIR)
+
+
+def best_state_path(model_dir: str) -> str:
+  return os.path.join(model_dir, BEST_STATE_FILE)
+
+
+def worker_dir(model_dir: str, worker_id: int) -> str:
+  """Where a non-chief worker saves: TensorFlow's multi-worker guide has every worker
+  take part in saving, and only the chief write into the model directory."""
+  return os.path.join(model_dir, f".worker-{worker_id}")
+
+
+def default_export_dir(model_dir: str, ctranslate2: bool = False) -> str:
+  return os.path.join(model_dir, CTRANSLATE2_DIR if ctranslate2 else EXPORT_DIR)
+
+
+# ---------------------------------------------------------------- config.json
+def _shape_of(config: ModelConfig) -> dict:
+  shape = {name: getattr(config, name) for name in SHAPE_FIELDS}
+  shape["encoder_layers"] = config.encoder_layers
+  shape["decoder_layers"] = config.decoder_layers
+  shape["key_size"], shape["value_size"] = config.head_key_size, config.head_value_size
+  if config.position_embedding == "learned":
+    shape["max_position"] = config.max_position
+  del shape["num_hidden_layers"], shape["num_encoder_layers"], shape["num_decoder_layers"]
+  return shape
+
+
+def load_run_config(model_dir: str) -> dict:
+  """All sections of config.json ("model", "data", "train", ...).
+
+  Raises:
+    ModelDirError: config.json is missing or not JSON, naming the file and what to do.
+  """
+  path = os.path.join(model_dir, CONFIG_FILE)
+  if not tf.io.gfile.exists(path):
+    raise ModelDirError(f"{path} not found: is --model_dir={model_dir} a t2t_keras model "
+                        "directory (written by python -m t2t_keras.train)?")
+  with tf.io.gfile.GFile(path) as f:
+    try:
+      return json.load(f)
+    except json.JSONDecodeError as error:
+      raise ModelDirError(f"{path} is not valid JSON ({error}); restore it from a backup "
+                          "or start a new model directory.") from None
+
+
+def _section(config_class, saved: dict):
+  fields = {f.name for f in dataclasses.fields(config_class)}
+  return config_class(**{k: v for k, v in saved.items() if k in fields})
+
+
+def load_model_config(model_dir: str) -> ModelConfig:
+  """The ModelConfig a model directory was trained with."""
+  return _section(ModelConfig, load_run_config(model_dir)["model"])
+
+
+def data_config_of(model_dir: str) -> DataConfig:
+  """The DataConfig recorded in model_dir/config.json."""
+  return _section(DataConfig, load_run_config(model_dir).get("data", {}))
+
+
+def write_or_check_config(model_dir: str, model_config: ModelConfig, **sections) -> None:
+  """Writes config.json on the first run; on a restart refuses a different model shape.
+
+  Args:
+    model_dir: the model directory.
+    model_config: the requested model.
+    **sections: other dataclasses or dicts to record (data, train, ...).
+
+  Raises:
+    ModelDirError: naming every differing shape flag with both values.
+  """
+  path = os.path.join(model_dir, CONFIG_FILE)
+  tf.io.gfile.makedirs(model_dir)
+  if tf.io.gfile.exists(path):
+    saved = load_model_config(model_dir)
+    old, new = _shape_of(saved), _shape_of(model_config)
+    diffs = [f"--{k}: saved {old[k]!r}, requested {new[k]!r}" for k in old if old[k] != new[k]]
+    if diffs:
+      raise ModelDirError(
+          f"{model_dir} holds a model of a different shape, so its checkpoints cannot be "
+          "restored: " + "; ".join(diffs) + ". Use the saved values to resume, or a new "
+          "--model_dir to train a new model.")
+    for key, value in dataclasses.asdict(model_config).items():
+      if getattr(saved, key) != value:
+        logging.warning("%s changed since the last run: %r -> %r", key,
+                        getattr(saved, key), value)
+  record = {"model": dataclasses.asdict(model_config)}
+  for name, section in sections.items():
+    record[name] = dataclasses.asdict(section) if dataclasses.is_dataclass(section) else section
+  with tf.io.gfile.GFile(path + ".tmp", "w") as f:
+    json.dump(record, f, indent=2, sort_keys=True)
+  tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+
+
+# ---------------------------------------------------------------- vocabulary
+def save_vocab(tokenizer, model_dir: str) -> Optional[str]:
+  """Copies the tokenizer's SentencePiece model into model_dir (if it has one).
+
+  Raises:
+    ModelDirError: model_dir already holds another vocabulary.
+  """
+  proto = getattr(tokenizer, "model_proto", None)
+  if proto is None:
+    return None
+  path = vocab_path(model_dir)
+  if tf.io.gfile.exists(path):
+    with tf.io.gfile.GFile(path, "rb") as f:
+      if f.read() == proto:
+        return path
+    raise ModelDirError(
+        f"{path} holds a different vocabulary than this run's "
+        f"({tokenizer.vocab_file or 'built in memory'}): the checkpoints in {model_dir} "
+        "belong to that vocabulary. Use a new --model_dir for new data.")
+  tf.io.gfile.makedirs(model_dir)
+  with tf.io.gfile.GFile(path + ".tmp", "wb") as f:
+    f.write(proto)
+  tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+  return path
+
+
+def load_tokenizer(model_dir: str, data_config: Optional[DataConfig] = None):
+  """The tokenizer the model in model_dir was trained with."""
+  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data import sources
+  from t2t_keras.data import tokenizer as tokenizer_lib
+  data_config = data_config or data_config_of(model_dir)
+  if data_config.source == "synthetic":
+    return tokenizer_lib.IntegerTokenizer(sources.synthetic_vocab_size(data_config))
+  path = vocab_path(model_dir)
+  if not tf.io.gfile.exists(path):
+    raise ModelDirError(
+        f"{path} not found: model directories written by t2t_keras.train hold a copy of "
+        "their vocabulary. Copy the vocabulary the model was trained with there.")
+  return tokenizer_lib.load_tokenizer(path)
+
+
+def copy_config_and_vocab(model_dir: str, output_dir: str) -> List[str]:
+  """Copies config.json and the SentencePiece files, so that `output_dir` (e.g. a
+  directory of averaged weights) serves as a model directory; returns their names."""
+  copied = []
+  for pattern in (CONFIG_FILE,) + VOCAB_PATTERNS:
+    for source in tf.io.gfile.glob(os.path.join(model_dir, pattern)):
+      tf.io.gfile.copy(source, os.path.join(output_dir, os.path.basename(source)),
+                       overwrite=True)
+      copied.append(os.path.basename(source))
+  return copied
+
+
+# ---------------------------------------------------------------- checkpoints
+def checkpoint_paths(model_dir_or_paths: Union[str, Sequence[str]],
+                     last_n: Optional[int] = None, flag: str = "--last_n") -> List[str]:
+  """The last `last_n` checkpoints of a model directory (or of a list), oldest first.
+
+  Args:
+    model_dir_or_paths: a model directory (its `checkpoint` file lists the kept
+      checkpoints) or checkpoint prefixes such as `.../ckpt-1000`, oldest first.
+    last_n: how many of the newest to take (None: all of them).
+    flag: the command's flag for `last_n`, for messages.
+
+  Raises:
+    ModelDirError: the directory does not exist or holds no checkpoint.
+    CheckpointError: fewer than `last_n` checkpoints exist.
+  """
+  if isinstance(model_dir_or_paths, (str, os.PathLike)):
+    model_dir = os.fspath(model_dir_or_paths)
+    if not tf.io.gfile.isdir(model_dir):
+      raise ModelDirError(f"{model_dir} does not exist: pass the --model_dir training "
+                          "wrote its checkpoints to.")
+    paths = listed_checkpoints(model_dir)
+    if not paths:
+      raise ModelDirError(f"{model_dir} holds no checkpoint (no `checkpoint` file listing "
+                          "ckpt-<step> files): train first, or point at the directory "
+                          "training wrote.")
+    where = model_dir
+  else:
+    paths = [os.fspath(p) for p in model_dir_or_paths]
+    if not paths:
+      raise ModelDirError("no checkpoint paths given to average.")
+    where = "the given list"
+  if last_n is None:
+    return paths
+  if last_n < 1:
+    raise ModelDirError(f"{flag}={last_n}: average at least 1 checkpoint.")
+  if last_n > len(paths):
+    raise CheckpointError(
+        f"cannot average the last {last_n} checkpoints: {where} holds {len(paths)} "
+        f"checkpoint(s) ({', '.join(os.path.basename(p) for p in paths)}). Lower "
+        f"{flag}, or keep more with --keep_checkpoint_max when training.")
+  return paths[-last_n:]
+
+
+def listed_checkpoints(directory: str) -> List[str]:
+  """The checkpoints a directory's `checkpoint` file lists, oldest first ([] if none)."""
+  state = tf.train.get_checkpoint_state(directory) if tf.io.gfile.isdir(directory) else None
+  return list(state.all_model_checkpoint_paths) if state else []
+
+
+def choose_checkpoints(model_dir: str, checkpoint_path: Optional[str] = None,
+                       average_last_n: int = 0) -> List[str]:
+  """The checkpoint(s) decode, score and export take: --checkpoint_path (a prefix, or a
+  directory such as <model_dir>/best: its latest), the last --average_last_n, or the
+  latest.
+
+  Raises:
+    ModelDirError / CheckpointError: naming the flags, the directory and what to do.
+  """
+  if checkpoint_path and tf.io.gfile.isdir(checkpoint_path):
+    directory, checkpoint_path = checkpoint_path, tf.train.latest_checkpoint(checkpoint_path)
+    if checkpoint_path is None:
+      raise CheckpointError(
+          f"--checkpoint_path={directory} is a directory without a checkpoint: name a "
+          "checkpoint (e.g. <model_dir>/ckpt-1000) or a directory training saved into "
+          "(e.g. <model_dir>/best, written with --keep_best_checkpoint).")
+  if average_last_n > 1:
+    if checkpoint_path:
+      raise ModelDirError("--checkpoint_path and --average_last_n exclude each "
+                          "other: averaging takes the last N of --model_dir.")
+    return checkpoint_paths(model_dir, average_last_n, flag="--average_last_n")
+  if checkpoint_path:
+    return [checkpoint_path]
+  available = listed_checkpoints(model_dir)
+  if not available:
+    raise CheckpointError(f"{model_dir} holds no checkpoint yet: train first "
+                          "or pass --checkpoint_path.")
+  return available[-1:]
+
+
+# ---------------------------------------------------------------- loading
+@dataclasses.dataclass
+class Loaded:
+  """A restored model with what decoding and export need."""
+
+  model: tf.keras.Model
+  tokenizer: tf.Module
+  model_config: ModelConfig
+  data_config: DataConfig
+  checkpoints: Sequence[str]  # the checkpoint(s) the weights come from
+
+
+def load(model_dir: str, checkpoint_path: Optional[str] = None, average_last_n: int = 0,
+         dtype: Optional[str] = None) -> Loaded:
+  """Builds the model of model_dir and restores a checkpoint (or an average).
+
+  Args:
+    model_dir: a model directory written by training.
+    checkpoint_path: a specific checkpoint (default: the latest).
+    average_last_n: average the weights of the last N checkpoints in memory.
+    dtype: override the compute dtype (e.g. "float32" to decode a bfloat16 model).
+
+  Raises:
+    ModelDirError / CheckpointError with what to do.
+  """
+  # pylint: disable=import-outside-toplevel
+  from t2t_keras.model import create_model
+  from t2t_keras.training import averaging, checkpoints
+  model_config = load_model_config(model_dir)
+  if dtype:
+    model_config = dataclasses.replace(model_config, dtype=dtype)
+  data_config = data_config_of(model_dir)
+  tokenizer = load_tokenizer(model_dir, data_config)
+  model = create_model(model_config)
+  used = choose_checkpoints(model_dir, checkpoint_path, average_last_n)
+  if len(used) > 1:
+    averaging.average_into_model(model, used)
+  else:
+    available = listed_checkpoints(model_dir)
+    averaging.check_matches_model(
+        model, used[0], f"Pass a checkpoint of the model in --model_dir={model_dir} (its "
+        f"checkpoints: {', '.join(os.path.basename(p) for p in available) or 'none'}), "
+        "or the --model_dir that wrote this one.")
+    # Optimizer slots and counters are not needed to decode: only the model is checked.
+    checkpoints.restore(tf.train.Checkpoint(model=model), used[0], expect_partial=True)
+  logging.info("Loaded %s", ", ".join(used))
+  return Loaded(model, tokenizer, model_config, data_config, used)
+
+
+def load_ensemble(model_dirs: Sequence[str], checkpoint_path: Optional[str] = None,
+                  average_last_n: int = 0, dtype: Optional[str] = None):
+  """Loads one model, or several that share a vocabulary as an `ensemble.Ensemble`.
+
+  Returns:
+    (the model to decode with, the Loaded of every model directory).
+
+  Raises:
+    ModelDirError: when the models' vocabularies differ (naming both directories).
+  """
+  from t2t_keras.ensemble import Ensemble  # pylint: disable=import-outside-toplevel
+  if len(model_dirs) > 1 and checkpoint_path:
+    raise ModelDirError(
+        "--checkpoint_path names one checkpoint but --model_dir lists "
+        f"{len(model_dirs)} models: drop --checkpoint_path (each model's latest "
+        "checkpoint, or --average_last_n of each, is used).")
+  loaded = [load(d, checkpoint_path, average_last_n, dtype) for d in model_dirs]
+  first = loaded[0]
+  for model_dir, other in zip(model_dirs[1:], loaded[1:]):
+    same = (getattr(first.tokenizer, "model_proto", None)
+            == getattr(other.tokenizer, "model_proto", None)
+            and first.tokenizer.vocab_size == other.tokenizer.vocab_size
+            and first.model_config.vocab_size == other.model_config.vocab_size)
+    if not same:
+      raise ModelDirError(
+          f"--model_dir {model_dir} was trained with another vocabulary than "
+          f"{model_dirs[0]} ({VOCAB_FILE} or vocabulary size differ): an ensemble's "
+          "models must share one vocabulary (train them with the same --vocab_file).")
+  if len(loaded) == 1:
+    return first.model, loaded
+  return Ensemble([l.model for l in loaded]), loaded
