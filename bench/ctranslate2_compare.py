@@ -41,7 +41,7 @@ def main(argv):
   import ctranslate2
   import sentencepiece
 
-  from t2t_keras import ctranslate2_export, decoding, modeldir, metrics
+  from t2t_keras import ctranslate2_export, decoding, metrics, modeldir, translate
   from t2t_keras.configs import DecodeConfig
 
   with open(FLAGS.src, encoding="utf-8") as f:
@@ -70,10 +70,10 @@ def main(argv):
                           batch_size=FLAGS.batch_size, jit_compile=jit,
                           min_decode_length=minimum)
     decode_fn = decoding.make_decode_fn(loaded.model, config)
-    decoding.translate(loaded.model, loaded.tokenizer, sources[:FLAGS.batch_size], config,
+    translate.translate(loaded.model, loaded.tokenizer, sources[:FLAGS.batch_size], config,
                        decode_fn=decode_fn, progress=False)  # trace / compile first
     start = time.perf_counter()
-    result = decoding.translate(loaded.model, loaded.tokenizer, sources, config,
+    result = translate.translate(loaded.model, loaded.tokenizer, sources, config,
                                 decode_fn=decode_fn, progress=False)
     outputs[name] = report(name, [t.texts[0] for t in result],
                            time.perf_counter() - start)

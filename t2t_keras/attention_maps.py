@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from t2t_keras import EOS_ID
-from t2t_keras import decoding
+from t2t_keras import decoding, translate
 from t2t_keras.configs import DecodeConfig
 
 
@@ -51,7 +51,7 @@ def attention_maps(model, tokenizer, sentence: str, config: DecodeConfig,
     ids = ids[:max_input_length - 1] + [EOS_ID]
   inputs = tf.constant([ids], tf.int32)
   output_ids, _ = decoding.decode_ids(model, inputs, config)
-  target = decoding.strip_ids(output_ids[0, 0].numpy()) + [EOS_ID]
+  target = translate.strip_ids(output_ids[0, 0].numpy()) + [EOS_ID]
   encoded, mask, encoder_maps = model.encode(inputs, training=False, return_attention=True)
   _, decoder_maps = model.decode(tf.constant([target], tf.int32), encoded, mask,
                                  training=False, return_attention=True)

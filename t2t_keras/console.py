@@ -21,6 +21,7 @@ import logging
 import os
 import sys
 import tempfile
+import time
 from typing import Optional, Sequence
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -107,3 +108,25 @@ def setup_logging(argv: Optional[Sequence[str]] = None) -> None:
   handler.setFormatter(_PlainFormatter())
   if not any(isinstance(f, _OwnInfoOnly) for f in handler.filters):
     handler.addFilter(_OwnInfoOnly())
+
+
+class Progress:
+  """A progress line on stderr every `every` seconds: done/total, rate, ETA."""
+
+  def __init__(self, total: int, unit: str = "sentences", every: float = 5.0,
+               stream=None, verb: str = "decoded"):
+    self.total, self.unit, self.every, self.verb = total, unit, every, verb
+    self.stream = stream or sys.stderr
+    self.start = self.last = time.time()
+    self.done = 0
+
+  def update(self, n: int, force: bool = False):
+    self.done += n
+    now = time.time()
+    if force or now - self.last >= self.every or self.done >= self.total:
+      self.last = now
+      elapsed = max(now - self.start, 1e-9)
+      rate = self.done / elapsed
+      eta = (self.total - self.done) / rate if rate > 0 else float("inf")
+      print(f"{self.verb} {self.done}/{self.total} {self.unit} ({rate:.1f} {self.unit}/s, "
+            f"elapsed {elapsed:.0f}s, eta {eta:.0f}s)", file=self.stream, flush=True)

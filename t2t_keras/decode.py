@@ -6,9 +6,9 @@ sorted by length internally; a progress line with sentences/s goes to stderr. Wi
 `--return_beams` every beam is written as `score<TAB>translation`, beams of one input
 on consecutive lines, inputs separated by an empty line. With `--reference_file`,
 sacreBLEU (cased and uncased) and chrF of the output are printed at the end.
-`--decode_jit_compile` decodes with XLA (`decoding.translate` pads batches so that it
+`--decode_jit_compile` decodes with XLA (`translate.translate` pads batches so that it
 compiles once per source-width bucket). `--constrain_trees` (parsing models) lets the
-beam search write only valid trees over the input's words (`decoding.TreeConstraint`).
+beam search write only valid trees over the input's words (`parsing.constraint.TreeConstraint`).
 
 Sampling (back-translation): `--sampling_topk=K` (0 = the whole vocabulary) and/or
 `--sampling_topp=P` draw from the model's distribution at `--sampling_temperature`
@@ -80,13 +80,13 @@ def write_alignments(model, tokenizer, results, layers: int, multiple: bool) -> 
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
 
-  from t2t_keras import decoding, scoring
+  from t2t_keras import scoring
   layer, head = FLAGS.alignment_layer, FLAGS.alignment_head
   if not -layers <= layer < layers:
     raise flags.ValidationError(f"--alignment_layer={layer} but the model has {layers} "
                                 f"decoder layers: use 0..{layers - 1} or -1 (the last).")
   pairs = [(r.source_ids, ids) for r in results for ids in (r.ids if multiple else r.ids[:1])]
-  meter = decoding.Progress(len(pairs), unit="pairs", verb="aligned")
+  meter = console.Progress(len(pairs), unit="pairs", verb="aligned")
   forced = scoring.force(model, [s for s, _ in pairs], [scoring.with_eos(t) for _, t in pairs],
                          batch_size=FLAGS.decode_batch_size, attention_layer=layer,
                          progress=meter)
@@ -109,7 +109,8 @@ def run() -> None:
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
 
-  from t2t_keras import decoding, modeldir
+  from t2t_keras import modeldir, translate
+  from t2t_keras.parsing.constraint import TreeConstraint
   from t2t_keras.data.sources import DataError, read_text_lines
 
   tf.get_logger().setLevel("WARNING")
@@ -144,11 +145,11 @@ def run() -> None:
   constraint = None
   if FLAGS.constrain_trees:
     try:
-      constraint = decoding.TreeConstraint.from_tokenizer(tokenizer)
+      constraint = TreeConstraint.from_tokenizer(tokenizer)
     except ValueError as error:
       raise DataError(f"--constrain_trees with --model_dir={FLAGS.model_dir}: "
                       f"{error}") from None
-  results = decoding.translate(model, tokenizer, sentences, decode_config,
+  results = translate.translate(model, tokenizer, sentences, decode_config,
                                max_input_length=FLAGS.max_input_length,
                                tree_constraint=constraint)
   multiple = decode_config.return_beams or decode_config.num_samples > 1

@@ -161,7 +161,7 @@ def _evaluate_translation():
 
 
 def _evaluate_parsing():
-  from t2t_keras import evalb  # pylint: disable=import-outside-toplevel
+  from t2t_keras.parsing import evalb  # pylint: disable=import-outside-toplevel
   if len(FLAGS.references) != 1:
     raise InputError(f"--task=parsing takes one --references treebank file, got "
                      f"{len(FLAGS.references)}.")

@@ -37,7 +37,7 @@ def run() -> None:
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
 
-  from t2t_keras import decoding, modeldir, scoring
+  from t2t_keras import modeldir, scoring
   from t2t_keras.data.sources import DataError, read_text_lines
 
   tf.get_logger().setLevel("WARNING")
@@ -68,7 +68,7 @@ def run() -> None:
     source_ids = target_ids = []
   limit = FLAGS.max_input_length
   source_ids = [s if len(s) <= limit else s[:limit - 1] + [s[-1]] for s in source_ids]
-  meter = decoding.Progress(len(sources), unit="pairs", verb="scored")
+  meter = console.Progress(len(sources), unit="pairs", verb="scored")
   results = scoring.force(model, source_ids, target_ids,
                           batch_size=FLAGS.decode_batch_size, progress=meter)
   out = tf.io.gfile.GFile(FLAGS.output_file, "w") if FLAGS.output_file else sys.stdout

@@ -40,7 +40,7 @@ def force(model, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[in
     sources, targets: id sequences, each ending with EOS (EOS is scored).
     batch_size: pairs per batch (sorted by length, so little is padding).
     attention_layer: also return this decoder layer's cross-attention (-1 = last).
-    progress: an object with `update(n)` (e.g. `decoding.Progress`), or None.
+    progress: an object with `update(n)` (e.g. `console.Progress`), or None.
   """
   # pylint: disable=import-outside-toplevel
   from t2t_keras.ensemble import forced_pass

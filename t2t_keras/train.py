@@ -43,7 +43,7 @@ def dev_bleu_hook(model, tokenizer, data_config, decode_config, n: int):
   {"bleu": cased sacreBLEU}.
   """
   # pylint: disable=import-outside-toplevel
-  from t2t_keras import decoding, metrics
+  from t2t_keras import decoding, metrics, translate
   from t2t_keras.errors import DataError
   if not (data_config.dev_src and data_config.dev_tgt):
     raise DataError("--eval_bleu_sentences needs the dev set as text files: set --dev_src "
@@ -62,7 +62,7 @@ def dev_bleu_hook(model, tokenizer, data_config, decode_config, n: int):
 
   def hook(step):
     del step
-    outputs = decoding.translate(model, tokenizer, sources, decode_config,
+    outputs = translate.translate(model, tokenizer, sources, decode_config,
                                  decode_fn=decode_fn, progress=False)
     report = metrics.bleu_report([o.texts[0] for o in outputs], [references])
     return {"bleu": report["bleu"]}
@@ -120,8 +120,8 @@ def train() -> None:
         f"{result.target_tokens:,.0f} target tokens this run, estimated training cost "
         f"{result.flops:.3g} FLOPs this run (matmuls, forward + backward)", flush=True)
   if FLAGS.show_examples and datasets.eval_fn is not None:
-    from t2t_keras import decoding
-    decoding.report_examples(trainer.model, datasets, data_config, decode_config,
+    from t2t_keras import translate
+    translate.report_examples(trainer.model, datasets, data_config, decode_config,
                              FLAGS.show_examples)
   if FLAGS.export or FLAGS.export_dir:
     from t2t_keras import serving

@@ -9,7 +9,8 @@ import tensorflow as tf
 
 from t2t_keras import BOS_ID, EOS_ID, PAD_ID
 from t2t_keras import beam_search as bs
-from t2t_keras import decoding
+from t2t_keras import console, decoding, translate
+from t2t_keras.parsing.constraint import TreeConstraint
 from t2t_keras.configs import DecodeConfig, ModelConfig
 from t2t_keras.data.tokenizer import IntegerTokenizer
 from t2t_keras.model import create_model
@@ -96,11 +97,11 @@ def test_translate_keeps_input_order(model):
   tokenizer = IntegerTokenizer(V)
   config = DecodeConfig(beam_size=2, extra_decode_length=4, batch_size=2)
   decode_fn = decoding.make_decode_fn(model, config)
-  together = decoding.translate(model, tokenizer, sentences, config, decode_fn=decode_fn,
+  together = translate.translate(model, tokenizer, sentences, config, decode_fn=decode_fn,
                                 progress=False)
   assert len(together) == len(sentences)
   for sentence, result in zip(sentences, together):
-    alone = decoding.translate(model, tokenizer, [sentence], config, decode_fn=decode_fn,
+    alone = translate.translate(model, tokenizer, [sentence], config, decode_fn=decode_fn,
                                progress=False)[0]
     assert result.texts == alone.texts
     np.testing.assert_allclose(result.scores, alone.scores, rtol=1e-4)
@@ -117,7 +118,7 @@ def test_translate_with_xla_equals_graph_and_compiles_once_per_width_bucket(mode
   sentences = [" ".join(str(t) for t in rng.integers(4, V, n)) for n in lengths]
   tokenizer = IntegerTokenizer(V)
   config = DecodeConfig(beam_size=3, alpha=0.6, extra_decode_length=3, batch_size=3)
-  graph = decoding.translate(model, tokenizer, sentences, config, progress=False)
+  graph = translate.translate(model, tokenizer, sentences, config, progress=False)
   xla_config = DecodeConfig(beam_size=3, alpha=0.6, extra_decode_length=3, batch_size=3,
                             jit_compile=True)
   compiled = decoding.make_decode_fn(model, xla_config)
@@ -126,18 +127,18 @@ def test_translate_with_xla_equals_graph_and_compiles_once_per_width_bucket(mode
   def decode_fn(inputs):  # XLA compiles once per distinct input shape
     shapes.append(tuple(inputs.shape))
     return compiled(inputs)
-  xla = decoding.translate(model, tokenizer, sentences, xla_config, decode_fn=decode_fn,
+  xla = translate.translate(model, tokenizer, sentences, xla_config, decode_fn=decode_fn,
                            progress=False)
   assert [r.texts for r in xla] == [r.texts for r in graph]
   np.testing.assert_allclose([r.scores for r in xla], [r.scores for r in graph],
                              rtol=1e-4, atol=1e-5)
   assert len(shapes) == 7 and set(shapes) == {(3, 16), (3, 32), (3, 64)}
-  assert [decoding.padded_width(w) for w in (1, 16, 17, 33, 257)] == [16, 16, 32, 64, 512]
+  assert [translate.padded_width(w) for w in (1, 16, 17, 33, 257)] == [16, 16, 32, 64, 512]
 
 
 def test_progress_line_has_rate_and_eta():
   stream = io.StringIO()
-  meter = decoding.Progress(10, stream=stream, every=0.0)
+  meter = console.Progress(10, stream=stream, every=0.0)
   meter.update(4)
   line = stream.getvalue()
   assert "4/10 sentences" in line and "sentences/s" in line and "eta" in line
@@ -153,10 +154,10 @@ def test_exact_match_counts_sequences(model):
   batch = {"inputs": np.concatenate([inputs, np.zeros((1, inputs.shape[1]), np.int32)]),
            "targets": np.concatenate([targets, np.zeros((1, targets.shape[1]), np.int32)])}
   dataset = tf.data.Dataset.from_tensors(batch)
-  accuracy, total, _ = decoding.exact_match(model, dataset, config)
+  accuracy, total, _ = translate.exact_match(model, dataset, config)
   assert (accuracy, total) == (1.0, 3)
   wrong = dict(batch, targets=np.where(batch["targets"] == EOS_ID, PAD_ID, 5))
-  accuracy, _, _ = decoding.exact_match(model, tf.data.Dataset.from_tensors(wrong), config)
+  accuracy, _, _ = translate.exact_match(model, tf.data.Dataset.from_tensors(wrong), config)
   assert accuracy < 1.0
 
 
@@ -198,7 +199,7 @@ def test_tree_constrained_decoding_writes_valid_trees_in_every_layout(model, bea
   # sentence must be a tree over exactly its words, even at the tightest length limit
   # (extra 2), and the in-place XLA layout must agree with the reordered one.
   monkeypatch.setattr(decoding, "MAX_SLOTTED_BEAM", 4)
-  constraint = decoding.TreeConstraint(TREE_PIECES)
+  constraint = TreeConstraint(TREE_PIECES)
   rng = np.random.default_rng(5)
   inputs = sources(rng, [6, 3, 9, 12, 2])
   inputs[4, 0] = 25  # a sentence of one inner piece: no words, so EOS at once
@@ -226,14 +227,14 @@ def test_tree_constrained_decoding_writes_valid_trees_in_every_layout(model, bea
 
 def test_tree_constraint_needs_a_parsing_vocabulary():
   with pytest.raises(ValueError, match="open, close, leaf.*data_source=parsing"):
-    decoding.TreeConstraint(["<pad>", "</s>", "<unk>", "<s>", "\u2581the", "\u2581cat"])
+    TreeConstraint(["<pad>", "</s>", "<unk>", "<s>", "\u2581the", "\u2581cat"])
 
 
 @pytest.mark.parametrize("beam", [1, 4])
 def test_tree_constraint_holds_against_a_decoder_that_wants_to_stop(beam):
   # A stand-in decoder that prefers `)` and EOS above all (random logits otherwise):
   # the constraint must still give every sentence its root and all of its leaves.
-  constraint = decoding.TreeConstraint(TREE_PIECES)
+  constraint = TreeConstraint(TREE_PIECES)
   words = tf.constant([1, 4, 7])
   limits = words + 3 + 2  # the tightest limit decode_ids can give (extra length 2)
   bias = np.zeros(V, np.float32)
@@ -275,7 +276,7 @@ def test_min_decode_length_keeps_eos_away(beam, topk):
       config = DecodeConfig(beam_size=beam, sampling_topk=topk, extra_decode_length=8,
                             min_decode_length=minimum)
       ids, _ = decoding.decode_ids(eager, inputs, config)
-      lengths = [len(decoding.strip_ids(row)) for row in ids.numpy()[:, 0]]
+      lengths = [len(translate.strip_ids(row)) for row in ids.numpy()[:, 0]]
       assert lengths == [minimum, minimum], (minimum, lengths)
   finally:
     bias.logits = original

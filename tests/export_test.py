@@ -34,9 +34,9 @@ def export_path(model_dir, tmp_path_factory):
 
 
 def eager_translations(model_dir, sentences):
-  from t2t_keras import decoding  # pylint: disable=import-outside-toplevel
+  from t2t_keras import translate  # pylint: disable=import-outside-toplevel
   loaded = modeldir.load(model_dir)
-  return decoding.translate(loaded.model, loaded.tokenizer, sentences, DECODE,
+  return translate.translate(loaded.model, loaded.tokenizer, sentences, DECODE,
                             max_input_length=MAX_INPUT, progress=False)
 
 

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from t2t_keras import evalb, parsing
+from t2t_keras import parsing
+from t2t_keras.parsing import evalb
 from t2t_keras.configs import DataConfig
 from t2t_keras.data import DataError, make_datasets
 from t2t_keras.parsing import Tree, TreeError
@@ -34,7 +35,9 @@ def ptb(shared_data):
 
 
 def tree(text):
-  return parsing.parse_tree(text)
+  """The one tree of a string."""
+  (_, only), = parsing.parse_trees(text)
+  return only
 
 
 # ---------------------------------------------------------------- reading, cleaning
@@ -168,7 +171,7 @@ def test_random_outputs_always_become_valid_trees_of_the_words():
                                         for _ in range(rng.randint(0, 25)))
     rebuilt = parsing.rebuild(output, words)
     assert rebuilt.tree.words() == words, output
-    assert parsing.parse_tree(str(rebuilt.tree)) == rebuilt.tree, output
+    assert tree(str(rebuilt.tree)) == rebuilt.tree, output
     again = parsing.rebuild(parsing.linearize(rebuilt.tree), words)
     assert again.tree == rebuilt.tree and not again.repaired, output
 

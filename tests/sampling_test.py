@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from t2t_keras import BOS_ID, EOS_ID, PAD_ID
 from t2t_keras import beam_search as bs
-from t2t_keras import decoding, scoring
+from t2t_keras import decoding, scoring, translate
 from t2t_keras.configs import DecodeConfig, ModelConfig
 from t2t_keras.model import create_model
 
@@ -143,7 +143,7 @@ def test_sample_scores_are_the_model_log_probabilities(model):
   for b, row in enumerate(ROWS):
     limit = len(row) + 1 + config.extra_decode_length
     for s in range(8):
-      out = decoding.strip_ids(ids[b, s])
+      out = translate.strip_ids(ids[b, s])
       if len(out) + 1 >= limit:
         continue  # EOS forced at the limit: scored 0 by the decoder
       (forced,) = scoring.force(model, [row + [EOS_ID]], [out + [EOS_ID]])

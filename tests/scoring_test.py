@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from t2t_keras import EOS_ID, PAD_ID
-from t2t_keras import decoding, modeldir, scoring
+from t2t_keras import decoding, modeldir, scoring, translate
 from t2t_keras.configs import DecodeConfig, ModelConfig
 from t2t_keras.ensemble import Ensemble
 from t2t_keras.model import create_model
@@ -42,7 +42,7 @@ def reverse(trained_reverse_dir):
 def test_scores_equal_the_beam_search_scores_of_its_outputs(reverse):
   """Teacher forcing over a model's own beam output (alpha 0) gives the score beam
   search computed step by step with its key/value cache."""
-  results = decoding.translate(reverse.model, reverse.tokenizer, REVERSE_INPUTS,
+  results = translate.translate(reverse.model, reverse.tokenizer, REVERSE_INPUTS,
                                DecodeConfig(beam_size=4, alpha=0.0, extra_decode_length=5,
                                             return_beams=True), progress=False)
   sources = [r.source_ids for r in results for _ in r.ids]
@@ -73,7 +73,7 @@ def corruptions(ids, rng):
 
 def test_own_translation_outscores_its_corruptions(reverse):
   rng = np.random.default_rng(0)
-  results = decoding.translate(reverse.model, reverse.tokenizer, REVERSE_INPUTS,
+  results = translate.translate(reverse.model, reverse.tokenizer, REVERSE_INPUTS,
                                DecodeConfig(beam_size=4, alpha=0.6, extra_decode_length=5),
                                progress=False)
   for result in results:
@@ -214,7 +214,7 @@ def test_ensemble_scores_are_renormalised_average_log_probabilities(pair):
                                                  extra_decode_length=30))
   checked = 0
   for b in range(2):
-    out = decoding.strip_ids(ids.numpy()[b, 0])
+    out = translate.strip_ids(ids.numpy()[b, 0])
     limit = int(np.sum(INPUTS[b] != PAD_ID)) + 30
     if len(out) + 1 >= limit:
       continue
@@ -259,7 +259,7 @@ def test_two_seeds_ensemble_on_the_reverse_task(trained_reverse_dir, tmp_path):
   for name, dirs in (("a", [trained_reverse_dir]), ("b", [second]),
                      ("ab", [trained_reverse_dir, second])):
     model, loaded = modeldir.load_ensemble(dirs)
-    results = decoding.translate(model, loaded[0].tokenizer, lines,
+    results = translate.translate(model, loaded[0].tokenizer, lines,
                                  DecodeConfig(beam_size=4, extra_decode_length=5),
                                  progress=False)
     right[name] = sum(r.texts[0].split() == l.split()[::-1] for r, l in zip(results, lines))

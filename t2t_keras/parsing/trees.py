@@ -188,14 +188,6 @@ def _make_node(label: str, children: list, where: str, root: bool) -> Tree:
   return Tree(label, children)
 
 
-def parse_tree(text: str, name: str = "<tree>") -> Tree:
-  """The one tree of a string (TreeError if there is not exactly one)."""
-  trees = parse_trees(text, name)
-  if len(trees) != 1:
-    raise TreeError(f"{name}: expected one tree, found {len(trees)}.")
-  return trees[0][1]
-
-
 # ------------------------------------------------------------------------ cleaning
 
 
@@ -381,7 +373,7 @@ def token_kind(token: str) -> Optional[str]:
   """What a whole output token is in a linearized tree: "open" (`(NP`), "close" (`)`),
   "leaf" (a Penn Treebank POS tag), or None (anything else, e.g. a word).
 
-  Used by tree-constrained decoding (`t2t_keras.decoding.TreeConstraint`).
+  Used by tree-constrained decoding (`t2t_keras.constraint.TreeConstraint`).
   """
   if token == CLOSE:
     return "close"

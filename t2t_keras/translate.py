@@ -1,0 +1,185 @@
+"""Host-side decoding: strings in, translations out, in input order, with progress.
+
+`t2t_keras.decoding` holds what runs in the graph (ids -> ids with the cache); this
+module feeds it: it tokenizes, sorts sentences by length into batches (little
+padding), pads batches to few shapes under XLA (`padded_width`), detokenizes and puts
+the results back in input order. It also decodes a dev set for the exact-match report
+that training prints. The decode and score commands and tools/visualize_attention.py
+use it; the exported SavedModel does the same steps in its graph (t2t_keras.serving).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from t2t_keras import BOS_ID, EOS_ID, PAD_ID, console, decoding
+from t2t_keras.configs import DecodeConfig
+
+if TYPE_CHECKING:
+  from t2t_keras.parsing.constraint import TreeConstraint
+
+
+def strip_ids(ids: Sequence[int]) -> List[int]:
+  """Ids before the first EOS, without PAD or BOS."""
+  out = []
+  for i in ids:
+    i = int(i)
+    if i == EOS_ID:
+      break
+    if i not in (PAD_ID, BOS_ID):
+      out.append(i)
+  return out
+
+
+@dataclasses.dataclass
+class Translation:
+  """Beams (or samples) of one input, best first (samples in drawing order).
+
+  `source_ids` are the input's ids as decoded (EOS included, after truncation to
+  `max_input_length`); `ids` each beam's output ids without EOS or PAD.
+  """
+
+  texts: List[str]
+  scores: List[float]
+  ids: List[List[int]] = dataclasses.field(default_factory=list)
+  source_ids: List[int] = dataclasses.field(default_factory=list)
+
+
+MIN_XLA_WIDTH = 16
+
+
+def padded_width(width: int) -> int:
+  """The source width an XLA batch is padded to: the next power of two, at least 16.
+
+  Few widths means few compilations (7 up to 1,024 subwords); padding changes no
+  translation (the output limit is per sentence, see the module docstring), only the
+  encoder's work and the cache size.
+  """
+  padded = MIN_XLA_WIDTH
+  while padded < width:
+    padded *= 2
+  return padded
+
+
+def translate(model, tokenizer, sentences: Sequence[str], config: DecodeConfig,
+              max_input_length: int = 0, decode_fn: Optional[Callable] = None,
+              progress: bool = True,
+              tree_constraint: Optional[TreeConstraint] = None) -> List[Translation]:
+  """Translates strings; the result is in input order.
+
+  Sentences are tokenized in the graph, sorted by length and decoded in batches of
+  `config.batch_size` sentences (so that little of each batch is padding), then
+  put back in input order. With `config.jit_compile` (XLA) every batch is padded to
+  `config.batch_size` rows (filler rows hold a lone EOS and are discarded) and to
+  `padded_width` columns, so XLA compiles once per width bucket, not per batch.
+
+  Args:
+    model: a built Transformer.
+    tokenizer: the data tokenizer (tokenize/detokenize).
+    sentences: source strings.
+    config: decoding settings.
+    max_input_length: keep at most this many source tokens (EOS included); 0 = all.
+    decode_fn: a function from `make_decode_fn` (made here if None).
+    progress: print a progress line to stderr.
+    tree_constraint: parsing: only trees over the source's words (`TreeConstraint`;
+      ignored when `decode_fn` is given).
+  """
+  if not sentences:
+    return []
+  decode_fn = decode_fn or decoding.make_decode_fn(model, config, tree_constraint=tree_constraint)
+  ids = tokenizer.tokenize(tf.constant(list(sentences))).to_list()
+  sources = []
+  for seq in ids:
+    seq = list(seq) + [EOS_ID]
+    if max_input_length and len(seq) > max_input_length:
+      seq = seq[:max_input_length - 1] + [EOS_ID]
+    sources.append(seq)
+  order = np.argsort([len(s) for s in sources], kind="stable")
+  results: List[Optional[Translation]] = [None] * len(sources)
+  meter = console.Progress(len(sources)) if progress else None
+  for begin in range(0, len(order), config.batch_size):
+    chunk = order[begin:begin + config.batch_size]
+    width = max(len(sources[i]) for i in chunk)
+    rows = len(chunk)
+    if config.jit_compile:
+      width, rows = padded_width(width), config.batch_size
+    batch = np.full((rows, width), PAD_ID, np.int32)
+    batch[len(chunk):, 0] = EOS_ID  # XLA filler rows: a one-token source
+    for row, i in enumerate(chunk):
+      batch[row, :len(sources[i])] = sources[i]
+    if config.sampling:  # filler rows (XLA) get key -1
+      keys = np.full([rows], -1, np.int32)
+      keys[:len(chunk)] = chunk
+      out_ids, scores = decode_fn(tf.constant(batch), tf.constant(keys))
+    else:
+      out_ids, scores = decode_fn(tf.constant(batch))
+    texts = tokenizer.detokenize(out_ids).numpy()  # (B, K)
+    scores, out_ids = scores.numpy(), out_ids.numpy()
+    for row, i in enumerate(chunk):
+      results[i] = Translation([t.decode("utf-8") for t in texts[row]],
+                               [float(s) for s in scores[row]],
+                               [strip_ids(beam) for beam in out_ids[row]], sources[i])
+    if meter:
+      meter.update(len(chunk))
+  return results
+
+
+def exact_match(model, dataset: tf.data.Dataset, config: DecodeConfig,
+                max_batches: int = 0):
+  """Sequence exact-match accuracy of the best beam on a one-pass dataset.
+
+  Returns:
+    (accuracy, number of sequences, list of (input ids, target ids, output ids)).
+  """
+  decode_fn = decoding.make_decode_fn(model, config)
+  correct = total = 0
+  examples = []
+  for n, batch in enumerate(dataset):
+    if max_batches and n >= max_batches:
+      break
+    out_ids, _ = decode_fn(tf.cast(batch["inputs"], tf.int32))
+    for src, tgt, out in zip(batch["inputs"].numpy(), batch["targets"].numpy(),
+                             out_ids[:, 0].numpy()):
+      if not np.any(tgt != PAD_ID):
+        continue  # an all-PAD filler row of a static-shape batch
+      expected, got = strip_ids(tgt), strip_ids(out)
+      correct += expected == got
+      total += 1
+      examples.append((strip_ids(src), expected, got))
+  return correct / max(total, 1), total, examples
+
+
+def report_examples(model, datasets, data_config, decode_config: DecodeConfig, n: int,
+                    stream=None) -> float:
+  """Decodes the dev set, prints `n` examples and the exact-match accuracy.
+
+  Returns:
+    The sequence exact-match accuracy.
+  """
+  del data_config
+  stream = stream or sys.stdout
+  start = time.time()
+  accuracy, total, examples = exact_match(model, datasets.eval_fn(None), decode_config)
+  tokenizer = datasets.tokenizer
+
+  def text(ids):
+    return tokenizer.detokenize(tf.constant([ids or [EOS_ID]], tf.int32)).numpy()[0].decode(
+        "utf-8", "replace")
+
+  # Dev batches come sorted by length: show examples spread over all lengths.
+  shown = [examples[i] for i in np.linspace(0, len(examples) - 1, min(n, len(examples)),
+                                            dtype=int)] if examples else []
+  for src, tgt, out in shown:
+    mark = "ok " if tgt == out else "BAD"
+    print(f"{mark} input:     {text(src)}\n    reference: {text(tgt)}\n"
+          f"    output:    {text(out)}", file=stream)
+  print(f"dev exact match: {accuracy:.2%} of {total} sequences (beam "
+        f"{decode_config.beam_size}, alpha {decode_config.alpha}; "
+        f"{time.time() - start:.1f}s)", file=stream, flush=True)
+  return accuracy
