@@ -194,8 +194,9 @@ def load_tokenizer(model_dir: str, data_config: Optional[DataConfig] = None):
   from t2t_keras.data import sources
   from t2t_keras.data import tokenizer as tokenizer_lib
   data_config = data_config or data_config_of(model_dir)
-  if data_config.source == "synthetic":
-    return tokenizer_lib.IntegerTokenizer(sources.synthetic_vocab_size(data_config))
+  source = sources.data_source(data_config)
+  if not source.is_text:
+    return tokenizer_lib.IntegerTokenizer(source.vocab_size)
   path = vocab_path(model_dir)
   if not tf.io.gfile.exists(path):
     raise ModelDirError(

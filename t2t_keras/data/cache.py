@@ -34,13 +34,11 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from t2t_keras import parsing
 from t2t_keras.configs import DataConfig
 from t2t_keras.data import sources
 
 CACHE_VERSION = 3  # 3: flat id arrays with random access (2: tf.data shards)
 VALIDATION_VERSION = 1  # the stored result of validating raw files (unchanged since)
-_HEAD_TAIL_BYTES = 1 << 20
 BATCH_ROWS = 1024  # Pairs per cached element.
 _PROGRESS_EVERY = 100_000
 
@@ -48,55 +46,6 @@ _PROGRESS_EVERY = 100_000
 def digest(obj) -> str:
   """Stable hex digest of a JSON-serializable object."""
   return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def file_fingerprint(path: str, with_mtime: bool = True) -> dict:
-  """Cheap content identity of a file: size, head and tail bytes (and mtime)."""
-  sources.check_file_exists(path)
-  stat = tf.io.gfile.stat(path)
-  size = stat.length
-  sha = hashlib.sha256()
-  with sources.open_binary(path) as f:
-    sha.update(f.read(_HEAD_TAIL_BYTES))
-    if size > _HEAD_TAIL_BYTES:
-      f.seek(max(_HEAD_TAIL_BYTES, size - _HEAD_TAIL_BYTES))
-      sha.update(f.read())
-  fingerprint = {"size": size, "sha256_head_tail": sha.hexdigest()}
-  if with_mtime:
-    fingerprint["mtime_ns"] = stat.mtime_nsec
-  return fingerprint
-
-
-def source_fingerprint(config: DataConfig, split: str, with_mtime: bool = True,
-                       shared_vocab: bool = False) -> Optional[dict]:
-  """What determines the text of a split; None when the split is not configured.
-
-  Args:
-    config: data configuration.
-    split: "train" or "dev".
-    with_mtime: include file modification times (caches: yes; vocabulary name: no).
-    shared_vocab: identify the language pair regardless of direction (a shared
-      vocabulary is the same for EN->DE and DE->EN).
-  """
-  if config.source == "files":
-    paths = sources.split_files(config, split)
-    if paths is None:
-      return None
-    fps = [file_fingerprint(p, with_mtime) for p in paths]
-    return {"files": sorted(fps, key=json.dumps) if shared_vocab else fps}
-  if config.source == "parsing":
-    path = sources.treebank_file(config, split)
-    if path is None:
-      return None
-    # The linearization version: a new target format must not reuse old caches.
-    return {"treebank": file_fingerprint(path, with_mtime),
-            "linearization": parsing.LINEARIZATION_VERSION}
-  if config.source == "tfds":
-    fp = sources.tfds_fingerprint(config, split)
-    if shared_vocab:
-      fp["src"], fp["tgt"] = sorted((fp["src"], fp["tgt"]))
-    return fp
-  raise ValueError(f"source={config.source!r} has no text to fingerprint")
 
 
 def _cache_dir(config: DataConfig) -> Optional[str]:
@@ -115,7 +64,7 @@ def validated_files(config: DataConfig, split: str) -> Optional[dict]:
   paths = sources.split_files(config, split)
   if paths is None:
     return None
-  key = digest({"v": VALIDATION_VERSION, "fp": source_fingerprint(config, split),
+  key = digest({"v": VALIDATION_VERSION, "fp": sources.FileSource(config).fingerprint(split),
                 "skip": config.skip_invalid_utf8})
   directory = _cache_dir(config)
   path = directory and os.path.join(directory, f"validation-{key}.json")
@@ -270,19 +219,17 @@ def tokenized_split(config: DataConfig, split: str, tokenizer,
   Returns:
     The TokenizedSplit, or None when the split is not configured.
   """
-  invalid = 0
-  if config.source == "files":
-    report = validated_files(config, split)
-    if report is None:
-      return None
-    invalid = report["invalid_pairs"]
-  elif config.source == "parsing" and sources.treebank_file(config, split) is None:
+  source = sources.data_source(config)
+  if not source.has_split(split):
     return None
+  invalid = 0
+  if source.scanned_before_reading:
+    invalid = validated_files(config, split)["invalid_pairs"]
   directory = _cache_dir(config)
   if directory is None:
     raise sources.DataError(f"source={config.source!r} needs --data_dir for the "
                             "tokenized cache.")
-  key = digest({"v": CACHE_VERSION, "fp": source_fingerprint(config, split),
+  key = digest({"v": CACHE_VERSION, "fp": source.fingerprint(split),
                 "vocab": tokenizer_key, "skip": config.skip_invalid_utf8})
   path = os.path.join(directory, f"{split}-{key}")
   stats_file = os.path.join(path, "stats.json")
@@ -303,7 +250,7 @@ def tokenized_split(config: DataConfig, split: str, tokenizer,
 
 def _build(config: DataConfig, split: str, tokenizer, path: str, invalid: int):
   """Tokenizes a split into a new build directory of `path`, then commits it."""
-  text = sources.text_pairs(config, split)
+  text = sources.data_source(config).text_pairs(split)
   name = f"build-{uuid.uuid4().hex[:12]}"
   build = os.path.join(path, name)
   start = time.time()

@@ -99,13 +99,12 @@ def split_stats(split: cache.TokenizedSplit, max_length: int) -> SplitStats:
 def load_split(config: DataConfig, split: str, tokenizer
                ) -> Optional[cache.TokenizedSplit]:
   """A split as ids: generated (synthetic) or from the tokenized cache (text)."""
-  if config.source == "synthetic":
-    src, tgt, lengths = sources.synthetic_examples(config, split)
+  source = sources.data_source(config)
+  if not source.is_text:
+    src, tgt, lengths = source.examples(split)
     return cache.TokenizedSplit(
         path=None, lengths=np.stack([lengths, lengths], axis=1).astype(np.int32),
         invalid_utf8=0, source=src, target=tgt)
-  if config.source not in ("files", "tfds", "parsing"):
-    raise ValueError(f"source={config.source!r} is not one of {sources.SOURCES}")
   return cache.tokenized_split(config, split, tokenizer,
                                tokenizer_lib.tokenizer_digest(tokenizer))
 
@@ -386,10 +385,7 @@ def make_datasets(config: DataConfig) -> Datasets:
   Raises:
     sources.DataError: missing/misaligned/invalid files, or no training pair left.
   """
-  if config.source not in sources.SOURCES:
-    raise sources.DataError(
-        f"source={config.source!r} is not supported by t2t_keras.data (one of "
-        f"{sources.SOURCES}); convert the data to line-aligned files and use 'files'.")
+  sources.data_source(config)  # an unknown kind fails here, naming the ones there are
   _check_budget(config)
   tokenizer = tokenizer_lib.load_or_build_tokenizer(config)
   train = load_split(config, "train", tokenizer)

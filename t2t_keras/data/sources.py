@@ -1,11 +1,13 @@
 """Where sentence pairs come from: parallel text files, tensorflow-datasets, synthetic
 tasks, and treebanks for parsing.
 
-Every source is reduced to the same two things, so the vocabulary builder and the
-pipeline never care where data came from:
+Each kind is one object behind a small protocol (`Source`, made by `data_source`):
+whether a split is configured, a fingerprint of its content (the cache key and the
+vocabulary's name), and the pairs, as
   * a `tf.data.Dataset` of (source, target) scalar strings for one split, and
   * a Python iterator over the same pairs (for sampling the vocabulary).
-Synthetic tasks (copy, reverse: tensor2tensor's algorithmic problems) skip text and
+The vocabulary builder, the tokenized cache, the pipeline and the model directory ask
+these objects and never which kind they hold. Synthetic tasks (copy, reverse: tensor2tensor's algorithmic problems) skip text and
 yield id sequences directly, so demos and tests run with no data and no vocabulary.
 The parsing source reads bracketed trees (.mrg: --train_src, --dev_src) and pairs each
 sentence with its linearized tree (t2t_keras.parsing), so parsing uses the vocabulary,
@@ -19,6 +21,8 @@ cache module stores, and every problem raises `DataError` naming file, line and 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 from typing import Iterator, List, Optional, Tuple
 
@@ -29,9 +33,9 @@ from t2t_keras import NUM_RESERVED_IDS, parsing
 from t2t_keras.configs import DataConfig
 from t2t_keras.errors import DataError
 
-SOURCES = ("files", "tfds", "synthetic", "parsing")
 SYNTHETIC_TASKS = ("copy", "reverse")
 _CHUNK_BYTES = 16 << 20
+_HEAD_TAIL_BYTES = 1 << 20
 # TFDS split names of the WMT builders for our two splits.
 _TFDS_SPLITS = {"train": "train", "dev": "validation"}
 
@@ -321,76 +325,11 @@ def tfds_fingerprint(config: DataConfig, split: str) -> dict:
           "tgt": config.target_lang}
 
 
-def text_pairs(config: DataConfig, split: str) -> Optional[tf.data.Dataset]:
-  """(source, target) scalar-string pairs of a split, in file order.
-
-  Callers validate "files" inputs first (see `validate_parallel_files`); lines that
-  are not valid UTF-8 are dropped here when skip_invalid_utf8 is set (they were
-  counted by the scan), so the tokenizer never sees them.
-
-  Args:
-    config: the data configuration ("files", "tfds" or "parsing" source).
-    split: "train" or "dev".
-
-  Returns:
-    The dataset, or None when the split is not configured (no dev files).
-  """
-  _check_split(split)
-  if config.source == "files":
-    paths = split_files(config, split)
-    if paths is None:
-      return None
-    ds = tf.data.Dataset.zip(tuple(tf.data.TextLineDataset(p) for p in paths))
-  elif config.source == "parsing":
-    path = treebank_file(config, split)
-    if path is None:
-      return None
-    sentences, trees = zip(*parsing_pairs(path))
-    return tf.data.Dataset.from_tensor_slices((list(sentences), list(trees)))
-  elif config.source == "tfds":
-    src, tgt = config.source_lang, config.target_lang
-    # Pick sides by language name: TFDS supervised keys are ('de', 'en'), so the
-    # paper's EN->DE direction is the supervised pair swapped.
-    ds = _load_tfds(config, split).map(lambda ex: (ex[src], ex[tgt]))
-  else:
-    raise ValueError(f"source={config.source!r} has no text; use one of "
-                     f"'files', 'tfds', 'parsing'")
-  if config.skip_invalid_utf8:
-    ds = ds.filter(lambda s, t: tf.logical_and(_valid_utf8(s), _valid_utf8(t)))
-  return ds
-
-
 def _valid_utf8(text: tf.Tensor) -> tf.Tensor:
   fixed = tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace",
                                        replacement_char=0xFFFD,
                                        replace_control_characters=False)
   return tf.equal(fixed, text)
-
-
-def python_text_pairs(config: DataConfig, split: str = "train"
-                      ) -> Iterator[Tuple[str, str]]:
-  """The same pairs as `text_pairs`, as Python strings (for vocabulary sampling)."""
-  _check_split(split)
-  if config.source == "files":
-    paths = split_files(config, split)
-    if paths is None:
-      return
-    with open_binary(paths[0]) as fs, open_binary(paths[1]) as ft:
-      for src, tgt in zip(fs, ft):
-        try:
-          yield src.decode("utf-8").rstrip("\r\n"), tgt.decode("utf-8").rstrip("\r\n")
-        except UnicodeDecodeError:
-          if not config.skip_invalid_utf8:
-            raise DataError(f"{paths[0]} / {paths[1]}: invalid UTF-8; validate the "
-                            "files first or set --skip_invalid_utf8") from None
-  elif config.source == "parsing":
-    path = treebank_file(config, split)
-    if path is not None:
-      yield from parsing_pairs(path)
-  else:  # Batched: tf.data costs per element, and TFDS splits have millions.
-    for src_batch, tgt_batch in text_pairs(config, split).batch(4096).as_numpy_iterator():
-      for src, tgt in zip(src_batch, tgt_batch):
-        yield src.decode("utf-8"), tgt.decode("utf-8")
 
 
 def synthetic_vocab_size(config: DataConfig) -> int:
@@ -429,3 +368,231 @@ def synthetic_examples(config: DataConfig, split: str
   ends = np.repeat(np.cumsum(lengths) - 1, lengths)
   positions = np.arange(len(sources))
   return sources, sources[starts + ends - positions], lengths
+
+
+# ---------------------------------------------------------------- one object per kind
+def file_fingerprint(path: str, with_mtime: bool = True) -> dict:
+  """Cheap content identity of a file: size, head and tail bytes (and mtime)."""
+  check_file_exists(path)
+  stat = tf.io.gfile.stat(path)
+  size = stat.length
+  sha = hashlib.sha256()
+  with open_binary(path) as f:
+    sha.update(f.read(_HEAD_TAIL_BYTES))
+    if size > _HEAD_TAIL_BYTES:
+      f.seek(max(_HEAD_TAIL_BYTES, size - _HEAD_TAIL_BYTES))
+      sha.update(f.read())
+  fingerprint = {"size": size, "sha256_head_tail": sha.hexdigest()}
+  if with_mtime:
+    fingerprint["mtime_ns"] = stat.mtime_nsec
+  return fingerprint
+
+
+class Source:
+  """What the pipeline, the cache, the vocabulary and the model directory ask of a data
+  source. `data_source(config)` makes the object of `config.source`; no other module
+  asks which kind it holds.
+
+  Text sources give (source, target) string pairs, which a SentencePiece vocabulary
+  and the tokenized cache turn into ids; the synthetic source gives ids directly.
+  """
+
+  kind = ""
+  is_text = True  # string pairs under a SentencePiece vocabulary (else ids: `examples`)
+  # Raw files that are scanned once (line counts, UTF-8) before they are read; the
+  # cache stores the scan's result (cache.validated_files).
+  scanned_before_reading = False
+  split_by_unicode_script = True  # the SentencePiece option of its vocabulary
+
+  def __init__(self, config: DataConfig):
+    self.config = config
+
+  def has_split(self, split: str) -> bool:
+    """Whether the split is configured (dev is optional); raises DataError when it is
+    configured wrongly."""
+    raise NotImplementedError
+
+  def fingerprint(self, split: str, with_mtime: bool = True,
+                  shared_vocab: bool = False) -> Optional[dict]:
+    """What determines the split's text (a cache key); None when the split is unset.
+
+    Args:
+      split: "train" or "dev".
+      with_mtime: include file modification times (caches: yes; vocabulary name: no).
+      shared_vocab: identify the language pair regardless of direction (a shared
+        vocabulary is the same for EN->DE and DE->EN).
+    """
+    raise NotImplementedError
+
+  def _raw_pairs(self, split: str) -> Optional[tf.data.Dataset]:
+    raise NotImplementedError
+
+  def text_pairs(self, split: str) -> Optional[tf.data.Dataset]:
+    """(source, target) scalar-string pairs of a split, in corpus order; None when the
+    split is not configured. Lines that are not valid UTF-8 are dropped here when
+    skip_invalid_utf8 is set (the scan counted them), so the tokenizer never sees them.
+    """
+    _check_split(split)
+    ds = self._raw_pairs(split)
+    if ds is not None and self.config.skip_invalid_utf8:
+      ds = ds.filter(lambda s, t: tf.logical_and(_valid_utf8(s), _valid_utf8(t)))
+    return ds
+
+  def python_pairs(self, split: str = "train") -> Iterator[Tuple[str, str]]:
+    """The same pairs as `text_pairs`, as Python strings (for vocabulary sampling)."""
+    _check_split(split)
+    text = self.text_pairs(split)
+    if text is None:
+      return
+    # Batched: tf.data costs per element, and TFDS splits have millions.
+    for src_batch, tgt_batch in text.batch(4096).as_numpy_iterator():
+      for src, tgt in zip(src_batch, tgt_batch):
+        yield src.decode("utf-8"), tgt.decode("utf-8")
+
+
+class FileSource(Source):
+  """Line-aligned parallel text files (--train_src/--train_tgt, --dev_src/--dev_tgt)."""
+
+  kind = "files"
+  scanned_before_reading = True
+
+  def has_split(self, split):
+    return split_files(self.config, split) is not None
+
+  def fingerprint(self, split, with_mtime=True, shared_vocab=False):
+    paths = split_files(self.config, split)
+    if paths is None:
+      return None
+    fps = [file_fingerprint(p, with_mtime) for p in paths]
+    return {"files": sorted(fps, key=json.dumps) if shared_vocab else fps}
+
+  def _raw_pairs(self, split):
+    paths = split_files(self.config, split)
+    if paths is None:
+      return None
+    return tf.data.Dataset.zip(tuple(tf.data.TextLineDataset(p) for p in paths))
+
+  def python_pairs(self, split="train"):
+    _check_split(split)
+    paths = split_files(self.config, split)
+    if paths is None:
+      return
+    with open_binary(paths[0]) as fs, open_binary(paths[1]) as ft:
+      for src, tgt in zip(fs, ft):
+        try:
+          yield src.decode("utf-8").rstrip("\r\n"), tgt.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError:
+          if not self.config.skip_invalid_utf8:
+            raise DataError(f"{paths[0]} / {paths[1]}: invalid UTF-8; validate the "
+                            "files first or set --skip_invalid_utf8") from None
+
+
+class TreebankSource(Source):
+  """Bracketed trees (.mrg) for parsing: each sentence paired with its linearized tree."""
+
+  kind = "parsing"
+  # Tree tokens such as "(NP" must be able to become single pieces (tokenizer.py).
+  split_by_unicode_script = False
+
+  def has_split(self, split):
+    return treebank_file(self.config, split) is not None
+
+  def fingerprint(self, split, with_mtime=True, shared_vocab=False):
+    path = treebank_file(self.config, split)
+    if path is None:
+      return None
+    # The linearization version: a new target format must not reuse old caches.
+    return {"treebank": file_fingerprint(path, with_mtime),
+            "linearization": parsing.LINEARIZATION_VERSION}
+
+  def _raw_pairs(self, split):
+    path = treebank_file(self.config, split)
+    if path is None:
+      return None
+    sentences, trees = zip(*parsing_pairs(path))
+    return tf.data.Dataset.from_tensor_slices((list(sentences), list(trees)))
+
+  def text_pairs(self, split):
+    _check_split(split)
+    return self._raw_pairs(split)  # read as Python text: already valid UTF-8
+
+  def python_pairs(self, split="train"):
+    _check_split(split)
+    path = treebank_file(self.config, split)
+    if path is not None:
+      yield from parsing_pairs(path)
+
+
+class TfdsSource(Source):
+  """A tensorflow-datasets translation dataset (--tfds_name), in one direction."""
+
+  kind = "tfds"
+
+  def has_split(self, split):
+    return True
+
+  def fingerprint(self, split, with_mtime=True, shared_vocab=False):
+    fp = tfds_fingerprint(self.config, split)
+    if shared_vocab:
+      fp["src"], fp["tgt"] = sorted((fp["src"], fp["tgt"]))
+    return fp
+
+  def _raw_pairs(self, split):
+    src, tgt = self.config.source_lang, self.config.target_lang
+    # Pick sides by language name: TFDS supervised keys are ('de', 'en'), so the
+    # paper's EN->DE direction is the supervised pair swapped.
+    return _load_tfds(self.config, split).map(lambda ex: (ex[src], ex[tgt]))
+
+
+class SyntheticSource(Source):
+  """tensor2tensor's algorithmic tasks (copy, reverse): ids, no text, no vocabulary."""
+
+  kind = "synthetic"
+  is_text = False
+
+  @property
+  def vocab_size(self) -> int:
+    """Reserved ids plus the task's symbols."""
+    return synthetic_vocab_size(self.config)
+
+  def has_split(self, split):
+    return True
+
+  def examples(self, split: str) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return synthetic_examples(self.config, split)
+
+  def fingerprint(self, split, with_mtime=True, shared_vocab=False):
+    raise ValueError("source='synthetic' has no text to fingerprint")
+
+  def _raw_pairs(self, split):
+    raise ValueError("source='synthetic' has no text; use one of 'files', 'tfds', "
+                     "'parsing'")
+
+
+_KINDS = {cls.kind: cls for cls in (FileSource, TreebankSource, TfdsSource,
+                                    SyntheticSource)}
+SOURCES = tuple(_KINDS)
+
+
+def data_source(config: DataConfig) -> Source:
+  """The Source object of `config.source`.
+
+  Raises:
+    DataError: an unknown kind, naming the ones there are.
+  """
+  if config.source not in _KINDS:
+    raise DataError(
+        f"source={config.source!r} is not supported by t2t_keras.data (one of "
+        f"{SOURCES}); convert the data to line-aligned files and use 'files'.")
+  return _KINDS[config.source](config)
+
+
+def text_pairs(config: DataConfig, split: str) -> Optional[tf.data.Dataset]:
+  """`data_source(config).text_pairs(split)`."""
+  return data_source(config).text_pairs(split)
+
+
+def python_text_pairs(config: DataConfig, split: str = "train"
+                      ) -> Iterator[Tuple[str, str]]:
+  """`data_source(config).python_pairs(split)`."""
+  return data_source(config).python_pairs(split)

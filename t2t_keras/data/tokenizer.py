@@ -263,8 +263,8 @@ def vocab_path(config: DataConfig) -> str:
                             "--vocab_file) to store the vocabulary.")
   prefix = f"vocab.{config.vocab_type}{config.vocab_size}."
   try:
-    fingerprint = cache.source_fingerprint(config, "train", with_mtime=False,
-                                           shared_vocab=True)
+    fingerprint = sources.data_source(config).fingerprint("train", with_mtime=False,
+                                                          shared_vocab=True)
   except sources.DataError:
     found = sorted(tf.io.gfile.glob(os.path.join(config.data_dir, prefix + "*.model")))
     if len(found) == 1:
@@ -296,14 +296,15 @@ def build_vocab(config: DataConfig,
   if config.vocab_type not in VOCAB_TYPES:
     raise ValueError(f"vocab_type={config.vocab_type!r} must be one of {VOCAB_TYPES} "
                      "(unigram is the word-piece-like choice)")
+  source = sources.data_source(config)
   if pairs is None:
-    if config.source == "files":
+    if source.scanned_before_reading:
       cache.validated_files(config, "train")  # Clear errors before reading.
-    pairs = lambda: sources.python_text_pairs(config, "train")  # noqa: E731
+    pairs = lambda: source.python_pairs("train")  # noqa: E731
   sample = sample_sentences(pairs(), config.vocab_sample_sentences, config.seed)
   return train_sentencepiece(sample, path, config.vocab_size, config.vocab_type,
                              verbose=verbose,
-                             split_by_unicode_script=config.source != "parsing")
+                             split_by_unicode_script=source.split_by_unicode_script)
 
 
 def load_or_build_tokenizer(config: DataConfig, **build_kwargs):
@@ -317,8 +318,9 @@ def load_or_build_tokenizer(config: DataConfig, **build_kwargs):
   Returns:
     A tf.Module with tokenize(strings), detokenize(ids) and vocab_size.
   """
-  if config.source == "synthetic":
-    return IntegerTokenizer(sources.synthetic_vocab_size(config))
+  source = sources.data_source(config)
+  if not source.is_text:
+    return IntegerTokenizer(source.vocab_size)
   return load_tokenizer(build_vocab(config, **build_kwargs))
 
 
