@@ -111,7 +111,8 @@ def run() -> None:
 
   from t2t_keras import modeldir, translate
   from t2t_keras.parsing.constraint import TreeConstraint
-  from t2t_keras.data.sources import DataError, read_text_lines
+  from t2t_keras.data.textfiles import read_text_lines
+  from t2t_keras.errors import DataError
 
   tf.get_logger().setLevel("WARNING")
   decode_config = config_from_flags()

@@ -38,7 +38,8 @@ def run() -> None:
   import tensorflow as tf
 
   from t2t_keras import modeldir, scoring
-  from t2t_keras.data.sources import DataError, read_text_lines
+  from t2t_keras.data.textfiles import read_text_lines
+  from t2t_keras.errors import DataError
 
   tf.get_logger().setLevel("WARNING")
   model_dirs = t2t_flags.model_dirs()

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from t2t_keras import NUM_RESERVED_IDS
 from t2t_keras.configs import DataConfig
-from t2t_keras.data import pipeline, sources
+from t2t_keras.data import pipeline, sources, textfiles
 from t2t_keras.data.sources import DataError
 
 
@@ -28,15 +28,15 @@ def _files_config(tmp_path, src: bytes, tgt: bytes, **kwargs):
     (b"", 0), (b"a\n", 1), (b"a\nb", 2), (b"a\r\nb\n\nc\n", 4), (b"\n\n", 2)])
 def test_scan_counts_lines_like_text_line_dataset(tmp_path, data, lines):
   path = _write(tmp_path / "f.txt", data)
-  assert sources.scan_text_file(path).num_lines == lines
+  assert textfiles.scan_text_file(path).num_lines == lines
   assert len(list(tf.data.TextLineDataset(path))) == lines
 
 
 def test_scan_counts_lines_across_chunks(tmp_path, monkeypatch):
-  monkeypatch.setattr(sources, "_CHUNK_BYTES", 7)
+  monkeypatch.setattr(textfiles, "_CHUNK_BYTES", 7)
   path = _write(tmp_path / "f.txt", "".join(f"line {i} ü\n" for i in range(50)).encode()
                 + b"last")
-  assert sources.scan_text_file(path).num_lines == 51
+  assert textfiles.scan_text_file(path).num_lines == 51
 
 
 def test_misaligned_files_name_both_files_and_counts(tmp_path):
@@ -49,7 +49,7 @@ def test_misaligned_files_name_both_files_and_counts(tmp_path):
 
 
 def test_invalid_utf8_names_file_and_line(tmp_path, monkeypatch):
-  monkeypatch.setattr(sources, "_CHUNK_BYTES", 5)  # The bad line is in a later chunk.
+  monkeypatch.setattr(textfiles, "_CHUNK_BYTES", 5)  # The bad line is in a later chunk.
   config = _files_config(tmp_path, b"good one\nfine\nbad \xff\xfe here\nok\n",
                          b"gut\ngut\ngut\ngut\n")
   with pytest.raises(DataError, match=rf"{config.train_src}:3: invalid UTF-8.*"
@@ -60,7 +60,7 @@ def test_invalid_utf8_names_file_and_line(tmp_path, monkeypatch):
 def test_invalid_utf8_skipped_and_counted_when_asked(tmp_path):
   config = _files_config(tmp_path, b"a b\nc \xff d\ne f\n", b"A B\nC D\nE \xc3(\n",
                          skip_invalid_utf8=True, source_lang="en")
-  scan = sources.scan_text_file(config.train_src, skip_invalid_utf8=True)
+  scan = textfiles.scan_text_file(config.train_src, skip_invalid_utf8=True)
   assert scan.invalid_lines == (2,)
   pairs = list(sources.text_pairs(config, "train").as_numpy_iterator())
   assert pairs == [(b"a b", b"A B")]

@@ -35,7 +35,7 @@ import tensorflow as tf
 from absl import logging
 
 from t2t_keras.configs import DataConfig
-from t2t_keras.data import sources
+from t2t_keras.data import sources, textfiles
 
 CACHE_VERSION = 3  # 3: flat id arrays with random access (2: tf.data shards)
 VALIDATION_VERSION = 1  # the stored result of validating raw files (unchanged since)
@@ -72,7 +72,7 @@ def validated_files(config: DataConfig, split: str) -> Optional[dict]:
     with tf.io.gfile.GFile(path) as f:
       return json.load(f)
   start = time.time()
-  src, tgt = sources.validate_parallel_files(*paths, config.skip_invalid_utf8)
+  src, tgt = textfiles.validate_parallel_files(*paths, config.skip_invalid_utf8)
   invalid = sorted(set(src.invalid_lines) | set(tgt.invalid_lines))
   for scan in (src, tgt):
     if scan.invalid_lines:
