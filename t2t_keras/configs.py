@@ -1,6 +1,6 @@
 """Frozen dataclasses that carry every setting from the entry points to the library.
 
-Only entry points read absl FLAGS; they build these objects once (see flags.py) and
+Only entry points read the absl flags; they build these objects once (see flags.py) and
 pass them down, so library code, tests and notebooks can construct them directly.
 Names follow tensor2tensor / Model Garden where those exist (hidden_size, filter_size,
 num_heads, num_hidden_layers, attention_dropout, relu_dropout, label_smoothing, ...).
