@@ -155,6 +155,11 @@ class DataConfig:
   dev_src: Optional[str] = setting(
       None, "Dev source file (evaluation during training; parsing: a .mrg file).")
   dev_tgt: Optional[str] = setting(None, "Dev target file.")
+  parsing_linearization: str = setting(
+      "tags", "--data_source=parsing: the target tree's leaves. tags: POS tags only "
+      "(Vinyals et al.); words: each tag followed by its word, copied from the input "
+      "(the decoder sees where it is; t2t_keras/parsing/trees.py).",
+      choices=("tags", "words"))
   tfds_name: str = setting("wmt14_translate/de-en", "tensorflow-datasets name.")
   tfds_data_dir: Optional[str] = setting(None, "tensorflow-datasets data directory.")
   source_lang: str = setting("en", "Source language (TFDS direction).")

@@ -48,10 +48,6 @@ t2t_flags.define_all()
 flags.DEFINE_string("input_file", None, "Source sentences, one per line (default stdin).")
 flags.DEFINE_string("output_file", None, "Where translations go (default stdout).")
 flags.DEFINE_string("reference_file", None, "Reference translations: print BLEU and chrF.")
-flags.DEFINE_bool("constrain_trees", False,
-                  "Parsing models: let beam search write only linearized trees over "
-                  "exactly the input's words (one POS tag per word, balanced brackets, "
-                  "no empty constituents), instead of repairing outputs afterwards.")
 t2t_flags.define_settings(DecodeConfig, ("sampling_topk", "sampling_topp",
                                          "sampling_temperature", "num_samples"))
 flags.DEFINE_string("output_alignments", None,
@@ -146,7 +142,8 @@ def run() -> None:
   constraint = None
   if FLAGS.constrain_trees:
     try:
-      constraint = TreeConstraint.from_tokenizer(tokenizer)
+      constraint = TreeConstraint.from_tokenizer(
+          tokenizer, loaded[0].data_config.parsing_linearization)
     except ValueError as error:
       raise DataError(f"--constrain_trees with --model_dir={FLAGS.model_dir}: "
                       f"{error}") from None

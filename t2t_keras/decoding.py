@@ -79,8 +79,17 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
     inputs = beam_search_lib.tile_beams(inputs, samples)
   k = 1 if config.sampling else config.beam_size
   batch = tf.shape(inputs)[0]
+  # A tree that copies its words (parsing, "words") writes a tag per word besides the
+  # input's pieces: the extra length counts beyond both, so "input + 300" leaves the
+  # same room for brackets as with tags alone.
+  # (The buffers get one more position per source piece, a bound known from the
+  # shape alone, as XLA needs.)
+  copied = tf.zeros([batch], tf.int32)
   if decode_length is None:
     decode_length = tf.shape(inputs)[1] + config.extra_decode_length
+  if tree_constraint is not None and tree_constraint.linearization == "words":
+    copied = tree_constraint.count_words(inputs)
+    decode_length += tf.shape(inputs)[1]
   encoded, memory_mask = model.encode(inputs, training=False)
   cross_key_values = model.cross_key_values(encoded)
   if k > 1:
@@ -88,7 +97,7 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
         lambda t: beam_search_lib.tile_beams(t, k), cross_key_values)
     memory_mask = beam_search_lib.tile_beams(memory_mask, k)
   source_lengths = tf.reduce_sum(tf.cast(tf.not_equal(inputs, PAD_ID), tf.int32), axis=1)
-  limits = source_lengths + config.extra_decode_length
+  limits = source_lengths + config.extra_decode_length + copied
   start = tf.fill([batch], BOS_ID)
 
   def plain_step(ids, index, cache):
@@ -100,9 +109,10 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
   def finish(step, state):
     """The step with its constraints (tree, then the length limit) and its state."""
     if tree_constraint is not None:
-      words = per_row(tree_constraint.count_words(inputs))
-      step = tree_constraint.wrap(step, words, per_row(limits))
-      state = (state, tf.zeros([batch * k, 2], tf.int32))
+      rows = per_row(inputs)
+      step = tree_constraint.wrap(step, tree_constraint.count_words(rows), per_row(limits),
+                                  inputs=rows)
+      state = (state, tf.zeros([batch * k, tree_constraint.state_size], tf.int32))
     if config.min_decode_length > 0:
       step = no_eos_before(step, config.min_decode_length)
     return force_eos_at(step, per_row(limits)), state
@@ -146,8 +156,9 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
 
     def reorder(state, parents):  # pylint: disable=function-redefined
       inner, counts = state
-      counts = tf.reshape(tf.gather(tf.reshape(counts, [batch, k, 2]), parents,
-                                    batch_dims=1), [batch * k, 2])
+      width = tree_constraint.state_size
+      counts = tf.reshape(tf.gather(tf.reshape(counts, [batch, k, width]), parents,
+                                    batch_dims=1), [batch * k, width])
       return inner_reorder(inner, parents), counts
   return beam_search_lib.beam_search(step, start, state, k, decode_length,
                                      alpha=config.alpha, reorder_state=reorder)

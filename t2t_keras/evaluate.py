@@ -51,6 +51,10 @@ flags.DEFINE_string("sources", None,
                     "Parsing only: the decoded sentences, one per line (words separated "
                     "by spaces), line-aligned with --hypotheses; default: the words of "
                     "the --references trees.")
+flags.DEFINE_enum("linearization", "auto", ["auto", "tags", "words"],
+                  "--task=parsing: how the hypotheses are linearized (the model's "
+                  "--parsing_linearization); auto: words when every other leaf token is "
+                  "not a POS tag.")
 flags.DEFINE_string("output_trees", None,
                     "Parsing only: also write the rebuilt (and repaired) hypothesis trees "
                     "here, one Penn Treebank bracketing per line, e.g. for evalb.")
@@ -167,7 +171,8 @@ def _evaluate_parsing():
                      f"{len(FLAGS.references)}.")
   hypotheses, references, words = read_parsing_inputs(
       FLAGS.hypotheses, FLAGS.references[0], FLAGS.sources)
-  report = evalb.score_linearized(hypotheses, references, words)
+  report = evalb.score_linearized(hypotheses, references, words,
+                                  linearization=FLAGS.linearization)
   print(evalb.format_report(report))
   if FLAGS.output_trees:
     with open(FLAGS.output_trees, "w", encoding="utf-8") as f:

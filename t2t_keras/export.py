@@ -64,6 +64,11 @@ def main(argv):
           "float32 weights); add --format=ctranslate2 or drop --quantization",
           file=sys.stderr)
     sys.exit(2)
+  if (FLAGS.constrain_trees and ctranslate2
+      and "constrain_trees" in t2t_flags.command_line_flags(sys.argv)):
+    print("error: --constrain_trees is for --format=saved_model (a CTranslate2 model "
+          "cannot carry the tree constraint); drop one of them", file=sys.stderr)
+    sys.exit(2)
   from t2t_keras import modeldir  # pylint: disable=import-outside-toplevel
   export_dir = FLAGS.export_dir or modeldir.default_export_dir(FLAGS.model_dir, ctranslate2)
   errors.exit_on_user_error(lambda: run(export_dir, ctranslate2), (FileExistsError,))
@@ -78,7 +83,7 @@ def run(export_dir: str, ctranslate2: bool) -> None:
   tf.get_logger().setLevel("ERROR")
   for warning in t2t_flags.check_inference_flags(
       sys.argv, modeldir.load_model_config(FLAGS.model_dir), "export",
-      reads=("export_dir", "format", "quantization"),
+      reads=("export_dir", "format", "quantization", "constrain_trees"),
       requested_vocab_size=modeldir.data_config_of(FLAGS.model_dir).vocab_size):
     logging.warning(warning)
   if ctranslate2:
@@ -90,7 +95,7 @@ def run(export_dir: str, ctranslate2: bool) -> None:
   path = serving.export_model_dir(FLAGS.model_dir, export_dir, t2t_flags.decode_config(),
                                   FLAGS.max_input_length,
                                   *t2t_flags.checkpoint_choice(sys.argv),
-                                  FLAGS.export_version)
+                                  FLAGS.export_version, FLAGS.constrain_trees)
   print(f"exported {path}\n  python tools/saved_model_cli.py show --dir {path} --all\n"
         f"  tensorflow_model_server --rest_api_port=8501 --model_name=transformer "
         f"--model_base_path={os.path.abspath(export_dir)}")

@@ -199,6 +199,12 @@ def define_decode_flags(f):
                    "section 6.1: 5 for base, 20 for big); 0 or 1 = the latest only.")
   f.DEFINE_string("decode_dtype", None,
                   "Override the model's dtype for decoding (e.g. float32).")
+  f.DEFINE_bool("constrain_trees", False,
+                "Parsing models (decode and export): let beam search write only "
+                "linearized trees over exactly the input's words (one POS tag per word, "
+                "with --parsing_linearization=words each followed by its word copied, "
+                "balanced brackets, no empty constituents), instead of repairing "
+                "outputs afterwards.")
   f.register_validator("average_last_n", lambda v: v >= 0,
                        message="--average_last_n must be >= 0.")
   f.register_validator("max_input_length", lambda v: v >= 2,
@@ -260,11 +266,11 @@ _MODEL_FLAGS = tuple(flag_name(field) for field in dataclasses.fields(ModelConfi
 _DECODE_FLAGS = tuple(flag_name(field) for field in dataclasses.fields(DecodeConfig)
                       if field.name in _SHARED_DECODE_FIELDS) + (
                           "max_input_length", "checkpoint_path", "average_last_n",
-                          "decode_dtype")
+                          "decode_dtype", "constrain_trees")
 # Data flags each --data_source reads (the others are ignored by it).
 _SOURCE_FLAGS = {
     "files": ("train_src", "train_tgt", "dev_src", "dev_tgt"),
-    "parsing": ("train_src", "dev_src"),
+    "parsing": ("train_src", "dev_src", "parsing_linearization"),
     "tfds": ("tfds_name", "tfds_data_dir", "source_lang", "target_lang"),
     "synthetic": ("synthetic_task", "synthetic_min_length", "synthetic_max_length",
                   "synthetic_vocab_size", "synthetic_train_size", "synthetic_eval_size"),

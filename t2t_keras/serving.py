@@ -15,6 +15,10 @@ Signatures:
     ends at its first EOS: whatever follows is ignored, so TF Serving's batching may
     pad rows with any value (it pads with the tensor's first element).
 
+Parsing models exported with `--constrain_trees` carry the tree constraint
+(`parsing.constraint.TreeConstraint`) in both signatures: every output is a valid
+linearized tree over the request's words.
+
 Odd requests: invalid UTF-8 bytes become U+FFFD; an empty string translates to
 whatever the model emits for an empty source; sources longer than
 `max_input_length` subwords are truncated to it (EOS included), which bounds the
@@ -38,7 +42,7 @@ class Translator(tf.Module):
   """The exported module: model weights, tokenizer and decoding functions."""
 
   def __init__(self, model, tokenizer, config: DecodeConfig, max_input_length: int,
-               vocab_file: Optional[str] = None):
+               vocab_file: Optional[str] = None, tree_constraint=None):
     super().__init__(name="translator")
     self.model = model
     # The tf.Variables under the Keras variables, tracked directly: TF Serving and
@@ -47,6 +51,7 @@ class Translator(tf.Module):
     self.model_variables = [getattr(v, "value", v) for v in model.weights]
     self.tokenizer = tokenizer
     self.config = config
+    self.tree_constraint = tree_constraint  # parsing: only valid trees (or None)
     self.max_input_length = int(max_input_length)
     if vocab_file:
       self.vocab = tf.saved_model.Asset(vocab_file)
@@ -86,7 +91,8 @@ class Translator(tf.Module):
 
   def _decode(self, ids):
     ids = ids[:, :self.max_input_length]
-    return decoding.decode_ids(self.model, ids, self.config)
+    return decoding.decode_ids(self.model, ids, self.config,
+                               tree_constraint=self.tree_constraint)
 
   def _translate_ids(self, input_ids):
     batch = tf.shape(input_ids)[0]
@@ -134,12 +140,28 @@ def export(translator: Translator, export_dir: str, version: Optional[int] = Non
 
 
 def export_model_dir(model_dir: str, export_dir: str, decode_config, max_input_length: int,
-                     checkpoint_path=None, average_last_n: int = 0, version: int = 0) -> str:
-  """Loads model_dir and exports it; returns the versioned export path."""
-  from t2t_keras import modeldir  # pylint: disable=import-outside-toplevel
+                     checkpoint_path=None, average_last_n: int = 0, version: int = 0,
+                     constrain_trees: bool = False) -> str:
+  """Loads model_dir and exports it; returns the versioned export path.
+
+  `constrain_trees`: a parsing model's export writes only valid trees (ExportError
+  for a model that is not a parsing model).
+  """
+  # pylint: disable=import-outside-toplevel
+  from t2t_keras import modeldir
+  from t2t_keras.errors import ExportError
   loaded = modeldir.load(model_dir, checkpoint_path, average_last_n)
+  constraint = None
+  if constrain_trees:
+    from t2t_keras.parsing.constraint import TreeConstraint
+    try:
+      constraint = TreeConstraint.from_tokenizer(
+          loaded.tokenizer, loaded.data_config.parsing_linearization)
+    except ValueError as error:
+      raise ExportError(f"--constrain_trees with --model_dir={model_dir}: {error}") from None
   vocab = modeldir.vocab_path(model_dir)
   translator = Translator(
       loaded.model, loaded.tokenizer, decode_config, max_input_length,
-      vocab_file=vocab if getattr(loaded.tokenizer, "model_proto", None) else None)
+      vocab_file=vocab if getattr(loaded.tokenizer, "model_proto", None) else None,
+      tree_constraint=constraint)
   return export(translator, export_dir, version or None)

@@ -225,6 +225,70 @@ def test_tree_constrained_decoding_writes_valid_trees_in_every_layout(model, bea
     np.testing.assert_allclose(xla_scores.numpy(), scores.numpy(), rtol=1e-4, atol=1e-5)
 
 
+def check_word_tree(out, source, constraint):
+  """`out` is a "words" tree: each tag followed by exactly its word's source pieces."""
+  kinds, starts = constraint.kinds.numpy(), constraint.starts_word.numpy()
+  source = [p for p in source if p not in (PAD_ID, EOS_ID)]
+  first = next((n for n, p in enumerate(source) if starts[p]), len(source))
+  words, word = [], None
+  for piece in source[first:]:
+    if starts[piece]:
+      word = [piece]
+      words.append(word)
+    else:
+      word.append(piece)
+  out = list(out)
+  body = out[:out.index(EOS_ID)]
+  tags, copied, n = [], [], 0
+  while n < len(body):
+    tags.append(body[n])
+    if kinds[body[n]] == constraint.LEAF:
+      word = words[len(copied)]
+      assert body[n + 1:n + 1 + len(word)] == word, (body, words)
+      copied.append(word)
+      n += len(word)
+    n += 1
+  assert len(copied) == len(words)
+  check_tree(tags + [EOS_ID], len(words), constraint)
+
+
+@pytest.mark.parametrize("beam,extra", [(1, 3), (3, 3), (3, 20)])
+def test_word_copying_constraint_copies_every_word_once_in_every_layout(model, beam, extra,
+                                                                        monkeypatch):
+  # The "words" linearization: after each tag the search may only write the next
+  # word's source pieces. An untrained model must still write a valid tree that copies
+  # the sentence exactly, at the tightest length (every piece is owed), with leading
+  # orphan pieces, and the in-place XLA layout must agree with the reordered one.
+  monkeypatch.setattr(decoding, "MAX_SLOTTED_BEAM", 4)
+  constraint = TreeConstraint(TREE_PIECES, "words")
+  rng = np.random.default_rng(8)
+  inputs = sources(rng, [6, 3, 9, 12, 2])
+  inputs[0, 0] = 22  # a leading piece that starts no word
+  inputs[1, 0] = 12
+  inputs[4, 0] = 25  # no words at all: EOS at once
+  words = constraint.count_words(inputs).numpy()
+  assert words[4] == 0 and words.max() > 3
+  # extra 3: the words-mode decode length limit is pieces + words + 2 x brackets; give
+  # the decoder what it needs beyond the source length.
+  config = DecodeConfig(beam_size=beam, alpha=0.6,
+                        extra_decode_length=int(words.max()) + extra)
+  ids, scores = decoding.decode_ids(model, inputs, config, tree_constraint=constraint)
+  ids = ids.numpy().reshape(len(inputs), beam, -1)
+  live = scores.numpy() > bs.NEG_INF / 1e3
+  assert np.all(live[:, 0])
+  for b in range(len(inputs)):
+    for k in range(beam):
+      if live[b, k]:
+        check_word_tree(ids[b, k], inputs[b], constraint)
+  if beam > 1:
+    compiled = tf.function(lambda x: decoding.decode_ids(
+        model, x, config, in_place_cache=True, tree_constraint=constraint),
+                           jit_compile=True)
+    xla_ids, xla_scores = compiled(tf.constant(inputs))
+    np.testing.assert_array_equal(xla_ids.numpy(), ids)
+    np.testing.assert_allclose(xla_scores.numpy(), scores.numpy(), rtol=1e-4, atol=1e-5)
+
+
 def test_tree_constraint_needs_a_parsing_vocabulary():
   with pytest.raises(ValueError, match="open, close, leaf.*data_source=parsing"):
     TreeConstraint(["<pad>", "</s>", "<unk>", "<s>", "\u2581the", "\u2581cat"])

@@ -14,7 +14,7 @@ from t2t_keras.parsing import evalb
 from t2t_keras.configs import DataConfig
 from t2t_keras.data import DataError, make_datasets
 from t2t_keras.parsing import Tree, TreeError
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, SessionModel
 
 SPLITS = ("train", "dev", "test")
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
@@ -55,6 +55,12 @@ def test_round_trip_on_every_sample_tree(ptb):
       rebuilt = parsing.rebuild(target, words)
       assert rebuilt.tree == cleaned, f"{path}:{line}"
       assert not rebuilt.repaired, (f"{path}:{line}", rebuilt.problems)
+      # The "words" linearization round-trips too (words such as "." or "$" that
+      # spell a tag are read as the word of the tag before them).
+      source_w, target_w = parsing.example(cleaned, "words")
+      assert source_w == source
+      copied = parsing.rebuild(target_w, words, "words")
+      assert copied.tree == cleaned and not copied.repaired, f"{path}:{line}"
       # Cleaning kept every real word, in order, and left no empty element or tag.
       assert words == [w for w, t in zip(raw.words(), raw.tags()) if t != "-NONE-"]
       assert len(target.split()) == len(words) + 2 * (len(re.findall(r"\(", target)))
@@ -108,6 +114,24 @@ def test_linearize_example():
                                "(NP (NNP Elianti))) (. .)) )"))
   assert parsing.example(cleaned) == (
       "Ms. Haag plays Elianti .", "(S (NP NNP NNP ) (VP VBZ (NP NNP ) ) . )")
+
+
+def test_words_linearization_writes_each_word_after_its_tag():
+  cleaned = parsing.clean(tree("( (S (NP-SBJ (NNP Ms.) (NNP Haag)) (VP (VBZ plays) "
+                               "(NP (NNP Elianti))) (. .)) )"))
+  target = "(S (NP NNP Ms. NNP Haag ) (VP VBZ plays (NP NNP Elianti ) ) . . )"
+  assert parsing.example(cleaned, "words") == ("Ms. Haag plays Elianti .", target)
+  assert parsing.detect_linearization([target]) == "words"
+  assert parsing.detect_linearization([GOLD]) == "tags"
+  # A word written wrong does not matter (the input's words are attached); a leaf
+  # left out is repaired as in "tags" (the missing word appended to the root).
+  assert not parsing.rebuild(target.replace("plays", "PLAYS"), WORDS, "words").repaired
+  assert not parsing.rebuild(target.replace(" Haag", ""), WORDS, "words").repaired
+  short = parsing.rebuild(target.replace(" NNP Haag", ""), WORDS, "words")
+  assert short.tree.words() == WORDS and short.problems == (
+      "appended 1 missing word(s) to the root",)
+  with pytest.raises(ValueError, match="linearization 'xml'"):
+    parsing.linearize(cleaned, "xml")
 
 
 # -------------------------------------------------------------------------- repair
@@ -169,11 +193,13 @@ def test_random_outputs_always_become_valid_trees_of_the_words():
     words = [f"w{i}" for i in range(rng.randint(1, 8))]
     output = rng.choice(["", " "]).join(rng.choice(pieces)
                                         for _ in range(rng.randint(0, 25)))
-    rebuilt = parsing.rebuild(output, words)
-    assert rebuilt.tree.words() == words, output
-    assert tree(str(rebuilt.tree)) == rebuilt.tree, output
-    again = parsing.rebuild(parsing.linearize(rebuilt.tree), words)
-    assert again.tree == rebuilt.tree and not again.repaired, output
+    for linearization in parsing.LINEARIZATIONS:
+      rebuilt = parsing.rebuild(output, words, linearization)
+      assert rebuilt.tree.words() == words, output
+      assert tree(str(rebuilt.tree)) == rebuilt.tree, output
+      again = parsing.rebuild(parsing.linearize(rebuilt.tree, linearization), words,
+                              linearization)
+      assert again.tree == rebuilt.tree and not again.repaired, output
 
 
 # ---------------------------------------------------------------------------- EVALB
@@ -459,8 +485,9 @@ def test_parsing_source_builds_datasets(ptb, tmp_path):
 
 
 def test_parsing_recipe_trains_decodes_and_scores(ptb, tmp_path):
-  """A few steps of flags/parsing_ptb_sample.cfg, shrunk to a tiny model, through the
-  train, decode and evaluate entry points."""
+  """A few steps of flags/parsing_ptb_sample.cfg (the "words" linearization, decoding
+  constrained to trees), shrunk to a tiny model, through the train, decode, evaluate
+  and export entry points; the export loaded as TF Serving loads it."""
   model_dir = tmp_path / "model"
   tiny = ["--hidden_size=16", "--filter_size=32", "--num_heads=2",
           "--num_hidden_layers=1", "--vocab_size=400", "--train_steps=3", "--log_every=1",
@@ -481,7 +508,8 @@ def test_parsing_recipe_trains_decodes_and_scores(ptb, tmp_path):
   decoded = subprocess.run(
       [sys.executable, "-m", "t2t_keras.decode", "--flagfile=flags/parsing_ptb_sample.cfg",
        f"--model_dir={model_dir}", f"--input_file={sources}", f"--output_file={hyps}",
-       "--beam_size=2", "--extra_decode_length=5"], cwd=REPO_ROOT, capture_output=True,
+       "--beam_size=2", "--extra_decode_length=5", "--noconstrain_trees"], cwd=REPO_ROOT,
+      capture_output=True,
       text=True, env=ENV, timeout=600, check=False)
   assert decoded.returncode == 0, decoded.stderr[-3000:]
   assert len(hyps.read_text().splitlines()) == 3
@@ -493,16 +521,53 @@ def test_parsing_recipe_trains_decodes_and_scores(ptb, tmp_path):
   repaired = int(re.search(r"repaired: (\d+) of 3", scored.stdout).group(1))
   assert 0 <= repaired <= 3  # an untrained model's output, repaired where needed
 
-  # The same untrained model, decoding constrained to trees: nothing left to repair.
+  # The same untrained model, decoding constrained to trees as the recipe says (even
+  # at a tight length): nothing left to repair, each tag followed by its word.
   decoded = subprocess.run(
       [sys.executable, "-m", "t2t_keras.decode", "--flagfile=flags/parsing_ptb_sample.cfg",
        f"--model_dir={model_dir}", f"--input_file={sources}", f"--output_file={hyps}",
-       "--beam_size=2", "--extra_decode_length=5", "--constrain_trees"], cwd=REPO_ROOT,
+       "--beam_size=2", "--extra_decode_length=5"], cwd=REPO_ROOT,
       capture_output=True, text=True, env=ENV, timeout=600, check=False)
   assert decoded.returncode == 0, decoded.stderr[-3000:]
   scored = evaluate(f"--hypotheses={hyps}", f"--references={gold}", f"--sources={sources}")
   assert scored.returncode == 0, scored.stderr[-2000:]
   assert "repaired: 0 of 3 hypotheses" in scored.stdout, scored.stdout
+  assert "outputs read as the 'words' linearization" in scored.stdout
+  decoded_trees = hyps.read_text().splitlines()
+  for (sentence, _), output in zip(pairs, decoded_trees):
+    assert_copies_words(output, sentence.split())
+
+  # The recipe's export carries the constraint: a served parser returns valid trees,
+  # the same as the decode CLI's (same beam, same length).
+  export_dir = tmp_path / "export"
+  exported = subprocess.run(
+      [sys.executable, "-m", "t2t_keras.export", "--flagfile=flags/parsing_ptb_sample.cfg",
+       f"--model_dir={model_dir}", f"--export_dir={export_dir}", "--export_version=1",
+       "--beam_size=2", "--extra_decode_length=5"], cwd=REPO_ROOT, capture_output=True,
+      text=True, env=ENV, timeout=600, check=False)
+  assert exported.returncode == 0, exported.stderr[-3000:]
+  served = SessionModel(str(export_dir / "1")).run(
+      inputs=[s for s, _ in pairs] + ["Dogs bark ."])
+  outputs = [o.decode() for o in served["outputs"]]
+  assert outputs[:3] == decoded_trees
+  for sentence, output in zip([s for s, _ in pairs] + ["Dogs bark ."], outputs):
+    assert_copies_words(output, sentence.split())
+    assert not parsing.rebuild(output, sentence.split(), "words").problems, output
+
+
+def assert_copies_words(output, words):
+  """A "words" output: a tree whose leaves are tags, each followed by its word."""
+  tokens = output.split()
+  copied = []
+  n = 0
+  while n < len(tokens):
+    token = tokens[n]
+    if token in parsing.PTB_TAGS:
+      copied.append(tokens[n + 1])
+      n += 2
+    else:
+      n += 1
+  assert copied == words, (output, words)
 
 
 def test_flagfiles_follow_the_paper_and_fit_the_sample():

@@ -5,7 +5,8 @@
 
 --sentences receives each cleaned tree's words (the input `python -m t2t_keras.decode`
 translates into trees), --linearized the targets as training sees them
-(`(S (NP NNP ) (VP VBZ ) . )`). Trees are cleaned as for training (t2t_keras.parsing):
+(`(S (NP NNP ) (VP VBZ ) . )`, or with --linearization=words
+`(S (NP NNP John ) (VP VBZ runs ) . . )`). Trees are cleaned as for training (t2t_keras.parsing):
 empty elements, function tags, indices and the empty root removed. Linearizing the
 output trees of another parser lets `python -m t2t_keras.evaluate --task=parsing`
 score them.
@@ -26,6 +27,9 @@ from t2t_keras import parsing  # noqa: E402
 flags.DEFINE_string("trees", None, "Bracketed trees (.mrg), one per line or spanning lines.")
 flags.DEFINE_string("sentences", None, "Where the words go, one sentence per line.")
 flags.DEFINE_string("linearized", None, "Where the linearized trees go, one per line.")
+flags.DEFINE_enum("linearization", "tags", ["tags", "words"],
+                  "--linearized's format (a model's --parsing_linearization): tags only, "
+                  "or each tag followed by its word.")
 flags.mark_flags_as_required(["trees"])
 FLAGS = flags.FLAGS
 
@@ -41,7 +45,8 @@ def main(argv):
       data = f.read()
   except OSError as error:
     sys.exit(f"error: --trees {FLAGS.trees} cannot be read: {error.strerror}.")
-  pairs = parsing.read_examples(parsing.decode_utf8(data, FLAGS.trees), FLAGS.trees)
+  pairs = parsing.read_examples(parsing.decode_utf8(data, FLAGS.trees), FLAGS.trees,
+                                FLAGS.linearization)
   for path, column in ((FLAGS.sentences, 0), (FLAGS.linearized, 1)):
     if path:
       with open(path, "w", encoding="utf-8") as f:

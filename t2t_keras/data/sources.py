@@ -59,7 +59,7 @@ def treebank_file(config: DataConfig, split: str) -> Optional[str]:
   return path or None
 
 
-def parsing_pairs(path: str) -> List[Tuple[str, str]]:
+def parsing_pairs(path: str, linearization: str = "tags") -> List[Tuple[str, str]]:
   """(sentence, linearized tree) of every tree of a treebank file, in file order.
 
   Raises:
@@ -70,7 +70,7 @@ def parsing_pairs(path: str) -> List[Tuple[str, str]]:
   with textfiles.open_binary(path) as f:
     data = f.read()
   try:
-    pairs = parsing.read_examples(parsing.decode_utf8(data, path), path)
+    pairs = parsing.read_examples(parsing.decode_utf8(data, path), path, linearization)
   except parsing.TreeError as error:
     raise DataError(f"{error} Fix the tree or remove it from the file.") from None
   if not pairs:
@@ -243,15 +243,19 @@ class TreebankSource(Source):
     path = treebank_file(self.config, split)
     if path is None:
       return None
-    # The linearization version: a new target format must not reuse old caches.
-    return {"treebank": textfiles.file_fingerprint(path, with_mtime),
-            "linearization": parsing.LINEARIZATION_VERSION}
+    # The linearization: a new target format must not reuse old caches ("tags" keeps
+    # the key it had before "words" existed).
+    fp = {"treebank": textfiles.file_fingerprint(path, with_mtime),
+          "linearization": parsing.LINEARIZATION_VERSION}
+    if self.config.parsing_linearization != "tags":
+      fp["linearization"] = f"{fp['linearization']}-{self.config.parsing_linearization}"
+    return fp
 
   def _raw_pairs(self, split):
     path = treebank_file(self.config, split)
     if path is None:
       return None
-    sentences, trees = zip(*parsing_pairs(path))
+    sentences, trees = zip(*parsing_pairs(path, self.config.parsing_linearization))
     return tf.data.Dataset.from_tensor_slices((list(sentences), list(trees)))
 
   def text_pairs(self, split):
@@ -262,7 +266,7 @@ class TreebankSource(Source):
     _check_split(split)
     path = treebank_file(self.config, split)
     if path is not None:
-      yield from parsing_pairs(path)
+      yield from parsing_pairs(path, self.config.parsing_linearization)
 
 
 class TfdsSource(Source):

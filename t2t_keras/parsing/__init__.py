@@ -13,12 +13,13 @@ The data source for treebanks is `t2t_keras.data.sources` (--data_source=parsing
 """
 
 from t2t_keras.errors import TreeError
-from t2t_keras.parsing.trees import (LINEARIZATION_VERSION, NONE_TAG, PLACEHOLDER_TAG,
-                                     PTB_TAGS, ROOT_LABELS, TOP, Rebuilt, Tree, clean,
-                                     decode_utf8, example, linearize, parse_trees,
-                                     read_examples, rebuild, strip_label, token_kind)
+from t2t_keras.parsing.trees import (LINEARIZATION_VERSION, LINEARIZATIONS, NONE_TAG,
+                                     PLACEHOLDER_TAG, PTB_TAGS, ROOT_LABELS, TOP, Rebuilt,
+                                     Tree, clean, decode_utf8, detect_linearization,
+                                     example, linearize, parse_trees, read_examples,
+                                     rebuild, strip_label, token_kind)
 
-__all__ = ["LINEARIZATION_VERSION", "NONE_TAG", "PLACEHOLDER_TAG", "PTB_TAGS",
-           "ROOT_LABELS", "TOP", "Rebuilt", "Tree", "TreeError", "clean", "decode_utf8",
-           "example", "linearize", "parse_trees", "read_examples", "rebuild", "strip_label",
-           "token_kind"]
+__all__ = ["LINEARIZATION_VERSION", "LINEARIZATIONS", "NONE_TAG", "PLACEHOLDER_TAG",
+           "PTB_TAGS", "ROOT_LABELS", "TOP", "Rebuilt", "Tree", "TreeError", "clean",
+           "decode_utf8", "detect_linearization", "example", "linearize", "parse_trees",
+           "read_examples", "rebuild", "strip_label", "token_kind"]

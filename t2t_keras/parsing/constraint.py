@@ -9,7 +9,7 @@ that `t2t_keras.decoding.decode_ids` passes to beam search.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -37,6 +37,11 @@ class TreeConstraint:
   Every state then has an allowed continuation and every output is a valid tree for
   its words. Scores are renormalized over the allowed tokens.
 
+  With the "words" linearization (`trees.linearize`), each leaf is followed by its
+  word: after a tag, the search may only write the source's pieces of the next word,
+  in order (a copy, whatever their kinds), and the pieces still to copy count among
+  the tokens owed before the length limit. No word can then be skipped or repeated.
+
   Words are counted as the source pieces that start a word (SentencePiece's "▁"), so
   the constraint needs the tokenizer's vocabulary and whole-token tree pieces (the
   parsing vocabulary: t2t_keras.data.tokenizer). Leaves are the Penn Treebank's 45 POS
@@ -45,8 +50,12 @@ class TreeConstraint:
 
   OTHER, OPEN, CLOSE, LEAF, END = range(5)
 
-  def __init__(self, pieces: Sequence[str]):
-    """`pieces`: the vocabulary's piece of every id."""
+  def __init__(self, pieces: Sequence[str], linearization: str = "tags"):
+    """`pieces`: the vocabulary's piece of every id; `linearization`: the model's
+    (DataConfig.parsing_linearization)."""
+    if linearization not in ("tags", "words"):
+      raise ValueError(f"linearization {linearization!r}: use 'tags' or 'words'")
+    self.linearization = linearization
     kinds = np.full(len(pieces), self.OTHER, np.int32)
     starts_word = np.zeros(len(pieces), np.int32)
     codes = {"open": self.OPEN, "close": self.CLOSE, "leaf": self.LEAF}
@@ -66,8 +75,13 @@ class TreeConstraint:
     self.kinds = tf.constant(kinds)
     self.starts_word = tf.constant(starts_word)
 
+  @property
+  def state_size(self) -> int:
+    """Columns of the constraint's per-hypothesis state (int32 counters)."""
+    return 4 if self.linearization == "words" else 2
+
   @classmethod
-  def from_tokenizer(cls, tokenizer) -> "TreeConstraint":
+  def from_tokenizer(cls, tokenizer, linearization: str = "tags") -> "TreeConstraint":
     """From a `SentencePieceTokenizer` (the model directory's vocabulary)."""
     import sentencepiece as spm  # pylint: disable=import-outside-toplevel
     model_proto = getattr(tokenizer, "model_proto", None)
@@ -75,42 +89,80 @@ class TreeConstraint:
       raise ValueError("Tree-constrained decoding needs a SentencePiece vocabulary "
                        "(a parsing model); this model has none.")
     processor = spm.SentencePieceProcessor(model_proto=model_proto)
-    return cls([processor.id_to_piece(i) for i in range(processor.get_piece_size())])
+    return cls([processor.id_to_piece(i) for i in range(processor.get_piece_size())],
+               linearization)
 
   def count_words(self, inputs: tf.Tensor) -> tf.Tensor:
     """(B, S) source ids -> (B,) number of words."""
     return tf.reduce_sum(tf.gather(self.starts_word, tf.cast(inputs, tf.int32)), axis=1)
 
-  def wrap(self, symbols_to_logits, words: tf.Tensor, limits: tf.Tensor):
-    """The decoder step with the constraint; its state is (state, counts (R, 2)).
+  def wrap(self, symbols_to_logits, words: tf.Tensor, limits: tf.Tensor,
+           inputs: Optional[tf.Tensor] = None):
+    """The decoder step with the constraint; its state is (state, counts (R, N)),
+    N = `state_size`, zeros at the start.
 
     `words` and `limits` (R,): each row's number of source words and output length
-    limit (EOS is forced at position limits - 1).
+    limit (EOS is forced at position limits - 1). `inputs` (R, S): each row's source
+    ids, needed by the "words" linearization (the pieces to copy).
     """
     kinds = self.kinds
+    copy_words = self.linearization == "words"
+    if copy_words:
+      if inputs is None:
+        raise ValueError("the 'words' linearization needs the source ids (inputs=)")
+      inputs = tf.cast(inputs, tf.int32)
+      pieces = tf.reduce_sum(tf.cast((inputs != PAD_ID) & (inputs != EOS_ID), tf.int32),
+                             axis=1)
+      last = tf.shape(inputs)[1] - 1
+      # Pieces before the first word start (none from a SentencePiece vocabulary) are
+      # no word's and are never copied: positions count from the first word start.
+      offset = tf.argmax(tf.gather(self.starts_word, inputs), axis=1, output_type=tf.int32)
 
     def fn(ids, index, state):
       inner, counts = state
       kind = tf.gather(kinds, ids)  # of the token just written (BOS at index 0)
+      if copy_words:
+        was_copy = counts[:, 3] > 0  # the token just written was a forced copy
+        kind = tf.where(was_copy, self.OTHER, kind)
       is_open = tf.cast(tf.equal(kind, self.OPEN), tf.int32)
+      is_leaf = tf.cast(tf.equal(kind, self.LEAF), tf.int32)
       opened = tf.maximum(
           counts[:, 0] + is_open - tf.cast(tf.equal(kind, self.CLOSE), tf.int32), 0)
-      leaves = counts[:, 1] + tf.cast(tf.equal(kind, self.LEAF), tf.int32)
+      leaves = counts[:, 1] + is_leaf
       logits, inner = symbols_to_logits(ids, index, inner)
       room = leaves < words
       inside = opened > 0
       # Tokens that must still follow the one written now, before EOS: a leaf per
-      # remaining word and a `)` per open bracket. They must fit before the forced EOS.
+      # remaining word and a `)` per open bracket (and, copying words, the source
+      # pieces not yet copied). They must fit before the forced EOS.
       free = limits - 2 - index
       owed = words - leaves + opened
+      if copy_words:
+        position = offset + counts[:, 2] + tf.cast(was_copy, tf.int32)  # next to copy
+        owed += pieces - position
+        next_piece = tf.gather(inputs, tf.minimum(position, last), batch_dims=1)
+        continues = (position < pieces) & tf.equal(
+            tf.gather(self.starts_word, next_piece), 0)
+        copying = tf.equal(is_leaf, 1) | (was_copy & continues)
+        not_copying = tf.logical_not(copying)
+      else:
+        not_copying = tf.ones_like(room)
       allowed = tf.stack([
           tf.zeros_like(room),  # OTHER
           room & (owed + 1 <= free),  # OPEN
           inside & tf.equal(is_open, 0) & ((opened > 1) | tf.logical_not(room)),  # CLOSE
           room & inside & (owed - 1 <= free),  # LEAF
           tf.logical_not(inside) & tf.logical_not(room) & ((index > 0) | (words == 0)),
-      ], axis=1)  # (R, 5)
+      ], axis=1) & not_copying[:, None]  # (R, 5)
       mask = tf.gather(allowed, kinds, axis=1)  # (R, V)
+      if copy_words:
+        forced = tf.one_hot(next_piece, tf.shape(logits)[-1], on_value=True,
+                            off_value=False)
+        mask = tf.where(copying[:, None], forced, mask)
+        new_counts = tf.stack([opened, leaves, position - offset,
+                               tf.cast(copying, tf.int32)], axis=1)
+      else:
+        new_counts = tf.stack([opened, leaves], axis=1)
       logits = tf.where(mask, tf.cast(logits, tf.float32), NEG_INF)
-      return logits, (inner, tf.stack([opened, leaves], axis=1))
+      return logits, (inner, new_counts)
     return fn

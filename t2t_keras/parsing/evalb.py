@@ -212,6 +212,7 @@ class ParsingReport:
     repaired_lines: their 1-based line numbers.
     problems: repair descriptions -> how many hypotheses needed each kind.
     trees: the rebuilt (and repaired) hypothesis trees, in order.
+    linearization: how the hypotheses were read ("tags" or "words").
   """
 
   all: CorpusScore
@@ -221,6 +222,7 @@ class ParsingReport:
   repaired_lines: Tuple[int, ...]
   problems: Dict[str, int]
   trees: Tuple[Tree, ...] = ()
+  linearization: str = "tags"
 
 
 def _problem_kind(problem: str) -> str:
@@ -229,7 +231,8 @@ def _problem_kind(problem: str) -> str:
 
 def score_linearized(hypotheses: Sequence[str], gold: Sequence[Tree],
                      words: Optional[Sequence[Sequence[str]]] = None,
-                     params: EvalbParams = COLLINS) -> ParsingReport:
+                     params: EvalbParams = COLLINS,
+                     linearization: str = "auto") -> ParsingReport:
   """Rebuilds (and repairs) each linearized hypothesis, then scores it like EVALB.
 
   Args:
@@ -237,9 +240,11 @@ def score_linearized(hypotheses: Sequence[str], gold: Sequence[Tree],
     gold: cleaned gold trees (parsing.clean).
     words: the input words of each sentence; default: the gold trees' words.
     params: EVALB parameters (COLLINS.prm).
+    linearization: "tags", "words" or "auto" (`parsing.detect_linearization` of the
+      hypotheses).
 
   Returns:
-    A ParsingReport.
+    A ParsingReport (its `linearization` says which was read).
 
   Raises:
     ValueError: counts differ, or a sentence's words differ from its gold tree's.
@@ -248,13 +253,15 @@ def score_linearized(hypotheses: Sequence[str], gold: Sequence[Tree],
     raise ValueError(f"{len(hypotheses)} hypotheses for {len(gold)} gold trees")
   if words is not None and len(words) != len(gold):
     raise ValueError(f"{len(words)} source sentences for {len(gold)} gold trees")
+  if linearization == "auto":
+    linearization = parsing.detect_linearization(hypotheses)
   scores: List[SentenceScore] = []
   trees: List[Tree] = []
   repaired: List[int] = []
   problems: "collections.Counter[str]" = collections.Counter()
   for i, (hypothesis, tree) in enumerate(zip(hypotheses, gold)):
     sentence = list(words[i]) if words is not None else tree.words()
-    rebuilt = parsing.rebuild(hypothesis, sentence)
+    rebuilt = parsing.rebuild(hypothesis, sentence, linearization)
     trees.append(rebuilt.tree)
     if rebuilt.repaired:
       repaired.append(i + 1)
@@ -267,7 +274,8 @@ def score_linearized(hypotheses: Sequence[str], gold: Sequence[Tree],
       all=CorpusScore.of(scores),
       short=CorpusScore.of(s for s in scores if s.length <= params.cutoff_length),
       cutoff_length=params.cutoff_length, repaired=len(repaired),
-      repaired_lines=tuple(repaired), problems=dict(problems), trees=tuple(trees))
+      repaired_lines=tuple(repaired), problems=dict(problems), trees=tuple(trees),
+      linearization=linearization)
 
 
 def format_report(report: ParsingReport) -> str:
@@ -287,6 +295,7 @@ def format_report(report: ParsingReport) -> str:
            f"({100.0 * report.repaired / max(total, 1):.1f}%) were not a valid tree for "
            "their words"]
   lines += [f"  {kind}: {count}" for kind, count in sorted(report.problems.items())]
+  lines += [f"outputs read as the {report.linearization!r} linearization"]
   lines += ["all sentences:"] + block(report.all)
   lines += [f"sentences of <= {report.cutoff_length} words: {report.short.sentences}"]
   lines += block(report.short)

@@ -33,6 +33,17 @@ Linearization (`linearize`), tokens separated by single spaces:
     "NP" must stay apart); a rare token split into pieces is joined again on output.
 The source is the words joined by single spaces; words never contain spaces.
 
+Two linearizations (DataConfig.parsing_linearization, --parsing_linearization):
+  * "tags" (above, Vinyals et al.'s with tags for words): the decoder must count
+    words to know where it is in the sentence, and free-running it loses count.
+  * "words": each tag is followed by its word, copied from the input:
+        (S (NP NNP Ms. NNP Haag ) (VP VBZ plays (NP NNP Elianti ) ) . . )
+    The decoder then sees in its own output which word it is at, and tree-constrained
+    decoding forces the input's pieces after each tag, so no word is skipped or
+    repeated. Longer targets (one more token per word, in subword pieces).
+  Rebuilding reads a tag's word as the next token that is not a bracket; the words
+  of the rebuilt tree are always the input's (a word written wrong is ignored).
+
 Rebuilding (`rebuild`) reads the output left to right (brackets split tokens even
 without spaces: "NN)" is "NN" then ")"; a labeled ")NP" is read as ")") and repairs it
 deterministically, listing each repair (`Rebuilt.problems`; empty when the output was
@@ -58,6 +69,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 from t2t_keras.errors import TreeError
 
 LINEARIZATION_VERSION = 1  # part of the data cache key: bump when the format changes
+LINEARIZATIONS = ("tags", "words")
 NONE_TAG = "-NONE-"
 ROOT_LABELS = ("", "TOP", "ROOT")
 TOP = "TOP"
@@ -234,13 +246,22 @@ def _clean(node: Tree) -> Optional[Tree]:
 # ------------------------------------------------------------------- linearization
 
 
-def linearize(tree: Tree) -> str:
-  """The target sequence: `(S (NP NNP NNP ) (VP VBZ ) . )` (see module docstring)."""
+def _check_linearization(linearization: str):
+  if linearization not in LINEARIZATIONS:
+    raise ValueError(f"linearization {linearization!r}: use one of {LINEARIZATIONS}")
+
+
+def linearize(tree: Tree, linearization: str = "tags") -> str:
+  """The target sequence (see module docstring): "tags" `(S (NP NNP NNP ) . )`,
+  "words" `(S (NP NNP Ms. NNP Haag ) . . )`."""
+  _check_linearization(linearization)
   tokens: List[str] = []
 
   def walk(node):
     if node.is_preterminal:
       tokens.append(node.label)
+      if linearization == "words":
+        tokens.append(node.children[0])
       return
     tokens.append("(" + node.label)
     for child in node.children:
@@ -251,14 +272,25 @@ def linearize(tree: Tree) -> str:
   return " ".join(tokens)
 
 
-def example(tree: Tree) -> Tuple[str, str]:
+def example(tree: Tree, linearization: str = "tags") -> Tuple[str, str]:
   """(source, target) strings of a cleaned tree: the words, the linearized tree."""
-  return " ".join(tree.words()), linearize(tree)
+  return " ".join(tree.words()), linearize(tree, linearization)
 
 
-def read_examples(text: str, name: str) -> List[Tuple[str, str]]:
+def read_examples(text: str, name: str,
+                  linearization: str = "tags") -> List[Tuple[str, str]]:
   """(source, target) pairs of every tree of a treebank text, cleaned."""
-  return [example(clean(tree, f"{name}:{line}")) for line, tree in parse_trees(text, name)]
+  return [example(clean(tree, f"{name}:{line}"), linearization)
+          for line, tree in parse_trees(text, name)]
+
+
+def detect_linearization(outputs: Sequence[str]) -> str:
+  """Which linearization decoder outputs are in: "words" when many of the tokens that
+  are not brackets are not POS tags (every other one is a word), else "tags"."""
+  leaves = [token for line in outputs for token in _OUTPUT_TOKEN.findall(line)
+            if token[0] not in "()"]
+  words = sum(token not in PTB_TAGS for token in leaves)
+  return "words" if leaves and words >= 0.25 * len(leaves) else "tags"
 
 
 # ---------------------------------------------------------------- rebuild / repair
@@ -282,12 +314,14 @@ class Rebuilt:
     return bool(self.problems)
 
 
-def rebuild(target: str, words: Sequence[str]) -> Rebuilt:
+def rebuild(target: str, words: Sequence[str], linearization: str = "tags") -> Rebuilt:
   """A tree from a linearized output and the input words, repaired if needed.
 
   Args:
     target: the decoder's output, e.g. "(S (NP NNP ) (VP VBZ ) )".
     words: the input words (the source split on whitespace).
+    linearization: "tags" or "words" (then the token after a tag, unless a bracket,
+      is its word and is skipped: the tree gets the input's words).
 
   Returns:
     A Rebuilt (tree and the repairs made). Deterministic: the same output and words
@@ -310,7 +344,13 @@ def rebuild(target: str, words: Sequence[str]) -> Rebuilt:
     else:
       counts["empty"] += 1
 
+  _check_linearization(linearization)
+  word_next = False  # "words": the token after a tag is its word
   for token in _OUTPUT_TOKEN.findall(target):
+    if word_next and not token.startswith(("(", CLOSE)):
+      word_next = False
+      continue
+    word_next = False
     if token.startswith(CLOSE):
       if stack:
         close()
@@ -323,6 +363,7 @@ def rebuild(target: str, words: Sequence[str]) -> Rebuilt:
         stack.append(Tree(token[1:], []))
     else:
       attach(Tree(token, [""]))
+      word_next = linearization == "words"
   if stack:
     problems.append(f"closed {len(stack)} open bracket(s)")
     while stack:
