@@ -4,15 +4,27 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tensorflow as tf  # noqa: E402
+
+def cpu_model() -> str:
+  """The CPU's model name as `lscpu` prints it (e.g. "AMD EPYC 9B14")."""
+  try:
+    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+    for line in out.splitlines():
+      if line.startswith("Model name:"):
+        return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine() or "unknown CPU"
 
 
 def matmul_peak(dtype: str = "float32", size: int = 2048, seconds: float = 3.0) -> float:
   """Best achieved FLOP/s of a square matmul in `dtype` on this machine."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
   a = tf.random.normal((size, size), dtype=tf.float32)
   a = tf.cast(a, dtype)
   b = tf.cast(tf.random.normal((size, size)), dtype)
@@ -31,8 +43,9 @@ def matmul_peak(dtype: str = "float32", size: int = 2048, seconds: float = 3.0) 
 
 
 def machine() -> str:
-  return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"TensorFlow {tf.__version__}")
+  """CPU model, cores and TensorFlow version: the header line of every benchmark."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  return f"{cpu_model()}, {os.cpu_count()} cores, TensorFlow {tf.__version__}"
 
 
 def print_table(rows, columns):

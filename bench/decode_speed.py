@@ -4,9 +4,14 @@ Transformer base (6+6 layers, d_model 512, d_ff 2048, 8 heads), shared 32,000
 vocabulary, random weights; 64 source sentences of 20 tokens, batch 32, beam 4,
 alpha 0.6, decoding to the maximum length of 70 (= 20 + 50; random weights never
 choose EOS). Prints sentences/s, target tokens/s and the ratio of the estimated
-matmul FLOP/s to the machine's measured float32 matmul peak, eager-graph and XLA.
+matmul FLOP/s to the machine's measured float32 matmul peak, for each config:
+  graph        decoding.decode_ids in a tf.function (the decode CLI's default);
+  xla          the same compiled with XLA (--decode_jit_compile);
+  saved_model  the model exported (serving.Translator) and loaded as TF Serving loads
+               it: the TF1 session loader, the `translate_ids` signature fed and
+               fetched by tensor name, no XLA.
 
-    python bench/decode_speed.py [--configs=graph,xla] [--repeats=2]
+    python bench/decode_speed.py [--configs=graph,xla,saved_model] [--repeats=2]
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from absl import app, flags  # noqa: E402
 
 from bench.common import machine, matmul_peak, print_table  # noqa: E402
 
-flags.DEFINE_list("configs", ["graph", "xla"], "graph (tf.function) and/or xla.")
+flags.DEFINE_list("configs", ["graph", "xla", "saved_model"],
+                  "graph (tf.function), xla, saved_model (exported, session-mode loader).")
 flags.DEFINE_integer("sentences", 64, "Source sentences.")
 flags.DEFINE_integer("length", 20, "Source tokens per sentence (EOS included).")
 flags.DEFINE_integer("batch", 32, "Sentences per batch.")
@@ -50,8 +56,45 @@ def decode_flops(config, batch: int, source: int, steps: int, beam: int) -> floa
   return 2 * (encoder + cross_kv + per_step * steps + attention)
 
 
-def measure(xla: bool):
+def session_decoder(model, decode_config, export_dir: str):
+  """The model exported and loaded as tensorflow_model_server loads it: ids -> ids."""
   # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
+  import tensorflow_text  # noqa: F401  (the exported graph's ops)
+
+  from t2t_keras import serving
+  translator = serving.Translator(model, _IdTokenizer(), decode_config,
+                                  max_input_length=FLAGS.length + 1)
+  path = serving.export(translator, export_dir, version=1)
+  graph = tf.Graph()
+  session = tf.compat.v1.Session(graph=graph)
+  with graph.as_default():
+    meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], path)
+  signature = meta.signature_def["translate_ids"]
+  feed = signature.inputs["input_ids"].name
+  fetch = signature.outputs["output_ids"].name
+
+  def run(batch):
+    return (session.run(fetch, feed_dict={feed: batch.numpy()}),)
+  return run
+
+
+class _IdTokenizer:
+  """Stands in for the vocabulary: the benchmark feeds ids (translate_ids)."""
+
+  def tokenize(self, strings):  # pragma: no cover - serving_default is not timed
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    return tf.strings.to_number(tf.strings.split(strings), tf.int32)
+
+  def detokenize(self, ids):  # pragma: no cover
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    return tf.strings.reduce_join(tf.strings.as_string(ids), axis=-1, separator=" ")
+
+
+def measure(kind: str):
+  # pylint: disable=import-outside-toplevel
+  import tempfile
+
   import keras
   import numpy as np
   import tensorflow as tf
@@ -65,25 +108,32 @@ def measure(xla: bool):
   model = create_model(config)
   decode_config = DecodeConfig(beam_size=FLAGS.beam_size, alpha=FLAGS.alpha,
                                extra_decode_length=FLAGS.extra_decode_length)
-  fn = tf.function(lambda x: decoding.decode_ids(model, x, decode_config, in_place_cache=xla),
-                   jit_compile=xla or None, autograph=False)
+  xla = kind == "xla"
+  tmp = tempfile.TemporaryDirectory()
+  if kind == "saved_model":
+    fn = session_decoder(model, decode_config, tmp.name)
+  else:
+    fn = tf.function(lambda x: decoding.decode_ids(model, x, decode_config,
+                                                   in_place_cache=xla),
+                     jit_compile=xla or None, autograph=False)
   rng = np.random.default_rng(0)
   sources = rng.integers(4, FLAGS.vocab_size, (FLAGS.sentences, FLAGS.length)).astype("int32")
   sources[:, -1] = EOS_ID
   batches = [tf.constant(sources[i:i + FLAGS.batch])
              for i in range(0, FLAGS.sentences, FLAGS.batch)]
-  fn(batches[0])[0].numpy()  # trace / compile
+  fn(batches[0])  # trace / compile
   best, tokens = float("inf"), 0
   for _ in range(FLAGS.repeats):
     start, tokens = time.perf_counter(), 0
     for batch in batches:
-      ids, _ = fn(batch)
-      best_ids = ids[:, 0].numpy()
+      ids = fn(batch)[0]
+      best_ids = np.asarray(ids)[:, 0]
       tokens += int(np.sum(best_ids != 0))
     best = min(best, time.perf_counter() - start)
   steps = FLAGS.length + FLAGS.extra_decode_length
   total_flops = sum(decode_flops(config, int(b.shape[0]), FLAGS.length, steps,
                                  FLAGS.beam_size) for b in batches)
+  tmp.cleanup()
   return FLAGS.sentences / best, tokens / best, total_flops / best, tokens
 
 
@@ -94,11 +144,16 @@ def main(argv):
   print(f"measured float32 matmul peak: {peak / 1e9:.1f} GFLOP/s")
   rows = []
   for config in FLAGS.configs:
-    sentences, tokens, flop_rate, count = measure(config == "xla")
+    if config not in ("graph", "xla", "saved_model"):
+      raise app.UsageError(f"--configs: unknown config {config!r}; use graph, xla, "
+                           "saved_model.")
+    sentences, tokens, flop_rate, count = measure(config)
     rows.append((f"float32+{config}", f"{sentences:.2f}", f"{tokens:,.0f}",
                  f"{flop_rate / 1e9:.1f}", f"{flop_rate / peak:.2f}"))
+    how = (" (exported, TF1 session loader, translate_ids by tensor name, as TF Serving)"
+           if config == "saved_model" else "")
     print(f"float32+{config}: {sentences:.2f} sentences/s, {tokens:,.0f} target tokens/s "
-          f"({count} tokens)", flush=True)
+          f"({count} tokens){how}", flush=True)
   print()
   print_table(rows, ["config", "sentences/s", "target tok/s", "GFLOP/s", "ratio to peak"])
 

@@ -29,9 +29,6 @@ import argparse
 import collections
 import math
 import os
-import platform
-import re
-import subprocess
 import sys
 import time
 from typing import List, Optional, Sequence
@@ -40,6 +37,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from bench.common import cpu_model  # noqa: E402  (no TensorFlow)
 from t2t_keras import parsing  # noqa: E402
 from t2t_keras.parsing import Tree, evalb  # noqa: E402
 
@@ -310,17 +308,6 @@ def debinarize(node: Tree) -> Tree:
 
 
 # ------------------------------------------------------------------------------ main
-
-
-def cpu_model() -> str:
-  try:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-    match = re.search(r"Model name:\s*(.+)", out)
-    if match:
-      return match.group(1).strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
 
 
 def read(path: str) -> List[Tree]:

@@ -23,7 +23,6 @@ the cost of a 70-token output). Needs `pip install -e ".[ctranslate2]"`.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 
-from bench.common import machine  # noqa: E402
+from bench.common import cpu_model, machine  # noqa: E402
 
 flags.DEFINE_integer("requests", 100, "Timed requests per engine (after 3 warm-ups).")
 flags.DEFINE_integer("length", 20, "Source tokens (EOS included).")
@@ -45,17 +44,6 @@ flags.DEFINE_integer("filter_size", 2048, "d_ff.")
 flags.DEFINE_integer("num_heads", 8, "Heads.")
 flags.DEFINE_integer("num_hidden_layers", 6, "Layers per stack.")
 FLAGS = flags.FLAGS
-
-
-def cpu_model() -> str:
-  try:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-    for line in out.splitlines():
-      if line.startswith("Model name:"):
-        return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return "unknown CPU"
 
 
 def percentile(values, q: float) -> float:
