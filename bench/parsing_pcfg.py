@@ -31,7 +31,7 @@ import math
 import os
 import sys
 import time
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -121,6 +121,7 @@ class Grammar:
       for tag, word, first in lexical:
         tag_word[(tag, word, first)] += 1
         word_counts[word] += 1
+    self.h, self.parent_annotation = h, parent_annotation
     symbols = sorted({lhs for lhs, _ in rule_counts}
                      | {s for _, rhs in rule_counts for s in rhs}
                      | {tag for tag, _, _ in tag_word})
@@ -130,6 +131,8 @@ class Grammar:
     lhs_counts = collections.Counter()
     for (lhs, _), c in rule_counts.items():
       lhs_counts[lhs] += c
+    self.rule_log_prob = {rule: math.log(c / lhs_counts[rule[0]])
+                          for rule, c in rule_counts.items()}
     binary = [(self.index[l], self.index[r[0]], self.index[r[1]],
                math.log(c / lhs_counts[l])) for (l, r), c in rule_counts.items() if len(r) == 2]
     self.bin_parent = np.array([b[0] for b in binary], np.int32)
@@ -157,7 +160,7 @@ class Grammar:
     closure = np.full((u, u), NEG)
     np.fill_diagonal(closure, 0.0)
     via = np.tile(np.arange(u), (u, 1))
-    for _ in range(4):  # chains of up to 4 unaries (the treebank's are shorter)
+    for _ in range(4 if u else 0):  # chains of up to 4 unaries (the treebank's: fewer)
       step = unary[:, :, None] + closure[None, :, :]  # A -> C, C =>* B
       best_c = step.argmax(axis=1)
       best = step.max(axis=1)
@@ -213,8 +216,25 @@ class Grammar:
 # ------------------------------------------------------------------------------ CKY
 
 
+def tree_log_prob(grammar: Grammar, tree: Tree) -> float:
+  """log P(tree) under the grammar, rule by rule (NEG-ish if a rule is unknown)."""
+  g = grammar
+  rules, lexical = rules_of(tree, g.h, g.parent_annotation)
+  total = 0.0
+  for lhs, rhs in rules:
+    total += g.rule_log_prob.get((lhs, rhs), NEG)
+  for tag, word, first in lexical:
+    total += g.lexical_scores(word, first)[g.index[tag]] if tag in g.index else NEG
+  return total
+
+
 def parse(grammar: Grammar, words: Sequence[str]) -> Tree:
   """The Viterbi tree of the sentence (debinarized, labels without annotations)."""
+  return parse_with_score(grammar, words)[0]
+
+
+def parse_with_score(grammar: Grammar, words: Sequence[str]) -> Tuple[Tree, float]:
+  """The Viterbi tree and its log probability (the chart's best root score)."""
   n, g = len(words), grammar
   size = len(g.symbols)
   # chart[i, j]: best score of each symbol over words i..j-1, after unary closure.
@@ -228,12 +248,13 @@ def parse(grammar: Grammar, words: Sequence[str]) -> Tree:
   identity = np.arange(size, dtype=np.int32)
 
   def close(i, j, scores):
-    total = g.closure + scores[us][None, :]  # A =>* B, B's score
-    best_b = total.argmax(axis=1)
     chart[i, j] = scores
-    chart[i, j, us] = total[np.arange(len(us)), best_b]
     back_unary[i, j] = identity
-    back_unary[i, j, us] = us[best_b]
+    if len(us):
+      total = g.closure + scores[us][None, :]  # A =>* B, B's score
+      best_b = total.argmax(axis=1)
+      chart[i, j, us] = total[np.arange(len(us)), best_b]
+      back_unary[i, j, us] = us[best_b]
 
   for i, word in enumerate(words):
     binary[i, i + 1] = g.lexical_scores(word, i == 0)
@@ -290,7 +311,7 @@ def parse(grammar: Grammar, words: Sequence[str]) -> Tree:
     return [Tree(label, children)]
 
   nodes = build(0, n, top)
-  return debinarize(nodes[0])
+  return debinarize(nodes[0]), float(root_scores[top])
 
 
 def debinarize(node: Tree) -> Tree:

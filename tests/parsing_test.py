@@ -602,3 +602,43 @@ def test_flagfiles_follow_the_paper_and_fit_the_sample():
                   "t2t_keras.decode --flagfile=flags/parsing_ptb_sample.cfg",
                   "t2t_keras.evaluate --task=parsing", "tools/linearize_trees.py"):
     assert command in section, command
+
+
+# ------------------------------------------------------- the treebank-PCFG anchor
+
+
+def test_pcfg_anchor_finds_the_most_probable_tree(ptb):
+  """bench/parsing_pcfg.py: CKY's tree, scored again rule by rule, has the score the
+  chart gave it, and no less than the gold tree's (Viterbi is exact); a grammar read
+  off one unambiguous tree gives that tree back. Vanilla, Markovized, annotated."""
+  from bench import parsing_pcfg  # pylint: disable=import-outside-toplevel
+  path, text = ptb["train"]
+  golds = [parsing.clean(raw, f"{path}:{line}")
+           for line, raw in parsing.parse_trees(text, path)[:40]]
+  for h, parent in ((0, False), (2, True), (1, False)):
+    grammar = parsing_pcfg.Grammar(golds, h, parent)
+    for gold in golds[:8]:
+      found, score = parsing_pcfg.parse_with_score(grammar, gold.words())
+      assert found.words() == gold.words()
+      assert parsing_pcfg.tree_log_prob(grammar, found) == pytest.approx(score, abs=1e-6)
+      assert score >= parsing_pcfg.tree_log_prob(grammar, gold) - 1e-6
+  small = parsing.clean(tree("( (S (NP (DT The) (JJ big) (NN dog)) (VP (VBD saw) "
+                             "(NP (PRP us))) (. .)) )"))
+  for h, parent in ((0, False), (2, True), (1, False)):
+    grammar = parsing_pcfg.Grammar([small], h, parent)
+    assert parsing_pcfg.parse(grammar, small.words()) == small
+
+
+def test_pcfg_anchor_script_scores_with_evalb(ptb):
+  """The bench script end to end on three dev sentences: EVALB's report."""
+  data_dir = os.path.dirname(ptb["dev"][0])
+  run = subprocess.run([sys.executable, "bench/parsing_pcfg.py", "--split=dev", "--limit=3",
+                        f"--data_dir={data_dir}"],
+                       cwd=REPO_ROOT, capture_output=True, text=True, env=ENV,
+                       timeout=600, check=False)
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert re.search(r"^CPU: .+; numpy", run.stdout, re.M), run.stdout
+  f1 = float(re.search(r"^F1 (\d+\.\d+)", run.stdout, re.M).group(1))
+  assert 30 < f1 <= 100, run.stdout
+  assert "sentences: 3, all scored" in run.stdout
+  assert "repaired: 0 of 3" in run.stdout
