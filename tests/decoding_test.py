@@ -226,7 +226,7 @@ def test_tree_constrained_decoding_writes_valid_trees_in_every_layout(model, bea
 
 
 def check_word_tree(out, source, constraint):
-  """`out` is a "words" tree: each tag followed by exactly its word's source pieces."""
+  """`out` is a "words" tree: each word's source pieces, in order, then a tag."""
   kinds, starts = constraint.kinds.numpy(), constraint.starts_word.numpy()
   source = [p for p in source if p not in (PAD_ID, EOS_ID)]
   first = next((n for n, p in enumerate(source) if starts[p]), len(source))
@@ -239,25 +239,29 @@ def check_word_tree(out, source, constraint):
       word.append(piece)
   out = list(out)
   body = out[:out.index(EOS_ID)]
-  tags, copied, n = [], [], 0
+  brackets_and_tags, copied, n, depth = [], 0, 0, 0
   while n < len(body):
-    tags.append(body[n])
-    if kinds[body[n]] == constraint.LEAF:
-      word = words[len(copied)]
-      assert body[n + 1:n + 1 + len(word)] == word, (body, words)
-      copied.append(word)
+    if depth > 0 and copied < len(words) and body[n] == words[copied][0]:  # a word
+      word = words[copied]
+      assert body[n:n + len(word)] == word, (body, words)
       n += len(word)
+      assert n < len(body) and kinds[body[n]] == constraint.LEAF, body  # its tag
+      copied += 1
+    else:
+      assert kinds[body[n]] in (constraint.OPEN, constraint.CLOSE), body
+      depth += 1 if kinds[body[n]] == constraint.OPEN else -1
+    brackets_and_tags.append(body[n])
     n += 1
-  assert len(copied) == len(words)
-  check_tree(tags + [EOS_ID], len(words), constraint)
+  assert copied == len(words)
+  check_tree(brackets_and_tags + [EOS_ID], len(words), constraint)
 
 
 @pytest.mark.parametrize("beam,extra", [(1, 3), (3, 3), (3, 20)])
 def test_word_copying_constraint_copies_every_word_once_in_every_layout(model, beam, extra,
                                                                         monkeypatch):
-  # The "words" linearization: after each tag the search may only write the next
-  # word's source pieces. An untrained model must still write a valid tree that copies
-  # the sentence exactly, at the tightest length (every piece is owed), with leading
+  # The "words" linearization: where a leaf may come, the search may only write the
+  # next word's source pieces, then a tag. An untrained model must still write a
+  # valid tree that copies the sentence exactly, at the tightest length (every piece is owed), with leading
   # orphan pieces, and the in-place XLA layout must agree with the reordered one.
   monkeypatch.setattr(decoding, "MAX_SLOTTED_BEAM", 4)
   constraint = TreeConstraint(TREE_PIECES, "words")

@@ -119,17 +119,20 @@ def test_linearize_example():
 def test_words_linearization_writes_each_word_after_its_tag():
   cleaned = parsing.clean(tree("( (S (NP-SBJ (NNP Ms.) (NNP Haag)) (VP (VBZ plays) "
                                "(NP (NNP Elianti))) (. .)) )"))
-  target = "(S (NP NNP Ms. NNP Haag ) (VP VBZ plays (NP NNP Elianti ) ) . . )"
+  target = "(S (NP Ms. NNP Haag NNP ) (VP plays VBZ (NP Elianti NNP ) ) . . )"
   assert parsing.example(cleaned, "words") == ("Ms. Haag plays Elianti .", target)
   assert parsing.detect_linearization([target]) == "words"
   assert parsing.detect_linearization([GOLD]) == "tags"
   # A word written wrong does not matter (the input's words are attached); a leaf
-  # left out is repaired as in "tags" (the missing word appended to the root).
+  # left out is repaired as in "tags" (the missing word appended to the root); a
+  # word without its tag gets the placeholder tag.
   assert not parsing.rebuild(target.replace("plays", "PLAYS"), WORDS, "words").repaired
-  assert not parsing.rebuild(target.replace(" Haag", ""), WORDS, "words").repaired
-  short = parsing.rebuild(target.replace(" NNP Haag", ""), WORDS, "words")
+  short = parsing.rebuild(target.replace(" Haag NNP", ""), WORDS, "words")
   assert short.tree.words() == WORDS and short.problems == (
       "appended 1 missing word(s) to the root",)
+  untagged = parsing.rebuild(target.replace(" VBZ", ""), WORDS, "words")
+  assert untagged.tree.tags() == ["NNP", "NNP", "XX", "NNP", "."]
+  assert untagged.problems == ("tagged 1 word(s) without a tag XX",)
   with pytest.raises(ValueError, match="linearization 'xml'"):
     parsing.linearize(cleaned, "xml")
 
@@ -556,18 +559,11 @@ def test_parsing_recipe_trains_decodes_and_scores(ptb, tmp_path):
 
 
 def assert_copies_words(output, words):
-  """A "words" output: a tree whose leaves are tags, each followed by its word."""
-  tokens = output.split()
-  copied = []
-  n = 0
-  while n < len(tokens):
-    token = tokens[n]
-    if token in parsing.PTB_TAGS:
-      copied.append(tokens[n + 1])
-      n += 2
-    else:
-      n += 1
-  assert copied == words, (output, words)
+  """A "words" output: a tree whose leaves are words, each followed by its tag."""
+  tokens = [t for t in output.split() if not t.startswith(("(", ")"))]
+  assert tokens[0::2] == words, (output, words)
+  assert all(tag in parsing.PTB_TAGS for tag in tokens[1::2]), output
+  assert len(tokens) == 2 * len(words), output
 
 
 def test_flagfiles_follow_the_paper_and_fit_the_sample():

@@ -37,10 +37,11 @@ class TreeConstraint:
   Every state then has an allowed continuation and every output is a valid tree for
   its words. Scores are renormalized over the allowed tokens.
 
-  With the "words" linearization (`trees.linearize`), each leaf is followed by its
-  word: after a tag, the search may only write the source's pieces of the next word,
-  in order (a copy, whatever their kinds), and the pieces still to copy count among
-  the tokens owed before the length limit. No word can then be skipped or repeated.
+  With the "words" linearization (`trees.linearize`), each leaf is a word followed by
+  its tag: where a leaf may come (as above), the search may write the first piece of
+  the source's next word (not a tag); the word's other pieces are then forced, in
+  order, and then a tag must follow. The pieces still to copy count among the tokens
+  owed before the length limit. No word can be skipped, repeated or left untagged.
 
   Words are counted as the source pieces that start a word (SentencePiece's "▁"), so
   the constraint needs the tokenizer's vocabulary and whole-token tree pieces (the
@@ -106,63 +107,101 @@ class TreeConstraint:
     ids, needed by the "words" linearization (the pieces to copy).
     """
     kinds = self.kinds
-    copy_words = self.linearization == "words"
-    if copy_words:
+    if self.linearization == "words":
       if inputs is None:
         raise ValueError("the 'words' linearization needs the source ids (inputs=)")
-      inputs = tf.cast(inputs, tf.int32)
-      pieces = tf.reduce_sum(tf.cast((inputs != PAD_ID) & (inputs != EOS_ID), tf.int32),
-                             axis=1)
-      last = tf.shape(inputs)[1] - 1
-      # Pieces before the first word start (none from a SentencePiece vocabulary) are
-      # no word's and are never copied: positions count from the first word start.
-      offset = tf.argmax(tf.gather(self.starts_word, inputs), axis=1, output_type=tf.int32)
+      return self._wrap_words(symbols_to_logits, words, limits, tf.cast(inputs, tf.int32))
 
     def fn(ids, index, state):
       inner, counts = state
       kind = tf.gather(kinds, ids)  # of the token just written (BOS at index 0)
-      if copy_words:
-        was_copy = counts[:, 3] > 0  # the token just written was a forced copy
-        kind = tf.where(was_copy, self.OTHER, kind)
       is_open = tf.cast(tf.equal(kind, self.OPEN), tf.int32)
-      is_leaf = tf.cast(tf.equal(kind, self.LEAF), tf.int32)
       opened = tf.maximum(
           counts[:, 0] + is_open - tf.cast(tf.equal(kind, self.CLOSE), tf.int32), 0)
-      leaves = counts[:, 1] + is_leaf
+      leaves = counts[:, 1] + tf.cast(tf.equal(kind, self.LEAF), tf.int32)
       logits, inner = symbols_to_logits(ids, index, inner)
       room = leaves < words
       inside = opened > 0
       # Tokens that must still follow the one written now, before EOS: a leaf per
-      # remaining word and a `)` per open bracket (and, copying words, the source
-      # pieces not yet copied). They must fit before the forced EOS.
+      # remaining word and a `)` per open bracket. They must fit before the forced EOS.
       free = limits - 2 - index
       owed = words - leaves + opened
-      if copy_words:
-        position = offset + counts[:, 2] + tf.cast(was_copy, tf.int32)  # next to copy
-        owed += pieces - position
-        next_piece = tf.gather(inputs, tf.minimum(position, last), batch_dims=1)
-        continues = (position < pieces) & tf.equal(
-            tf.gather(self.starts_word, next_piece), 0)
-        copying = tf.equal(is_leaf, 1) | (was_copy & continues)
-        not_copying = tf.logical_not(copying)
-      else:
-        not_copying = tf.ones_like(room)
       allowed = tf.stack([
           tf.zeros_like(room),  # OTHER
           room & (owed + 1 <= free),  # OPEN
           inside & tf.equal(is_open, 0) & ((opened > 1) | tf.logical_not(room)),  # CLOSE
           room & inside & (owed - 1 <= free),  # LEAF
           tf.logical_not(inside) & tf.logical_not(room) & ((index > 0) | (words == 0)),
-      ], axis=1) & not_copying[:, None]  # (R, 5)
+      ], axis=1)  # (R, 5)
       mask = tf.gather(allowed, kinds, axis=1)  # (R, V)
-      if copy_words:
-        forced = tf.one_hot(next_piece, tf.shape(logits)[-1], on_value=True,
-                            off_value=False)
-        mask = tf.where(copying[:, None], forced, mask)
-        new_counts = tf.stack([opened, leaves, position - offset,
-                               tf.cast(copying, tf.int32)], axis=1)
-      else:
-        new_counts = tf.stack([opened, leaves], axis=1)
       logits = tf.where(mask, tf.cast(logits, tf.float32), NEG_INF)
+      return logits, (inner, tf.stack([opened, leaves], axis=1))
+    return fn
+
+  # The phases of a "words" hypothesis: free to open, close or start the next word;
+  # copying a word's remaining pieces; owing the tag of the word just copied.
+  FREE, COPYING, NEED_TAG = range(3)
+
+  def _wrap_words(self, symbols_to_logits, words, limits, inputs):
+    """`wrap` for the "words" linearization; counts (R, 4): open brackets, tagged
+    words, pieces copied (from the first word start), phase."""
+    kinds, starts_word = self.kinds, self.starts_word
+    pieces = tf.reduce_sum(tf.cast((inputs != PAD_ID) & (inputs != EOS_ID), tf.int32),
+                           axis=1)
+    last = tf.shape(inputs)[1] - 1
+    # Pieces before the first word start (none from a SentencePiece vocabulary) are
+    # no word's and are never copied: positions count from the first word start.
+    offset = tf.argmax(tf.gather(starts_word, inputs), axis=1, output_type=tf.int32)
+
+    def piece_at(position):
+      return tf.gather(inputs, tf.minimum(position, last), batch_dims=1)
+
+    def fn(ids, index, state):
+      inner, counts = state
+      opened, leaves, phase = counts[:, 0], counts[:, 1], counts[:, 3]
+      position = offset + counts[:, 2]  # the next piece to copy, before this token
+      free_before = tf.equal(phase, self.FREE)
+      # What the token just written was, given the phase it was written in (a word
+      # may only start inside a bracket; a piece that is both the next word's and a
+      # tree token's is the word there).
+      started = (free_before & tf.equal(ids, piece_at(position)) & (leaves < words)
+                 & (opened > 0))
+      copied = started | tf.equal(phase, self.COPYING)
+      tagged = tf.equal(phase, self.NEED_TAG)
+      kind = tf.where(free_before & tf.logical_not(started), tf.gather(kinds, ids),
+                      self.OTHER)
+      is_open = tf.equal(kind, self.OPEN)
+      opened = tf.maximum(opened + tf.cast(is_open, tf.int32)
+                          - tf.cast(tf.equal(kind, self.CLOSE), tf.int32), 0)
+      leaves += tf.cast(tagged, tf.int32)
+      position += tf.cast(copied, tf.int32)
+      next_piece = piece_at(position)
+      continues = (position < pieces) & tf.equal(tf.gather(starts_word, next_piece), 0)
+      phase = tf.where(copied, tf.where(continues, self.COPYING, self.NEED_TAG), self.FREE)
+      logits, inner = symbols_to_logits(ids, index, inner)
+      room = leaves < words
+      inside = opened > 0
+      free = limits - 2 - index
+      # Owed before EOS: the pieces not yet copied, a tag per untagged word, a `)`
+      # per open bracket.
+      owed = pieces - position + words - leaves + opened
+      free_now = tf.equal(phase, self.FREE)
+      allowed = tf.stack([
+          tf.zeros_like(room),  # OTHER
+          free_now & room & (owed + 1 <= free),  # OPEN
+          free_now & inside & tf.logical_not(is_open)
+          & ((opened > 1) | tf.logical_not(room)),  # CLOSE
+          tf.equal(phase, self.NEED_TAG),  # LEAF: a tag, only right after a word
+          free_now & tf.logical_not(inside) & tf.logical_not(room)
+          & ((index > 0) | (words == 0)),  # END
+      ], axis=1)  # (R, 5)
+      mask = tf.gather(allowed, kinds, axis=1)  # (R, V)
+      word_piece = tf.one_hot(next_piece, tf.shape(logits)[-1], on_value=True,
+                              off_value=False)
+      start_word = free_now & room & inside & (owed - 1 <= free)
+      mask = tf.where(tf.equal(phase, self.COPYING)[:, None], word_piece,
+                      mask | (word_piece & start_word[:, None]))
+      logits = tf.where(mask, tf.cast(logits, tf.float32), NEG_INF)
+      new_counts = tf.stack([opened, leaves, position - offset, phase], axis=1)
       return logits, (inner, new_counts)
     return fn
