@@ -176,12 +176,16 @@ def check_tree(out, words, constraint):
   if words == 0:
     assert body == []
     return
-  depth = leaves = 0
+  depth = leaves = run = opened = 0
   for n, token in enumerate(body):
     kind = kinds[token]
     assert kind in (constraint.OPEN, constraint.CLOSE, constraint.LEAF), body
     assert n == 0 or depth > 0, body  # one root, nothing after it
+    run = run + 1 if kind == constraint.OPEN else 0
+    assert run <= constraint.max_open_run, body  # the treebank's bounds on brackets
     if kind == constraint.OPEN:
+      opened += 1
+      assert opened <= 2 * words + 1, body
       depth += 1
     elif kind == constraint.CLOSE:
       assert kinds[body[n - 1]] != constraint.OPEN, body  # no empty constituent
@@ -298,15 +302,19 @@ def test_tree_constraint_needs_a_parsing_vocabulary():
     TreeConstraint(["<pad>", "</s>", "<unk>", "<s>", "\u2581the", "\u2581cat"])
 
 
-@pytest.mark.parametrize("beam", [1, 4])
-def test_tree_constraint_holds_against_a_decoder_that_wants_to_stop(beam):
+@pytest.mark.parametrize("beam,favourites,extra", [(1, [EOS_ID, 7], 2), (4, [EOS_ID, 7], 2),
+                                                   (1, [5], 60), (4, [5, 6], 60)])
+def test_tree_constraint_holds_against_a_decoder_that_wants_to_stop(beam, favourites,
+                                                                    extra):
   # A stand-in decoder that prefers `)` and EOS above all (random logits otherwise):
   # the constraint must still give every sentence its root and all of its leaves.
+  # One that prefers opening brackets `(NP`, `(VP` (a model caught in a loop) with
+  # room to spare: brackets stay within the treebank's bounds.
   constraint = TreeConstraint(TREE_PIECES)
   words = tf.constant([1, 4, 7])
-  limits = words + 3 + 2  # the tightest limit decode_ids can give (extra length 2)
+  limits = words + 3 + extra  # extra 2: the tightest limit decode_ids can give
   bias = np.zeros(V, np.float32)
-  bias[[EOS_ID, 7]] = 8.0
+  bias[favourites] = 8.0
 
   def fn(ids, index, state):
     noise = tf.random.stateless_normal([tf.shape(ids)[0], V], seed=tf.stack([index, 7]))
@@ -316,7 +324,7 @@ def test_tree_constraint_holds_against_a_decoder_that_wants_to_stop(beam):
   tiled = (lambda t: bs.tile_beams(t, beam)) if beam > 1 else (lambda t: t)
   step = decoding.force_eos_at(constraint.wrap(fn, tiled(words), tiled(limits)),
                                tiled(limits))
-  state = (tf.zeros([rows, 1]), tf.zeros([rows, 2], tf.int32))
+  state = (tf.zeros([rows, 1]), tf.zeros([rows, constraint.state_size], tf.int32))
   start = tf.fill([3], BOS_ID)
   length = int(tf.reduce_max(limits))
   if beam == 1:

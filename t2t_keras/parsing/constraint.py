@@ -30,6 +30,10 @@ class TreeConstraint:
       constituents), and not closing the root before every word has its leaf;
     * end of sentence, once the root is closed after exactly one leaf per word (at
       once for an empty source).
+  Brackets are also bounded as the treebank bounds them, so that a model caught in a
+  loop cannot fill the length limit with `(PP (PP (PP ...`: at most `max_open_run`
+  brackets open in a row (the sample's training trees open at most 6 before a word)
+  and at most 2 per word in all (they have at most 1.5).
   Every other token (subwords of words, tree tokens split into pieces) is excluded,
   and a bracket is opened only if the leaves and `)` it then owes still fit before the
   length limit (input + extra_decode_length; the source has at least one piece per
@@ -51,12 +55,18 @@ class TreeConstraint:
 
   OTHER, OPEN, CLOSE, LEAF, END = range(5)
 
-  def __init__(self, pieces: Sequence[str], linearization: str = "tags"):
+  MAX_OPEN_RUN = 8
+  BRACKETS_PER_WORD = 2
+
+  def __init__(self, pieces: Sequence[str], linearization: str = "tags",
+               max_open_run: int = MAX_OPEN_RUN):
     """`pieces`: the vocabulary's piece of every id; `linearization`: the model's
-    (DataConfig.parsing_linearization)."""
+    (DataConfig.parsing_linearization); `max_open_run`: brackets that may open in a
+    row."""
     if linearization not in ("tags", "words"):
       raise ValueError(f"linearization {linearization!r}: use 'tags' or 'words'")
     self.linearization = linearization
+    self.max_open_run = max_open_run
     kinds = np.full(len(pieces), self.OTHER, np.int32)
     starts_word = np.zeros(len(pieces), np.int32)
     codes = {"open": self.OPEN, "close": self.CLOSE, "leaf": self.LEAF}
@@ -79,7 +89,7 @@ class TreeConstraint:
   @property
   def state_size(self) -> int:
     """Columns of the constraint's per-hypothesis state (int32 counters)."""
-    return 4 if self.linearization == "words" else 2
+    return 6 if self.linearization == "words" else 4
 
   @classmethod
   def from_tokenizer(cls, tokenizer, linearization: str = "tags") -> "TreeConstraint":
@@ -119,6 +129,7 @@ class TreeConstraint:
       opened = tf.maximum(
           counts[:, 0] + is_open - tf.cast(tf.equal(kind, self.CLOSE), tf.int32), 0)
       leaves = counts[:, 1] + tf.cast(tf.equal(kind, self.LEAF), tf.int32)
+      run, total = self._bracket_counts(counts[:, 2], counts[:, 3], is_open)
       logits, inner = symbols_to_logits(ids, index, inner)
       room = leaves < words
       inside = opened > 0
@@ -128,23 +139,33 @@ class TreeConstraint:
       owed = words - leaves + opened
       allowed = tf.stack([
           tf.zeros_like(room),  # OTHER
-          room & (owed + 1 <= free),  # OPEN
+          room & (owed + 1 <= free) & self._may_open(run, total, words),  # OPEN
           inside & tf.equal(is_open, 0) & ((opened > 1) | tf.logical_not(room)),  # CLOSE
           room & inside & (owed - 1 <= free),  # LEAF
           tf.logical_not(inside) & tf.logical_not(room) & ((index > 0) | (words == 0)),
       ], axis=1)  # (R, 5)
       mask = tf.gather(allowed, kinds, axis=1)  # (R, V)
       logits = tf.where(mask, tf.cast(logits, tf.float32), NEG_INF)
-      return logits, (inner, tf.stack([opened, leaves], axis=1))
+      return logits, (inner, tf.stack([opened, leaves, run, total], axis=1))
     return fn
+
+  def _bracket_counts(self, run, total, is_open):
+    """Brackets opened in a row and in all, after the token just written."""
+    is_open = tf.cast(is_open, tf.int32)
+    return (run + 1) * is_open, total + is_open
+
+  def _may_open(self, run, total, words):
+    """Whether one more bracket keeps within the treebank's bounds."""
+    return (run < self.max_open_run) & (total < self.BRACKETS_PER_WORD * words + 1)
 
   # The phases of a "words" hypothesis: free to open, close or start the next word;
   # copying a word's remaining pieces; owing the tag of the word just copied.
   FREE, COPYING, NEED_TAG = range(3)
 
   def _wrap_words(self, symbols_to_logits, words, limits, inputs):
-    """`wrap` for the "words" linearization; counts (R, 4): open brackets, tagged
-    words, pieces copied (from the first word start), phase."""
+    """`wrap` for the "words" linearization; counts (R, 6): open brackets, tagged
+    words, pieces copied (from the first word start), phase, brackets opened in a
+    row and in all."""
     kinds, starts_word = self.kinds, self.starts_word
     pieces = tf.reduce_sum(tf.cast((inputs != PAD_ID) & (inputs != EOS_ID), tf.int32),
                            axis=1)
@@ -173,6 +194,7 @@ class TreeConstraint:
       is_open = tf.equal(kind, self.OPEN)
       opened = tf.maximum(opened + tf.cast(is_open, tf.int32)
                           - tf.cast(tf.equal(kind, self.CLOSE), tf.int32), 0)
+      run, total = self._bracket_counts(counts[:, 4], counts[:, 5], is_open)
       leaves += tf.cast(tagged, tf.int32)
       position += tf.cast(copied, tf.int32)
       next_piece = piece_at(position)
@@ -188,7 +210,7 @@ class TreeConstraint:
       free_now = tf.equal(phase, self.FREE)
       allowed = tf.stack([
           tf.zeros_like(room),  # OTHER
-          free_now & room & (owed + 1 <= free),  # OPEN
+          free_now & room & (owed + 1 <= free) & self._may_open(run, total, words),  # OPEN
           free_now & inside & tf.logical_not(is_open)
           & ((opened > 1) | tf.logical_not(room)),  # CLOSE
           tf.equal(phase, self.NEED_TAG),  # LEAF: a tag, only right after a word
@@ -202,6 +224,6 @@ class TreeConstraint:
       mask = tf.where(tf.equal(phase, self.COPYING)[:, None], word_piece,
                       mask | (word_piece & start_word[:, None]))
       logits = tf.where(mask, tf.cast(logits, tf.float32), NEG_INF)
-      new_counts = tf.stack([opened, leaves, position - offset, phase], axis=1)
+      new_counts = tf.stack([opened, leaves, position - offset, phase, run, total], axis=1)
       return logits, (inner, new_counts)
     return fn
