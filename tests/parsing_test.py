@@ -511,8 +511,8 @@ def test_parsing_recipe_trains_decodes_and_scores(ptb, tmp_path):
   decoded = subprocess.run(
       [sys.executable, "-m", "t2t_keras.decode", "--flagfile=flags/parsing_ptb_sample.cfg",
        f"--model_dir={model_dir}", f"--input_file={sources}", f"--output_file={hyps}",
-       "--beam_size=2", "--extra_decode_length=5", "--noconstrain_trees"], cwd=REPO_ROOT,
-      capture_output=True,
+       "--beam_size=2", "--extra_decode_length=5", "--average_last_n=1",
+       "--noconstrain_trees"], cwd=REPO_ROOT, capture_output=True,
       text=True, env=ENV, timeout=600, check=False)
   assert decoded.returncode == 0, decoded.stderr[-3000:]
   assert len(hyps.read_text().splitlines()) == 3
@@ -529,8 +529,8 @@ def test_parsing_recipe_trains_decodes_and_scores(ptb, tmp_path):
   decoded = subprocess.run(
       [sys.executable, "-m", "t2t_keras.decode", "--flagfile=flags/parsing_ptb_sample.cfg",
        f"--model_dir={model_dir}", f"--input_file={sources}", f"--output_file={hyps}",
-       "--beam_size=2", "--extra_decode_length=5"], cwd=REPO_ROOT,
-      capture_output=True, text=True, env=ENV, timeout=600, check=False)
+       "--beam_size=2", "--extra_decode_length=5", "--average_last_n=1"],
+      cwd=REPO_ROOT, capture_output=True, text=True, env=ENV, timeout=600, check=False)
   assert decoded.returncode == 0, decoded.stderr[-3000:]
   scored = evaluate(f"--hypotheses={hyps}", f"--references={gold}", f"--sources={sources}")
   assert scored.returncode == 0, scored.stderr[-2000:]
@@ -546,8 +546,8 @@ def test_parsing_recipe_trains_decodes_and_scores(ptb, tmp_path):
   exported = subprocess.run(
       [sys.executable, "-m", "t2t_keras.export", "--flagfile=flags/parsing_ptb_sample.cfg",
        f"--model_dir={model_dir}", f"--export_dir={export_dir}", "--export_version=1",
-       "--beam_size=2", "--extra_decode_length=5"], cwd=REPO_ROOT, capture_output=True,
-      text=True, env=ENV, timeout=600, check=False)
+       "--beam_size=2", "--extra_decode_length=5", "--average_last_n=1"],
+      cwd=REPO_ROOT, capture_output=True, text=True, env=ENV, timeout=600, check=False)
   assert exported.returncode == 0, exported.stderr[-3000:]
   served = SessionModel(str(export_dir / "1")).run(
       inputs=[s for s, _ in pairs] + ["Dogs bark ."])
