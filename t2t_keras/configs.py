@@ -157,7 +157,7 @@ class DataConfig:
   dev_tgt: Optional[str] = setting(None, "Dev target file.")
   parsing_linearization: str = setting(
       "tags", "--data_source=parsing: the target tree's leaves. tags: POS tags only "
-      "(Vinyals et al.); words: each tag followed by its word, copied from the input "
+      "(Vinyals et al.); words: each word, copied from the input, then its tag "
       "(the decoder sees where it is; t2t_keras/parsing/trees.py).",
       choices=("tags", "words"))
   tfds_name: str = setting("wmt14_translate/de-en", "tensorflow-datasets name.")

@@ -202,7 +202,7 @@ def define_decode_flags(f):
   f.DEFINE_bool("constrain_trees", False,
                 "Parsing models (decode and export): let beam search write only "
                 "linearized trees over exactly the input's words (one POS tag per word, "
-                "with --parsing_linearization=words each followed by its word copied, "
+                "with --parsing_linearization=words each after its word copied, "
                 "balanced brackets, no empty constituents), instead of repairing "
                 "outputs afterwards.")
   f.register_validator("average_last_n", lambda v: v >= 0,

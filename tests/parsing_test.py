@@ -525,7 +525,7 @@ def test_parsing_recipe_trains_decodes_and_scores(ptb, tmp_path):
   assert 0 <= repaired <= 3  # an untrained model's output, repaired where needed
 
   # The same untrained model, decoding constrained to trees as the recipe says (even
-  # at a tight length): nothing left to repair, each tag followed by its word.
+  # at a tight length): nothing left to repair, each word then its tag.
   decoded = subprocess.run(
       [sys.executable, "-m", "t2t_keras.decode", "--flagfile=flags/parsing_ptb_sample.cfg",
        f"--model_dir={model_dir}", f"--input_file={sources}", f"--output_file={hyps}",

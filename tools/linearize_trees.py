@@ -6,8 +6,8 @@
 --sentences receives each cleaned tree's words (the input `python -m t2t_keras.decode`
 translates into trees), --linearized the targets as training sees them
 (`(S (NP NNP ) (VP VBZ ) . )`, or with --linearization=words
-`(S (NP NNP John ) (VP VBZ runs ) . . )`). Trees are cleaned as for training (t2t_keras.parsing):
-empty elements, function tags, indices and the empty root removed. Linearizing the
+`(S (NP John NNP ) (VP runs VBZ ) . . )`). Trees are cleaned as for training
+(t2t_keras.parsing): empty elements, function tags, indices and the empty root removed. Linearizing the
 output trees of another parser lets `python -m t2t_keras.evaluate --task=parsing`
 score them.
 
@@ -29,7 +29,7 @@ flags.DEFINE_string("sentences", None, "Where the words go, one sentence per lin
 flags.DEFINE_string("linearized", None, "Where the linearized trees go, one per line.")
 flags.DEFINE_enum("linearization", "tags", ["tags", "words"],
                   "--linearized's format (a model's --parsing_linearization): tags only, "
-                  "or each tag followed by its word.")
+                  "or each word followed by its tag.")
 flags.mark_flags_as_required(["trees"])
 FLAGS = flags.FLAGS
 
