@@ -22,6 +22,22 @@ def cpu_model() -> str:
   return platform.processor() or platform.machine() or "unknown CPU"
 
 
+def session_signature(path: str, signature_name: str, input_name: str, output_name: str):
+  """A SavedModel loaded as tensorflow_model_server loads it (the TF1 session loader,
+  tensors fed and fetched by name): a function numpy input -> numpy output."""
+  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
+  import tensorflow_text  # noqa: F401  (the exported graph's ops)
+  graph = tf.Graph()
+  session = tf.compat.v1.Session(graph=graph)
+  with graph.as_default():
+    meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], path)
+  signature = meta.signature_def[signature_name]
+  feed = signature.inputs[input_name].name
+  fetch = signature.outputs[output_name].name
+  return lambda value: session.run(fetch, feed_dict={feed: value})
+
+
 def matmul_peak(dtype: str = "float32", size: int = 2048, seconds: float = 3.0) -> float:
   """Best achieved FLOP/s of a square matmul in `dtype` on this machine."""
   import tensorflow as tf  # pylint: disable=import-outside-toplevel

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 
-from bench.common import machine, matmul_peak, print_table  # noqa: E402
+from bench.common import machine, matmul_peak, print_table, session_signature  # noqa: E402
 
 flags.DEFINE_list("configs", ["graph", "xla", "saved_model"],
                   "graph (tf.function), xla, saved_model (exported, session-mode loader).")
@@ -58,25 +58,12 @@ def decode_flops(config, batch: int, source: int, steps: int, beam: int) -> floa
 
 def session_decoder(model, decode_config, export_dir: str):
   """The model exported and loaded as tensorflow_model_server loads it: ids -> ids."""
-  # pylint: disable=import-outside-toplevel
-  import tensorflow as tf
-  import tensorflow_text  # noqa: F401  (the exported graph's ops)
-
-  from t2t_keras import serving
+  from t2t_keras import serving  # pylint: disable=import-outside-toplevel
   translator = serving.Translator(model, _IdTokenizer(), decode_config,
                                   max_input_length=FLAGS.length + 1)
   path = serving.export(translator, export_dir, version=1)
-  graph = tf.Graph()
-  session = tf.compat.v1.Session(graph=graph)
-  with graph.as_default():
-    meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], path)
-  signature = meta.signature_def["translate_ids"]
-  feed = signature.inputs["input_ids"].name
-  fetch = signature.outputs["output_ids"].name
-
-  def run(batch):
-    return (session.run(fetch, feed_dict={feed: batch.numpy()}),)
-  return run
+  translate_ids = session_signature(path, "translate_ids", "input_ids", "output_ids")
+  return lambda batch: (translate_ids(batch.numpy()),)
 
 
 class _IdTokenizer:

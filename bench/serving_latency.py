@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 
-from bench.common import cpu_model, machine  # noqa: E402
+from bench.common import cpu_model, machine, session_signature  # noqa: E402
 
 flags.DEFINE_integer("requests", 100, "Timed requests per engine (after 3 warm-ups).")
 flags.DEFINE_integer("length", 20, "Source tokens (EOS included).")
@@ -57,8 +57,6 @@ def main(argv):
   import ctranslate2
   import keras
   import numpy as np
-  import tensorflow as tf
-  import tensorflow_text  # noqa: F401  (the exported graph's ops)
 
   from t2t_keras import ctranslate2_export, serving
   from t2t_keras.configs import DecodeConfig, ModelConfig
@@ -83,18 +81,12 @@ def main(argv):
     path = serving.export(translator, os.path.join(tmp, "export"), version=1)
     ct2_dir = ctranslate2_export.export(model, config, tokenizer, os.path.join(tmp, "ct2"))
 
-    graph = tf.Graph()
-    session = tf.compat.v1.Session(graph=graph)
-    with graph.as_default():
-      meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], path)
-    signature = meta.signature_def["serving_default"]
-    feed_name = signature.inputs["inputs"].name
-    fetch = signature.outputs["outputs"].name
+    serve = session_signature(path, "serving_default", "inputs", "outputs")
     ct2 = ctranslate2.Translator(ct2_dir, device="cpu", compute_type="float32",
                                  inter_threads=1, intra_threads=threads)
 
     def t2t_request():
-      out = session.run(fetch, feed_dict={feed_name: np.array([sentence.encode()])})
+      out = serve(np.array([sentence.encode()]))
       return len(out[0].split())
 
     def ct2_request():

@@ -196,6 +196,15 @@ def check_tree(out, words, constraint):
   assert kinds[body[0]] == constraint.OPEN and depth == 0 and leaves == words, body
 
 
+def assert_xla_in_place_agrees(model, inputs, config, constraint, ids, scores):
+  """The in-place cache layout under XLA gives the reordered layout's beams."""
+  compiled = tf.function(lambda x: decoding.decode_ids(
+      model, x, config, in_place_cache=True, tree_constraint=constraint), jit_compile=True)
+  xla_ids, xla_scores = compiled(tf.constant(inputs))
+  np.testing.assert_array_equal(xla_ids.numpy(), ids)
+  np.testing.assert_allclose(xla_scores.numpy(), scores.numpy(), rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("beam,extra", [(1, 2), (3, 2), (3, 6)])
 def test_tree_constrained_decoding_writes_valid_trees_in_every_layout(model, beam, extra,
                                                                       monkeypatch):
@@ -221,12 +230,7 @@ def test_tree_constrained_decoding_writes_valid_trees_in_every_layout(model, bea
         check_tree(ids[b, k], words[b], constraint)
   assert not np.array_equal(free_ids.numpy().reshape(ids.shape), ids)  # it constrained
   if beam > 1:
-    compiled = tf.function(lambda x: decoding.decode_ids(
-        model, x, config, in_place_cache=True, tree_constraint=constraint),
-                           jit_compile=True)
-    xla_ids, xla_scores = compiled(tf.constant(inputs))
-    np.testing.assert_array_equal(xla_ids.numpy(), ids)
-    np.testing.assert_allclose(xla_scores.numpy(), scores.numpy(), rtol=1e-4, atol=1e-5)
+    assert_xla_in_place_agrees(model, inputs, config, constraint, ids, scores)
 
 
 def check_word_tree(out, source, constraint):
@@ -289,12 +293,7 @@ def test_word_copying_constraint_copies_every_word_once_in_every_layout(model, b
       if live[b, k]:
         check_word_tree(ids[b, k], inputs[b], constraint)
   if beam > 1:
-    compiled = tf.function(lambda x: decoding.decode_ids(
-        model, x, config, in_place_cache=True, tree_constraint=constraint),
-                           jit_compile=True)
-    xla_ids, xla_scores = compiled(tf.constant(inputs))
-    np.testing.assert_array_equal(xla_ids.numpy(), ids)
-    np.testing.assert_allclose(xla_scores.numpy(), scores.numpy(), rtol=1e-4, atol=1e-5)
+    assert_xla_in_place_agrees(model, inputs, config, constraint, ids, scores)
 
 
 def test_tree_constraint_needs_a_parsing_vocabulary():
