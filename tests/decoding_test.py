@@ -185,7 +185,7 @@ def check_tree(out, words, constraint):
     assert run <= constraint.max_open_run, body  # the treebank's bounds on brackets
     if kind == constraint.OPEN:
       opened += 1
-      assert opened <= 2 * words + 1, body
+      assert opened - 1 < constraint.BRACKETS_PER_WORD * words + 1, body  # when it opened
       depth += 1
     elif kind == constraint.CLOSE:
       assert kinds[body[n - 1]] != constraint.OPEN, body  # no empty constituent
