@@ -33,6 +33,15 @@ def export_path(model_dir, tmp_path_factory):
                           MAX_INPUT, version=1)
 
 
+def test_constrain_trees_refuses_a_translation_model(model_dir, tmp_path):
+  """--constrain_trees on a model that is no parser: a clear error, nothing written."""
+  from t2t_keras.errors import ExportError  # pylint: disable=import-outside-toplevel
+  with pytest.raises(ExportError, match=r"--constrain_trees with --model_dir=.*parsing model"):
+    export_model_dir(model_dir, str(tmp_path / "export"), DECODE, MAX_INPUT, version=1,
+                     constrain_trees=True)
+  assert not (tmp_path / "export").exists()
+
+
 def eager_translations(model_dir, sentences):
   from t2t_keras import translate  # pylint: disable=import-outside-toplevel
   loaded = modeldir.load(model_dir)

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from t2t_keras import BOS_ID, EOS_ID, PAD_ID
 from t2t_keras.beam_search import NEG_INF
-from t2t_keras.parsing.trees import token_kind
+from t2t_keras.parsing.trees import LINEARIZATIONS, token_kind
 
 
 class TreeConstraint:
@@ -65,8 +65,8 @@ class TreeConstraint:
     """`pieces`: the vocabulary's piece of every id; `linearization`: the model's
     (DataConfig.parsing_linearization); `max_open_run`: brackets that may open in a
     row."""
-    if linearization not in ("tags", "words"):
-      raise ValueError(f"linearization {linearization!r}: use 'tags' or 'words'")
+    if linearization not in LINEARIZATIONS:
+      raise ValueError(f"linearization {linearization!r}: use one of {LINEARIZATIONS}")
     self.linearization = linearization
     self.max_open_run = max_open_run
     kinds = np.full(len(pieces), self.OTHER, np.int32)
