@@ -54,7 +54,7 @@ def attention_maps(model, tokenizer, sentence: str, config: DecodeConfig,
   target = translate.strip_ids(output_ids[0, 0].numpy()) + [EOS_ID]
   encoded, mask, encoder_maps = model.encode(inputs, training=False, return_attention=True)
   _, decoder_maps = model.decode(tf.constant([target], tf.int32), encoded, mask,
-                                 training=False, return_attention=True)
+                                 training=False, return_attention=True, inputs=inputs)
   translation = tokenizer.detokenize(tf.constant([target], tf.int32)).numpy()[0].decode(
       "utf-8", "replace")
   return AttentionMaps(

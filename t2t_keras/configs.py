@@ -92,6 +92,12 @@ class ModelConfig:
   norm_epsilon: float = setting(1e-6, "LayerNorm epsilon.")
   shared_embeddings: bool = setting(
       True, "One matrix for source/target embeddings and the pre-softmax layer.")
+  source_pointer: bool = setting(
+      False, "Add to each decoder input the encoder output at the source position the "
+      "target has copied up to (a pointer that moves on whenever the target writes the "
+      "source token it points at): for targets that copy their source in order between "
+      "tokens of their own, e.g. parsing with --parsing_linearization=words; the decoder "
+      "then always knows its place.")
   # "mixed_bfloat16" is accepted as another name of "bfloat16" in code.
   dtype: str = setting("float32", "Compute precision; variables, logits and loss stay "
                        "float32.", choices=("float32", "bfloat16", "mixed_float16"))

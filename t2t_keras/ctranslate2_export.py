@@ -54,6 +54,10 @@ def _ctranslate2():
 
 def check_supported(config: ModelConfig):
   """Raises ExportError naming the flag of anything CTranslate2 cannot represent."""
+  if config.source_pointer:
+    raise ExportError(
+        "CTranslate2's Transformer has no source pointer (this model was trained with "
+        "--source_pointer): export it as a SavedModel (--format=saved_model) instead.")
   if config.head_key_size != config.head_value_size:
     raise ExportError(
         f"CTranslate2 has one head size for queries, keys and values, but this model has "

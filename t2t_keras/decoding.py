@@ -29,6 +29,7 @@ import tensorflow as tf
 from t2t_keras import BOS_ID, EOS_ID, PAD_ID
 from t2t_keras import beam_search as beam_search_lib
 from t2t_keras.configs import DecodeConfig
+from t2t_keras.model import advance_pointer
 
 if TYPE_CHECKING:
   from t2t_keras.parsing.constraint import TreeConstraint
@@ -92,16 +93,35 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
     decode_length += tf.shape(inputs)[1]
   encoded, memory_mask = model.encode(inputs, training=False)
   cross_key_values = model.cross_key_values(encoded)
+  # Models with a source pointer (Transformer.decode_step) also read the encoder
+  # output per hypothesis and carry each hypothesis' pointer in the search state.
+  pointing = getattr(model, "uses_source_pointer", False)
+  source_rows = inputs
   if k > 1:
     cross_key_values = tf.nest.map_structure(
         lambda t: beam_search_lib.tile_beams(t, k), cross_key_values)
     memory_mask = beam_search_lib.tile_beams(memory_mask, k)
+    if pointing:
+      encoded = tf.nest.map_structure(lambda t: beam_search_lib.tile_beams(t, k), encoded)
+      source_rows = beam_search_lib.tile_beams(inputs, k)
   source_lengths = tf.reduce_sum(tf.cast(tf.not_equal(inputs, PAD_ID), tf.int32), axis=1)
   limits = source_lengths + config.extra_decode_length + copied
   start = tf.fill([batch], BOS_ID)
 
   def plain_step(ids, index, cache):
     return model.decode_step(ids, index, cache, cross_key_values, memory_mask)
+
+  if pointing:
+    def plain_step(ids, index, state):  # pylint: disable=function-redefined
+      cache, pointer = state
+      pointer = advance_pointer(pointer, ids, source_rows)
+      logits, cache = model.decode_step(ids, index, cache, cross_key_values, memory_mask,
+                                        source_pointer=(encoded, pointer))
+      return logits, (cache, pointer)
+
+  def plain_state(rows, *cache_args):
+    cache = model.init_cache(*cache_args)
+    return (cache, tf.zeros([rows], tf.int32)) if pointing else cache
 
   def per_row(t):  # (B,) -> one value per hypothesis row (B * K,)
     return t if k == 1 else beam_search_lib.tile_beams(t, k)
@@ -118,7 +138,7 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
     return force_eos_at(step, per_row(limits)), state
 
   if k == 1:
-    step, state = finish(plain_step, model.init_cache(batch, decode_length))
+    step, state = finish(plain_step, plain_state(batch, batch, decode_length))
     if not config.sampling:
       return beam_search_lib.greedy_search(step, start, state, decode_length)
     ids, scores = beam_search_lib.sample_search(
@@ -128,7 +148,7 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
             tf.reshape(scores, [-1, samples]))
   if not in_place_cache or k > MAX_SLOTTED_BEAM:
     # One cache row per hypothesis, gathered by parent beam at every step.
-    step, state = finish(plain_step, model.init_cache(batch * k, decode_length))
+    step, state = finish(plain_step, plain_state(batch * k, batch * k, decode_length))
     return beam_search_lib.beam_search(step, start, state, k, decode_length,
                                        alpha=config.alpha)
 
@@ -139,18 +159,24 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
   own_slot = tf.range(k)[None, :, None]
 
   def symbols_to_logits(ids, index, state):
-    cache, slots = state
+    cache, slots, pointer = state
     slots = tf.where(tf.equal(positions, index)[None, None, :], own_slot, slots)
+    extra = {}
+    if pointing:
+      pointer = advance_pointer(pointer, ids, source_rows)
+      extra["source_pointer"] = (encoded, pointer)
     logits, cache = model.decode_step(ids, index, cache, cross_key_values, memory_mask,
-                                      slots=slots)
-    return logits, (cache, slots)
+                                      slots=slots, **extra)
+    return logits, (cache, slots, pointer)
 
   def reorder(state, parents):
-    cache, slots = state
-    return cache, tf.gather(slots, parents, batch_dims=1)
+    cache, slots, pointer = state
+    pointer = tf.reshape(tf.gather(tf.reshape(pointer, [batch, k]), parents, batch_dims=1),
+                         [batch * k])
+    return cache, tf.gather(slots, parents, batch_dims=1), pointer
 
   slots = tf.zeros([batch, k, decode_length], tf.int32)
-  step, state = finish(symbols_to_logits, (cache, slots))
+  step, state = finish(symbols_to_logits, (cache, slots, tf.zeros([batch * k], tf.int32)))
   if tree_constraint is not None:
     inner_reorder = reorder
 

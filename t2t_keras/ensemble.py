@@ -28,6 +28,8 @@ class Ensemble:
                        f"{sorted(vocab_sizes)}: they must share one vocabulary")
     self.models = list(models)
     self.model_config = self.models[0].model_config
+    self.uses_source_pointer = any(getattr(m, "uses_source_pointer", False)
+                                   for m in self.models)
 
   def encode(self, inputs, training=False):
     """(one encoder output per member, the source mask they share)."""
@@ -41,12 +43,21 @@ class Ensemble:
     return tuple(m.init_cache(batch_size, max_length, beam_size=beam_size)
                  for m in self.models)
 
-  def decode_step(self, ids, index, cache, cross_key_values, memory_mask, slots=None):
-    """The members' average log probabilities (B * K, V) and their updated caches."""
+  def decode_step(self, ids, index, cache, cross_key_values, memory_mask, slots=None,
+                  source_pointer=None):
+    """The members' average log probabilities (B * K, V) and their updated caches.
+
+    `source_pointer`: (the members' encoder outputs, as `encode` returns them, per
+    hypothesis row; the pointer), when `uses_source_pointer`."""
     log_probs, caches = [], []
-    for model, model_cache, key_values in zip(self.models, cache, cross_key_values):
+    for i, (model, model_cache, key_values) in enumerate(
+        zip(self.models, cache, cross_key_values)):
+      extra = {}
+      if getattr(model, "uses_source_pointer", False):
+        encoded, pointer = source_pointer
+        extra["source_pointer"] = (encoded[i], pointer)
       logits, model_cache = model.decode_step(ids, index, model_cache, key_values,
-                                              memory_mask, slots=slots)
+                                              memory_mask, slots=slots, **extra)
       log_probs.append(tf.nn.log_softmax(tf.cast(logits, tf.float32)))
       caches.append(model_cache)
     if len(log_probs) == 1:
@@ -71,6 +82,6 @@ def forced_pass(model, inputs, targets, layer: int = -1):
     return model.forced(inputs, targets, layer)
   encoded, mask = model.encode(inputs, training=False)
   logits, maps = model.decode(targets, encoded, mask, training=False,
-                              return_attention=True)
+                              return_attention=True, inputs=inputs)
   _, cross = maps[layer]
   return tf.nn.log_softmax(tf.cast(logits, tf.float32)), tf.cast(cross, tf.float32)

@@ -340,6 +340,12 @@ def check_train_flags(argv, fv=FLAGS) -> list:
             f"read it (it reads {reads or 'no file flags'}"
             f"{'; its vocabulary is its symbols' if source == 'synthetic' else ''}): "
             f"{_fix_for(name)}, or drop --{name}")
+  if (fv.source_pointer and source == "parsing"
+      and fv.parsing_linearization != "words"):
+    problems.append(
+        "--source_pointer points at the next source word the target copies, and "
+        f"--parsing_linearization={fv.parsing_linearization} copies none: use "
+        "--parsing_linearization=words, or drop --source_pointer")
   if problems:
     raise flags.ValidationError("; ".join(problems) + ".")
   return warnings

@@ -12,6 +12,15 @@ Besides `call` (teacher forcing), the model exposes the pieces decoding needs:
 `init_cache` (fixed-size self-attention caches) and `decode_step` (one token for
 every sequence, returning the updated cache). decoding.py drives them (beam search,
 greedy search and sampling).
+
+With `source_pointer` (ModelConfig), for targets that copy their source in order
+between tokens of their own (parsing's "words" linearization), each decoder input
+also gets the (projected) encoder output at the source position the target has copied
+up to: the pointer starts at 0 and moves on by one whenever a decoder input is the
+source token it points at (`advance_pointer`), so "(NP , , (NP ..." moves it past the
+source's "," once, at the word, and not at the tag "," that follows; it stops at the
+source's EOS. No vocabulary knowledge is needed. Teacher forcing computes the pointers
+from the targets (`source_pointers`); incremental decoding carries them (`decode_step`).
 """
 
 from __future__ import annotations
@@ -44,6 +53,17 @@ def causal_mask(length):
   """Boolean (1, 1, T, T): position t may attend to positions <= t."""
   positions = ops.arange(length)
   return (positions[None, :] <= positions[:, None])[None, None]
+
+
+def advance_pointer(pointer, ids, inputs):
+  """The source pointer after decoder input `ids`: pointer (R,), ids (R,), source ids
+  inputs (R, S) -> pointer + 1 where ids is the source token at the pointer (capped at
+  the last position)."""
+  pointer = ops.cast(pointer, "int32")
+  last = ops.shape(inputs)[1] - 1
+  at = ops.take_along_axis(ops.cast(inputs, "int32"),
+                           ops.minimum(pointer, last)[:, None], axis=1)[:, 0]
+  return pointer + ops.cast(ops.equal(ops.cast(ids, "int32"), at), "int32")
 
 
 def shift_right(targets):
@@ -123,6 +143,10 @@ class Transformer(keras.Model):
       # Keras tracks the lists for `weights`, but tf.train.Checkpoint does not see
       # into them: an attribute per layer puts it in checkpoints under a stable name.
       setattr(self, layer.name, layer)
+    if c.source_pointer:
+      self.source_pointer_projection = keras.layers.Dense(
+          c.hidden_size, use_bias=False, dtype=policy, name="source_pointer_projection")
+      self.source_pointer_projection.build(shape)
     if c.pre_norm:  # pre-norm stacks end with a norm; post-norm ones already did
       self.encoder_norm = keras.layers.LayerNormalization(
           epsilon=c.norm_epsilon, dtype=policy, name="encoder_norm")
@@ -151,14 +175,23 @@ class Transformer(keras.Model):
       x = self.encoder_norm(x)
     return (x, mask, maps) if return_attention else (x, mask)
 
-  def decode(self, targets, encoded, memory_mask, training=None, return_attention=False):
-    """Teacher-forced decoder pass over targets (B, T) given the encoder output.
+  def decode(self, targets, encoded, memory_mask, training=None, return_attention=False,
+             inputs=None):
+    """Teacher-forced decoder pass over targets (B, T) given the encoder output
+    (and the source ids `inputs` (B, S), which models with a source pointer need).
 
     Returns:
       float32 logits (B, T, V); plus a list of per-layer (self, cross) probabilities
       if `return_attention`.
     """
-    x = self.decoder_position(self.target_embedding(shift_right(targets)))
+    decoder_inputs = shift_right(targets)
+    x = self.decoder_position(self.target_embedding(decoder_inputs))
+    if self.model_config.source_pointer:
+      if inputs is None:
+        raise ValueError("this model has a source pointer (--source_pointer): decode "
+                         "needs the source ids (inputs=)")
+      pointer = self.source_pointers(inputs, decoder_inputs)
+      x = x + self.pointed_source(encoded, memory_mask, pointer)
     x = self.decoder_dropout(x, training=training)
     self_mask = causal_mask(ops.shape(targets)[1])
     maps = []
@@ -171,7 +204,34 @@ class Transformer(keras.Model):
 
   def call(self, inputs, training=None):
     encoded, memory_mask = self.encode(inputs["inputs"], training=training)
-    return self.decode(inputs["targets"], encoded, memory_mask, training=training)
+    return self.decode(inputs["targets"], encoded, memory_mask, training=training,
+                       inputs=inputs["inputs"])
+
+  # ---------------------------------------------------------------- source pointer
+  @property
+  def uses_source_pointer(self) -> bool:
+    return self.model_config.source_pointer
+
+  @staticmethod
+  def source_pointers(inputs, decoder_inputs):
+    """Source ids (B, S), decoder inputs (B, T) -> (B, T) int32: the pointer at each
+    position after its input (`advance_pointer` from 0, one step per position)."""
+    def step(pointer, ids):
+      pointer = advance_pointer(pointer, ids, inputs)
+      return pointer, pointer
+    start = ops.zeros(ops.shape(decoder_inputs)[:1], "int32")
+    _, pointers = ops.scan(step, start, ops.transpose(decoder_inputs))
+    return ops.transpose(pointers)
+
+  def pointed_source(self, encoded, memory_mask, pointer):
+    """The source pointer's decoder input: encoded (R, S, D), memory_mask (R, 1, 1, S),
+    pointer (R, T) int -> (R, T, D), the projected encoder output at each pointer
+    (capped at the source's EOS)."""
+    last = ops.sum(ops.cast(memory_mask[:, 0, 0, :], "int32"), axis=1) - 1  # EOS
+    pointer = ops.minimum(ops.cast(pointer, "int32"), last[:, None])
+    picked = ops.matmul(ops.one_hot(pointer, ops.shape(encoded)[1], dtype=encoded.dtype),
+                        encoded)  # (R, T, S) @ (R, S, D)
+    return self.source_pointer_projection(picked)
 
   def _logits(self, x):
     if self.model_config.pre_norm:
@@ -196,7 +256,8 @@ class Transformer(keras.Model):
              "value": ops.zeros((batch_size, c.num_heads, size, c.head_value_size), dtype)}
             for _ in self.decoder_layers]
 
-  def decode_step(self, ids, index, cache, cross_key_values, memory_mask, slots=None):
+  def decode_step(self, ids, index, cache, cross_key_values, memory_mask, slots=None,
+                  source_pointer=None):
     """Decodes one position for every sequence.
 
     Args:
@@ -210,12 +271,22 @@ class Transformer(keras.Model):
         sentence b whose cache holds position t of hypothesis j's history, for
         t <= index; slots[b, j, index] must be j (the new position is written into
         the hypothesis' own slot). Beam search reorders this table, never the cache.
+      source_pointer: models with `source_pointer` only: (encoded (B * K, S, D), the
+        encoder output per hypothesis row; pointer (B * K,) int, each hypothesis'
+        pointer after `ids`: the caller applies `advance_pointer` to the previous
+        step's, starting from 0).
 
     Returns:
       (float32 logits (B * K, V) for position `index`, updated cache).
     """
     x = self.target_embedding(ids[:, None])  # (B*K, 1, D)
     x = self.decoder_position(x, start=index)
+    if self.model_config.source_pointer:
+      if source_pointer is None:
+        raise ValueError("this model has a source pointer (--source_pointer): decode_step "
+                         "needs source_pointer=(encoded rows, pointer)")
+      encoded, pointer = source_pointer
+      x = x + self.pointed_source(encoded, memory_mask, pointer[:, None])
     if slots is None:
       length = ops.shape(cache[0]["key"])[2]
       self_mask = (ops.arange(length) <= index)[None, None, None, :]  # (1, 1, 1, L)

@@ -48,7 +48,8 @@ CTRANSLATE2_DIR = "ctranslate2"
 # ModelConfig fields that change variable shapes or the computation a checkpoint encodes.
 SHAPE_FIELDS = ("vocab_size", "hidden_size", "filter_size", "num_heads",
                 "num_hidden_layers", "num_encoder_layers", "num_decoder_layers", "key_size",
-                "value_size", "position_embedding", "pre_norm", "shared_embeddings")
+                "value_size", "position_embedding", "pre_norm", "shared_embeddings",
+                "source_pointer")
 
 
 # ---------------------------------------------------------------- layout

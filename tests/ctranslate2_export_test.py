@@ -104,6 +104,12 @@ def test_unsupported_head_sizes_are_refused_naming_the_flags(tmp_path):
     ce.export(create_model(config), config, IntegerTokenizer(VOCAB), str(tmp_path))
 
 
+def test_source_pointer_models_are_refused_naming_the_flag(tmp_path):
+  config = dataclasses.replace(BASE, source_pointer=True)
+  with pytest.raises(ce.ExportError, match="--source_pointer"):
+    ce.export(create_model(config), config, IntegerTokenizer(VOCAB), str(tmp_path))
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
   """A tiny model trained briefly on the reverse task: peaked distributions, so

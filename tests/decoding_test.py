@@ -25,6 +25,17 @@ def model():
                                   num_hidden_layers=2, layer_prepostprocess_dropout=0.0))
 
 
+@pytest.fixture(scope="module")
+def pointer_model():
+  """A model with a source pointer (random weights: its outputs copy some source
+  tokens by chance; `test_source_pointers_follow_copies` checks the pointer itself)."""
+  keras.utils.set_random_seed(4)
+  return create_model(ModelConfig(vocab_size=V, hidden_size=16, filter_size=32,
+                                  num_heads=2, num_hidden_layers=2,
+                                  layer_prepostprocess_dropout=0.0, pre_norm=True,
+                                  source_pointer=True))
+
+
 def sources(rng, lengths):
   ids = np.full((len(lengths), max(lengths)), PAD_ID, np.int32)
   for b, n in enumerate(lengths):
@@ -37,21 +48,28 @@ def uncached_scorer(model, inputs, beam, length):
   """Re-runs the full teacher-forced decoder on the whole prefix at every step."""
   encoded, mask = model.encode(inputs)
   encoded, mask = bs.tile_beams(encoded, beam), bs.tile_beams(mask, beam)
+  rows = bs.tile_beams(tf.constant(inputs), beam)
 
   def fn(ids, index, prefix):
     # prefix holds the generated tokens; the token chosen last step goes at index - 1.
     position = tf.one_hot(index - 1, length, on_value=True, off_value=False)
     prefix = tf.where(position[None, :] & (index > 0), ids[:, None], prefix)
-    logits = model.decode(prefix, encoded, mask)
+    logits = model.decode(prefix, encoded, mask, inputs=rows)
     return logits[:, index], prefix
   state = tf.zeros([inputs.shape[0] * beam, length], tf.int32)
   return fn, state
 
 
-@pytest.mark.parametrize("beam,alpha,slotted", [(1, 0.0, False), (4, 0.6, True),
-                                                (4, 0.6, False), (10, 0.3, False)])
-def test_cached_decoding_equals_uncached(model, beam, alpha, slotted, monkeypatch):
+@pytest.mark.parametrize("beam,alpha,slotted,pointer", [
+    (1, 0.0, False, False), (4, 0.6, True, False), (4, 0.6, False, False),
+    (10, 0.3, False, False), (1, 0.0, False, True), (4, 0.6, True, True),
+    (4, 0.6, False, True)])
+def test_cached_decoding_equals_uncached(model, pointer_model, beam, alpha, slotted,
+                                         pointer, monkeypatch):
   # Both cache layouts: beam slots kept in place, and one row per hypothesis reordered.
+  # With a source pointer, the search carries each hypothesis' pointer; the uncached
+  # scorer recounts it from the prefix (Transformer.decode).
+  model = pointer_model if pointer else model
   monkeypatch.setattr(decoding, "MAX_SLOTTED_BEAM", max(beam, 4))
   inputs = sources(np.random.default_rng(0), [6, 3, 9])
   config = DecodeConfig(beam_size=beam, alpha=alpha, extra_decode_length=3)
@@ -79,7 +97,9 @@ def test_padding_does_not_change_translations(model):
   np.testing.assert_allclose(scores[1].numpy(), alone_scores[0].numpy(), rtol=1e-5)
 
 
-def test_xla_decoding_equals_eager(model):
+@pytest.mark.parametrize("pointer", [False, True])
+def test_xla_decoding_equals_eager(model, pointer_model, pointer):
+  model = pointer_model if pointer else model
   inputs = sources(np.random.default_rng(2), [5, 8])
   config = DecodeConfig(beam_size=2, alpha=0.6, extra_decode_length=4)
   eager = decoding.decode_ids(model, inputs, config)
@@ -88,6 +108,23 @@ def test_xla_decoding_equals_eager(model):
   ids, scores = compiled(tf.constant(inputs))
   np.testing.assert_array_equal(ids.numpy(), eager[0].numpy())
   np.testing.assert_allclose(scores.numpy(), eager[1].numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_source_pointer_padding_and_ensemble_of_one(pointer_model):
+  """A pointer model translates a sentence alike alone and padded in a batch, and an
+  ensemble of it with itself translates as it does."""
+  from t2t_keras.ensemble import Ensemble  # pylint: disable=import-outside-toplevel
+  inputs = sources(np.random.default_rng(6), [7, 4])
+  config = DecodeConfig(beam_size=3, extra_decode_length=5)
+  ids, scores = decoding.decode_ids(pointer_model, inputs, config, decode_length=12)
+  alone_ids, alone_scores = decoding.decode_ids(pointer_model, inputs[1:, :4], config,
+                                                decode_length=12)
+  np.testing.assert_array_equal(ids[1].numpy(), alone_ids[0].numpy())
+  np.testing.assert_allclose(scores[1].numpy(), alone_scores[0].numpy(), rtol=1e-5)
+  pair_ids, pair_scores = decoding.decode_ids(Ensemble([pointer_model, pointer_model]),
+                                              inputs, config, decode_length=12)
+  np.testing.assert_array_equal(pair_ids.numpy(), ids.numpy())
+  np.testing.assert_allclose(pair_scores.numpy(), scores.numpy(), rtol=1e-4, atol=1e-5)
 
 
 def test_translate_keeps_input_order(model):
@@ -264,13 +301,17 @@ def check_word_tree(out, source, constraint):
   check_tree(brackets_and_tags + [EOS_ID], len(words), constraint)
 
 
-@pytest.mark.parametrize("beam,extra", [(1, 3), (3, 3), (3, 20)])
-def test_word_copying_constraint_copies_every_word_once_in_every_layout(model, beam, extra,
-                                                                        monkeypatch):
+@pytest.mark.parametrize("beam,extra,pointer", [(1, 3, False), (3, 3, False),
+                                               (3, 20, False), (3, 3, True)])
+def test_word_copying_constraint_copies_every_word_once_in_every_layout(
+    model, pointer_model, beam, extra, pointer, monkeypatch):
   # The "words" linearization: where a leaf may come, the search may only write the
   # next word's source pieces, then a tag. An untrained model must still write a
   # valid tree that copies the sentence exactly, at the tightest length (every piece is owed), with leading
   # orphan pieces, and the in-place XLA layout must agree with the reordered one.
+  # With a source pointer (the recipe's model), the copied words move each beam's
+  # pointer through the sentence; both cache layouts must carry it alike.
+  model = pointer_model if pointer else model
   monkeypatch.setattr(decoding, "MAX_SLOTTED_BEAM", 4)
   constraint = TreeConstraint(TREE_PIECES, "words")
   rng = np.random.default_rng(8)

@@ -7,7 +7,7 @@ import keras
 
 from t2t_keras import EOS_ID, PAD_ID
 from t2t_keras.configs import ModelConfig
-from t2t_keras.model import Transformer, create_model
+from t2t_keras.model import Transformer, advance_pointer, create_model
 
 V = 40
 
@@ -28,10 +28,12 @@ def random_ids(rng, batch, length, lengths=None):
   return ids
 
 
-@pytest.fixture(params=[False, True], ids=["post_norm", "pre_norm"])
+@pytest.fixture(params=["post_norm", "pre_norm", "source_pointer"])
 def model(request):
   keras.utils.set_random_seed(0)
-  return create_model(tiny_config(pre_norm=request.param))
+  if request.param == "source_pointer":
+    return create_model(tiny_config(pre_norm=True, source_pointer=True))
+  return create_model(tiny_config(pre_norm=request.param == "pre_norm"))
 
 
 def test_padded_batch_equals_each_sentence_alone(model):
@@ -62,13 +64,21 @@ def test_cached_decoding_equals_teacher_forcing(model):
   rng = np.random.default_rng(3)
   inputs = random_ids(rng, 3, 7, [7, 4, 2])
   targets = random_ids(rng, 3, 6)
-  full = model({"inputs": inputs, "targets": targets}).numpy()
   encoded, memory_mask = model.encode(inputs)
   cross = model.cross_key_values(encoded)
   cache = model.init_cache(3, 9)  # longer than the targets: unused slots stay masked
   previous = np.full((3,), 3, "int32")  # BOS
+  if model.uses_source_pointer:  # targets that copy some source tokens
+    targets[0, 1:4] = inputs[0, :3]
+    targets[1, 2:5] = inputs[1, :3]  # source 1 has 3 tokens + EOS: the pointer stops
+    targets[2, 0] = inputs[2, 0]
+  full = model({"inputs": inputs, "targets": targets}).numpy()
+  pointer, extra = np.zeros((3,), "int32"), {}
   for t in range(targets.shape[1]):
-    logits, cache = model.decode_step(previous, t, cache, cross, memory_mask)
+    if model.uses_source_pointer:
+      pointer = advance_pointer(pointer, previous, inputs)
+      extra = {"source_pointer": (encoded, pointer)}
+    logits, cache = model.decode_step(previous, t, cache, cross, memory_mask, **extra)
     np.testing.assert_allclose(logits.numpy(), full[:, t], atol=1e-4, err_msg=f"step {t}")
     previous = targets[:, t]
 
@@ -81,12 +91,47 @@ def test_decode_step_compiles_with_tensor_index(model):
   step = tf.function(model.decode_step, jit_compile=True)
   cache = model.init_cache(2, 4)
   ids = tf.constant([3, 3])
-  eager_logits, _ = model.decode_step(ids, 0, cache, cross, memory_mask)
-  logits, new_cache = step(ids, tf.constant(0), cache, cross, memory_mask)
+  extra = ({"source_pointer": (encoded, tf.constant([0, 0]))}
+           if model.uses_source_pointer else {})
+  eager_logits, _ = model.decode_step(ids, 0, cache, cross, memory_mask, **extra)
+  logits, new_cache = step(ids, tf.constant(0), cache, cross, memory_mask, **extra)
   np.testing.assert_allclose(logits.numpy(), eager_logits.numpy(), atol=1e-4)
   assert new_cache[0]["key"].shape == cache[0]["key"].shape
   assert np.abs(new_cache[0]["key"].numpy()[:, :, 0]).max() > 0  # position 0 was written (B, H, L, K)
   np.testing.assert_array_equal(new_cache[0]["key"].numpy()[:, :, 1:], 0.0)
+
+
+def test_source_pointer_reads_the_source_at_the_pointer():
+  """With a source pointer, position t's decoder input adds the encoder output at the
+  source token the target has copied up to; a target token equal to the source's
+  token at the pointer moves it on (a "," tag after the word "," does not)."""
+  keras.utils.set_random_seed(5)
+  model = create_model(tiny_config(pre_norm=True, source_pointer=True))
+  source = tf.constant([[12, 13, 14, EOS_ID]])
+  # Decoder inputs BOS, 5, 12, 12, 13, 14: copies at 2 and 4, 5; the second 12 is not
+  # the token at the pointer (13) any more.
+  targets = tf.constant([[5, 12, 12, 13, 14, EOS_ID]])
+  pointer = model.source_pointers(source, tf.constant([[3, 5, 12, 12, 13, 14]]))
+  np.testing.assert_array_equal(pointer.numpy(), [[0, 0, 1, 1, 2, 3]])
+  encoded = tf.random.normal([1, 4, 16])
+  mask = tf.ones([1, 1, 1, 4], tf.bool)
+  picked = model.pointed_source(encoded, mask, pointer).numpy()
+  want = model.source_pointer_projection(tf.gather(encoded[0], [0, 0, 1, 1, 2, 3])).numpy()
+  np.testing.assert_allclose(picked[0], want, atol=1e-5)
+  # Beyond the source's EOS (position 3 here: 3 real tokens + EOS) it stays at EOS.
+  short = tf.constant([[[[True, True, False, False]]]])
+  capped = model.pointed_source(encoded, short, pointer).numpy()
+  want = model.source_pointer_projection(tf.gather(encoded[0], [0, 0, 1, 1, 1, 1])).numpy()
+  np.testing.assert_allclose(capped[0], want, atol=1e-5)
+  # The decoder's input is the embedding + position + this: with the projection zeroed,
+  # the logits are another model's, with it they differ.
+  logits = model.decode(targets, encoded, mask, inputs=source).numpy()
+  kernel = model.source_pointer_projection.kernel
+  saved = kernel.numpy()
+  kernel.assign(np.zeros_like(saved))
+  without = model.decode(targets, encoded, mask, inputs=source).numpy()
+  kernel.assign(saved)
+  assert np.abs(logits - without).max() > 1e-3
 
 
 @pytest.mark.parametrize("position_embedding", ["sinusoid", "learned"])

@@ -148,6 +148,15 @@ def test_train_cli_refuses_ignored_files(tmp_path):
   assert not (tmp_path / "m").exists()
 
 
+def test_source_pointer_without_copied_words_is_refused(tmp_path):
+  result = _run("train", "--data_source=parsing", "--parsing_linearization=tags",
+                "--train_src=train.mrg", "--source_pointer",
+                f"--model_dir={tmp_path / 'm'}")
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert "--parsing_linearization=words, or drop --source_pointer" in _error(result)
+  assert not (tmp_path / "m").exists()
+
+
 def _error(result) -> str:
   """The one `error:` line of a command's stderr (other lines may be the environment's
   TensorFlow log lines, e.g. with TF_CPP_MIN_LOG_LEVEL=2 set by the caller)."""
