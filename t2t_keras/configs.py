@@ -278,11 +278,13 @@ class DecodeConfig:
   batch_size: int = setting(32, "Sentences per decoding batch.", flag="decode_batch_size",
                             check=POSITIVE)
   jit_compile: bool = setting(
-      False, "Decode with XLA (Transformer base in bench/decode_speed.py: 2-3x faster on "
-      "CPU; the small Multi30k model: 1.25x). Batches are padded to --decode_batch_size "
-      "rows and a power-of-two source width (16, 32, 64, ...), and each width compiles "
-      "once (tens of seconds for a base model), so it pays off from a few hundred "
-      "sentences. Same translations as without.", flag="decode_jit_compile")
+      False, "Decode with XLA (Transformer base in bench/decode_speed.py: 1.4-1.5x "
+      "faster on CPU). Batches are padded to --decode_batch_size rows and a power-of-two "
+      "source width (16, 32, 64, ...), and each width compiles once (tens of seconds for "
+      "a base model), so it pays off from a few hundred sentences: the decode command "
+      "uses it from 256 input sentences on unless this flag is given either way "
+      "(export and training's dev BLEU do not unless it is set). Same translations as "
+      "without.", flag="decode_jit_compile")
   min_decode_length: int = setting(
       0, "Outputs have at least this many tokens before EOS: 1 never returns an empty "
       "translation (as CTranslate2's beam search); 0 (tensor2tensor) returns one when "

@@ -6,8 +6,10 @@ sorted by length internally; a progress line with sentences/s goes to stderr. Wi
 `--return_beams` every beam is written as `score<TAB>translation`, beams of one input
 on consecutive lines, inputs separated by an empty line. With `--reference_file`,
 sacreBLEU (cased and uncased) and chrF of the output are printed at the end.
-`--decode_jit_compile` decodes with XLA (`translate.translate` pads batches so that it
-compiles once per source-width bucket). `--constrain_trees` (parsing models) lets the
+XLA (`translate.translate` pads batches so that it compiles once per source-width
+bucket) is the default from `AUTO_XLA_SENTENCES` input sentences on, where its faster
+steps repay the compilation; `--decode_jit_compile` / `--nodecode_jit_compile` (on the
+command line or in a flagfile) choose either way for any input. `--constrain_trees` (parsing models) lets the
 beam search write only valid trees over the input's words (`parsing.constraint.TreeConstraint`).
 
 Sampling (back-translation): `--sampling_topk=K` (0 = the whole vocabulary) and/or
@@ -30,6 +32,7 @@ or 20 (big) checkpoints: `--beam_size=4 --alpha=0.6 --extra_decode_length=50
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from t2t_keras import console, errors
@@ -58,6 +61,12 @@ flags.DEFINE_integer("alignment_layer", -1,
 flags.DEFINE_integer("alignment_head", -1,
                      "Attention head that aligns; -1 = the average of all heads.")
 
+# From this many input sentences on, decode uses XLA unless --decode_jit_compile says
+# otherwise: each source-width bucket compiles once (about 10-40 s for a base model on
+# 2 cores) and XLA's steps are 1.4-1.5x faster (bench/decode_speed.py, BUILD.md), so a
+# few hundred sentences repay it; the translations are the same (tests/decoding_test.py).
+AUTO_XLA_SENTENCES = 256
+
 _READS = ("input_file", "output_file", "reference_file", "constrain_trees", "seed",
           "sampling_topk", "sampling_topp", "sampling_temperature", "num_samples",
           "output_alignments", "alignment_layer", "alignment_head")
@@ -69,6 +78,15 @@ def config_from_flags():
     return t2t_flags.decode_config().validate()
   except ValueError as error:
     raise flags.ValidationError(str(error)) from None
+
+
+def choose_xla(decode_config: DecodeConfig, sentences: int) -> DecodeConfig:
+  """--decode_jit_compile as given (command line or flagfile); when not given, XLA for
+  inputs of `AUTO_XLA_SENTENCES` sentences or more."""
+  if FLAGS["decode_jit_compile"].present:
+    return decode_config
+  return dataclasses.replace(decode_config,
+                             jit_compile=sentences >= AUTO_XLA_SENTENCES)
 
 
 def write_alignments(model, tokenizer, results, layers: int, multiple: bool) -> None:
@@ -129,6 +147,7 @@ def run() -> None:
       raise DataError(f"--reference_file {FLAGS.reference_file} has {len(references)} "
                       f"lines but --input_file {FLAGS.input_file or '<stdin>'} has "
                       f"{len(sentences)}: they must be line-aligned.")
+  decode_config = choose_xla(decode_config, len(sentences))
   if decode_config.sampling:
     how = (f"sampling {decode_config.num_samples} per input: top-k "
            f"{decode_config.sampling_topk or 'all'}, top-p {decode_config.sampling_topp:g}, "
@@ -136,9 +155,17 @@ def run() -> None:
   else:
     how = f"beam {decode_config.beam_size}, alpha {decode_config.alpha}"
   used = "; ".join(", ".join(l.checkpoints) for l in loaded)
+  if decode_config.jit_compile:
+    mode = "XLA" + ("" if FLAGS["decode_jit_compile"].present else
+                    f" (from {AUTO_XLA_SENTENCES} sentences on; --nodecode_jit_compile "
+                    "for graph mode)")
+  else:
+    mode = "graph mode" + ("" if FLAGS["decode_jit_compile"].present else
+                           f" (XLA from {AUTO_XLA_SENTENCES} sentences on, or with "
+                           "--decode_jit_compile)")
   print(f"decoding {len(sentences)} sentences with {used}"
         f"{' (ensemble)' if len(loaded) > 1 else ''} ({how}, extra length "
-        f"{decode_config.extra_decode_length})", file=sys.stderr, flush=True)
+        f"{decode_config.extra_decode_length}; {mode})", file=sys.stderr, flush=True)
   constraint = None
   if FLAGS.constrain_trees:
     try:

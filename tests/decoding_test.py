@@ -396,3 +396,41 @@ def test_min_decode_length_keeps_eos_away(beam, topk):
       assert lengths == [minimum, minimum], (minimum, lengths)
   finally:
     bias.logits = original
+
+
+def test_decode_cli_uses_xla_from_256_sentences_with_the_same_translations(
+    tiny_model_dir, tmp_path):
+  """The decode command's default: XLA for 256 sentences or more, graph mode below;
+  --nodecode_jit_compile / --decode_jit_compile force either, and both give the same
+  translations."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+
+  from tests.conftest import REPO_ROOT  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(9)
+  words = "a the man dog runs in park red small plays ball .".split()
+  lines = [" ".join(rng.choice(words, rng.integers(2, 14))) for _ in range(256)]
+
+  def decode(n, *flags):
+    source, output = tmp_path / f"in{n}.txt", tmp_path / f"out{n}{''.join(flags)}.txt"
+    source.write_text("".join(line + "\n" for line in lines[:n]), encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, "-m", "t2t_keras.decode", f"--model_dir={tiny_model_dir}",
+         f"--input_file={source}", f"--output_file={output}", "--extra_decode_length=4",
+         "--decode_batch_size=64", *flags], cwd=REPO_ROOT, capture_output=True, text=True,
+        timeout=600, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    first = next(l for l in result.stderr.splitlines() if l.startswith("decoding "))
+    return first, output.read_text(encoding="utf-8").splitlines()
+
+  line, xla = decode(256)
+  assert line.endswith("; XLA (from 256 sentences on; --nodecode_jit_compile for graph "
+                       "mode))"), line
+  line, graph = decode(256, "--nodecode_jit_compile")
+  assert line.endswith("; graph mode)"), line
+  assert xla == graph and len(xla) == 256
+  line, few = decode(255)
+  assert "; graph mode (XLA from 256 sentences on, or with --decode_jit_compile))" in line
+  assert few == graph[:255]
+  line, forced = decode(3, "--decode_jit_compile")
+  assert line.endswith("; XLA)") and forced == graph[:3], line
