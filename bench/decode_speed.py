@@ -9,15 +9,25 @@ matmul FLOP/s to the machine's measured float32 matmul peak, for each config:
   xla          the same compiled with XLA (--decode_jit_compile);
   saved_model  the model exported (serving.Translator) and loaded as TF Serving loads
                it: the TF1 session loader, the `translate_ids` signature fed and
-               fetched by tensor name, no XLA.
+               fetched by tensor name, no XLA;
+  ctranslate2  the same weights exported with `t2t_keras.export --format=ctranslate2`
+               and decoded by CTranslate2 float32 `translate_batch` (beam 4, its
+               length penalty at alpha, 70-token limit; needs the ctranslate2 extra).
+The configs run alternately, one timed pass each in turn (`--repeats` rounds, the best
+pass reported), so that they share the host's moods; each line gives the ratio to
+CTranslate2 when it is among them. Translations are not compared here (random
+weights; tests/ctranslate2_export_test.py compares them on a trained model), only
+the output tokens, which should be the same count on every path.
 
-    python bench/decode_speed.py [--configs=graph,xla,saved_model] [--repeats=2]
+    python bench/decode_speed.py [--configs=graph,xla,saved_model,ctranslate2] [--repeats=3]
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -26,8 +36,10 @@ from absl import app, flags  # noqa: E402
 
 from bench.common import machine, matmul_peak, print_table, session_signature  # noqa: E402
 
-flags.DEFINE_list("configs", ["graph", "xla", "saved_model"],
-                  "graph (tf.function), xla, saved_model (exported, session-mode loader).")
+CONFIGS = ("graph", "xla", "saved_model", "ctranslate2")
+flags.DEFINE_list("configs", list(CONFIGS),
+                  "graph (tf.function), xla, saved_model (exported, session-mode loader), "
+                  "ctranslate2 (the same weights, CTranslate2 float32).")
 flags.DEFINE_integer("sentences", 64, "Source sentences.")
 flags.DEFINE_integer("length", 20, "Source tokens per sentence (EOS included).")
 flags.DEFINE_integer("batch", 32, "Sentences per batch.")
@@ -35,7 +47,8 @@ flags.DEFINE_integer("beam_size", 4, "Beam size.")
 flags.DEFINE_float("alpha", 0.6, "Length penalty.")
 flags.DEFINE_integer("extra_decode_length", 50, "Output length limit = source + this.")
 flags.DEFINE_integer("vocab_size", 32000, "Shared vocabulary size.")
-flags.DEFINE_integer("repeats", 2, "Timed passes over the sentences (best is reported).")
+flags.DEFINE_integer("repeats", 3, "Timed passes over the sentences per config, "
+                     "alternating (the best is reported).")
 FLAGS = flags.FLAGS
 
 
@@ -78,15 +91,37 @@ class _IdTokenizer:
     return tf.strings.reduce_join(tf.strings.as_string(ids), axis=-1, separator=" ")
 
 
-def measure(kind: str):
+def ctranslate2_decoder(model, config, export_dir: str):
+  """The same weights exported with `--format=ctranslate2`, decoded by CTranslate2
+  float32 `translate_batch` (beam, length penalty and length limit as ours)."""
   # pylint: disable=import-outside-toplevel
-  import tempfile
+  import ctranslate2
 
+  from t2t_keras import ctranslate2_export
+  from t2t_keras.data.tokenizer import IntegerTokenizer
+  path = ctranslate2_export.export(model, config, IntegerTokenizer(FLAGS.vocab_size),
+                                   export_dir)
+  translator = ctranslate2.Translator(path, device="cpu", compute_type="float32",
+                                      inter_threads=1, intra_threads=os.cpu_count() or 1)
+
+  def decode(batch):
+    tokens = [[str(i) for i in row if i > 1] + ["</s>"] for row in batch.numpy()]
+    results = translator.translate_batch(
+        tokens, beam_size=FLAGS.beam_size, length_penalty=FLAGS.alpha,
+        max_batch_size=FLAGS.batch,
+        max_decoding_length=FLAGS.length + FLAGS.extra_decode_length)
+    return [len(r.hypotheses[0]) for r in results]
+  return decode, f" (CTranslate2 {ctranslate2.__version__}, {os.cpu_count()} threads)"
+
+
+def decoders(configs):
+  """One random-weight model; {config: (batch -> output tokens per sentence, note)}."""
+  # pylint: disable=import-outside-toplevel
   import keras
   import numpy as np
   import tensorflow as tf
 
-  from t2t_keras import EOS_ID, decoding
+  from t2t_keras import decoding
   from t2t_keras.configs import DecodeConfig, ModelConfig
   from t2t_keras.model import create_model
 
@@ -95,54 +130,76 @@ def measure(kind: str):
   model = create_model(config)
   decode_config = DecodeConfig(beam_size=FLAGS.beam_size, alpha=FLAGS.alpha,
                                extra_decode_length=FLAGS.extra_decode_length)
-  xla = kind == "xla"
-  tmp = tempfile.TemporaryDirectory()
-  if kind == "saved_model":
-    fn = session_decoder(model, decode_config, tmp.name)
-  else:
-    fn = tf.function(lambda x: decoding.decode_ids(model, x, decode_config,
-                                                   in_place_cache=xla),
-                     jit_compile=xla or None, autograph=False)
+  tmp = tempfile.mkdtemp(prefix="decode_speed_")  # removed by main
+  made = {}
+  for kind in configs:
+    if kind == "saved_model":
+      fn = session_decoder(model, decode_config, os.path.join(tmp, "export"))
+      note = " (exported, TF1 session loader, translate_ids by tensor name, as TF Serving)"
+    elif kind == "ctranslate2":
+      made[kind] = ctranslate2_decoder(model, config, os.path.join(tmp, "ct2"))
+      continue
+    else:
+      xla = kind == "xla"
+      fn = tf.function(lambda x, xla=xla: decoding.decode_ids(model, x, decode_config,
+                                                             in_place_cache=xla),
+                       jit_compile=xla or None, autograph=False)
+      note = ""
+    made[kind] = (lambda batch, fn=fn: list(np.sum(np.asarray(fn(batch)[0])[:, 0] != 0,
+                                                  axis=-1)), note)
+  return config, made, tmp
+
+
+def main(argv):
+  del argv
+  # pylint: disable=import-outside-toplevel
+  import numpy as np
+  import tensorflow as tf
+
+  from t2t_keras import EOS_ID
+  for config in FLAGS.configs:
+    if config not in CONFIGS:
+      raise app.UsageError(f"--configs: unknown config {config!r}; use "
+                           f"{', '.join(CONFIGS)}.")
+  print(f"machine: {machine()}")
+  peak = matmul_peak("float32")
+  print(f"measured float32 matmul peak: {peak / 1e9:.1f} GFLOP/s")
+  model_config, made, tmp = decoders(FLAGS.configs)
   rng = np.random.default_rng(0)
   sources = rng.integers(4, FLAGS.vocab_size, (FLAGS.sentences, FLAGS.length)).astype("int32")
   sources[:, -1] = EOS_ID
   batches = [tf.constant(sources[i:i + FLAGS.batch])
              for i in range(0, FLAGS.sentences, FLAGS.batch)]
-  fn(batches[0])  # trace / compile
-  best, tokens = float("inf"), 0
-  for _ in range(FLAGS.repeats):
-    start, tokens = time.perf_counter(), 0
-    for batch in batches:
-      ids = fn(batch)[0]
-      best_ids = np.asarray(ids)[:, 0]
-      tokens += int(np.sum(best_ids != 0))
-    best = min(best, time.perf_counter() - start)
+  for decode, _ in made.values():
+    decode(batches[0])  # trace / compile / warm up
+  best = {kind: float("inf") for kind in made}
+  tokens = {}
+  for _ in range(FLAGS.repeats):  # the configs alternate, pass by pass
+    for kind, (decode, _) in made.items():
+      start, count = time.perf_counter(), 0
+      for batch in batches:
+        count += int(sum(decode(batch)))
+      best[kind] = min(best[kind], time.perf_counter() - start)
+      tokens[kind] = count
   steps = FLAGS.length + FLAGS.extra_decode_length
-  total_flops = sum(decode_flops(config, int(b.shape[0]), FLAGS.length, steps,
+  total_flops = sum(decode_flops(model_config, int(b.shape[0]), FLAGS.length, steps,
                                  FLAGS.beam_size) for b in batches)
-  tmp.cleanup()
-  return FLAGS.sentences / best, tokens / best, total_flops / best, tokens
-
-
-def main(argv):
-  del argv
-  print(f"machine: {machine()}")
-  peak = matmul_peak("float32")
-  print(f"measured float32 matmul peak: {peak / 1e9:.1f} GFLOP/s")
+  reference = best.get("ctranslate2")
   rows = []
-  for config in FLAGS.configs:
-    if config not in ("graph", "xla", "saved_model"):
-      raise app.UsageError(f"--configs: unknown config {config!r}; use graph, xla, "
-                           "saved_model.")
-    sentences, tokens, flop_rate, count = measure(config)
-    rows.append((f"float32+{config}", f"{sentences:.2f}", f"{tokens:,.0f}",
-                 f"{flop_rate / 1e9:.1f}", f"{flop_rate / peak:.2f}"))
-    how = (" (exported, TF1 session loader, translate_ids by tensor name, as TF Serving)"
-           if config == "saved_model" else "")
-    print(f"float32+{config}: {sentences:.2f} sentences/s, {tokens:,.0f} target tokens/s "
-          f"({count} tokens){how}", flush=True)
+  for kind, (_, note) in made.items():
+    seconds = best[kind]
+    name = "float32+" + kind
+    versus = f", {reference / seconds:.2f}x CTranslate2" if reference else ""
+    print(f"{name}: {FLAGS.sentences / seconds:.2f} sentences/s, "
+          f"{tokens[kind] / seconds:,.0f} target tokens/s ({tokens[kind]} tokens{versus})"
+          f"{note}", flush=True)
+    rows.append((name, f"{FLAGS.sentences / seconds:.2f}", f"{tokens[kind] / seconds:,.0f}",
+                 f"{total_flops / seconds / 1e9:.1f}", f"{total_flops / seconds / peak:.2f}",
+                 f"{reference / seconds:.2f}" if reference else "-"))
   print()
-  print_table(rows, ["config", "sentences/s", "target tok/s", "GFLOP/s", "ratio to peak"])
+  print_table(rows, ["config", "sentences/s", "target tok/s", "GFLOP/s", "ratio to peak",
+                     "x CTranslate2"])
+  shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
