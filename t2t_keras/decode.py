@@ -65,6 +65,9 @@ flags.DEFINE_integer("alignment_head", -1,
 # otherwise: each source-width bucket compiles once (about 10-40 s for a base model on
 # 2 cores) and XLA's steps are 1.4-1.5x faster (bench/decode_speed.py, BUILD.md), so a
 # few hundred sentences repay it; the translations are the same (tests/decoding_test.py).
+# Only for beams that keep their cache in place under XLA (decoding.MAX_SLOTTED_BEAM):
+# wider beams reorder it in both modes, and there XLA was slower (parsing, beam 21,
+# 50 sentences: 329 s against 137 s in graph mode, same trees).
 AUTO_XLA_SENTENCES = 256
 
 _READS = ("input_file", "output_file", "reference_file", "constrain_trees", "seed",
@@ -82,11 +85,15 @@ def config_from_flags():
 
 def choose_xla(decode_config: DecodeConfig, sentences: int) -> DecodeConfig:
   """--decode_jit_compile as given (command line or flagfile); when not given, XLA for
-  inputs of `AUTO_XLA_SENTENCES` sentences or more."""
+  inputs of `AUTO_XLA_SENTENCES` sentences or more, at beams up to
+  `decoding.MAX_SLOTTED_BEAM`."""
+  from t2t_keras import decoding  # pylint: disable=import-outside-toplevel
   if FLAGS["decode_jit_compile"].present:
     return decode_config
-  return dataclasses.replace(decode_config,
-                             jit_compile=sentences >= AUTO_XLA_SENTENCES)
+  beam = 1 if decode_config.sampling else decode_config.beam_size
+  return dataclasses.replace(
+      decode_config, jit_compile=(sentences >= AUTO_XLA_SENTENCES
+                                  and beam <= decoding.MAX_SLOTTED_BEAM))
 
 
 def write_alignments(model, tokenizer, results, layers: int, multiple: bool) -> None:
@@ -161,8 +168,8 @@ def run() -> None:
                     "for graph mode)")
   else:
     mode = "graph mode" + ("" if FLAGS["decode_jit_compile"].present else
-                           f" (XLA from {AUTO_XLA_SENTENCES} sentences on, or with "
-                           "--decode_jit_compile)")
+                           f" (XLA from {AUTO_XLA_SENTENCES} sentences on at beams up "
+                           "to 8, or with --decode_jit_compile)")
   print(f"decoding {len(sentences)} sentences with {used}"
         f"{' (ensemble)' if len(loaded) > 1 else ''} ({how}, extra length "
         f"{decode_config.extra_decode_length}; {mode})", file=sys.stderr, flush=True)

@@ -430,7 +430,10 @@ def test_decode_cli_uses_xla_from_256_sentences_with_the_same_translations(
   assert line.endswith("; graph mode)"), line
   assert xla == graph and len(xla) == 256
   line, few = decode(255)
-  assert "; graph mode (XLA from 256 sentences on, or with --decode_jit_compile))" in line
+  assert ("; graph mode (XLA from 256 sentences on at beams up to 8, or with "
+          "--decode_jit_compile))") in line
   assert few == graph[:255]
+  line, _ = decode(256, "--beam_size=9")  # wide beams reorder the cache: graph mode
+  assert "; graph mode (XLA from 256" in line, line
   line, forced = decode(3, "--decode_jit_compile")
   assert line.endswith("; XLA)") and forced == graph[:3], line
