@@ -169,11 +169,15 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
                                       slots=slots, **extra)
     return logits, (cache, slots, pointer)
 
+  def by_parent(rows, parents):  # (B * K, ...) per-hypothesis rows, picked by parent beam
+    shape = tf.shape(rows)
+    picked = tf.gather(tf.reshape(rows, tf.concat([[batch, k], shape[1:]], 0)), parents,
+                       batch_dims=1)
+    return tf.reshape(picked, shape)
+
   def reorder(state, parents):
     cache, slots, pointer = state
-    pointer = tf.reshape(tf.gather(tf.reshape(pointer, [batch, k]), parents, batch_dims=1),
-                         [batch * k])
-    return cache, tf.gather(slots, parents, batch_dims=1), pointer
+    return cache, tf.gather(slots, parents, batch_dims=1), by_parent(pointer, parents)
 
   slots = tf.zeros([batch, k, decode_length], tf.int32)
   step, state = finish(symbols_to_logits, (cache, slots, tf.zeros([batch * k], tf.int32)))
@@ -182,10 +186,7 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
 
     def reorder(state, parents):  # pylint: disable=function-redefined
       inner, counts = state
-      width = tree_constraint.state_size
-      counts = tf.reshape(tf.gather(tf.reshape(counts, [batch, k, width]), parents,
-                                    batch_dims=1), [batch * k, width])
-      return inner_reorder(inner, parents), counts
+      return inner_reorder(inner, parents), by_parent(counts, parents)
   return beam_search_lib.beam_search(step, start, state, k, decode_length,
                                      alpha=config.alpha, reorder_state=reorder)
 
