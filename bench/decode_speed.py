@@ -10,6 +10,9 @@ matmul FLOP/s to the machine's measured float32 matmul peak, for each config:
   saved_model  the model exported (serving.Translator) and loaded as TF Serving loads
                it: the TF1 session loader, the `translate_ids` signature fed and
                fetched by tensor name, no XLA;
+  saved_model_xla  the same exported with `--export_jit_compile` (beam search compiled
+               by XLA inside the SavedModel; TF Serving needs
+               --xla_cpu_compilation_enabled=true);
   ctranslate2  the same weights exported with `t2t_keras.export --format=ctranslate2`
                and decoded by CTranslate2 float32 `translate_batch` (beam 4, its
                length penalty at alpha, 70-token limit; needs the ctranslate2 extra).
@@ -36,9 +39,10 @@ from absl import app, flags  # noqa: E402
 
 from bench.common import machine, matmul_peak, print_table, session_signature  # noqa: E402
 
-CONFIGS = ("graph", "xla", "saved_model", "ctranslate2")
+CONFIGS = ("graph", "xla", "saved_model", "saved_model_xla", "ctranslate2")
 flags.DEFINE_list("configs", list(CONFIGS),
                   "graph (tf.function), xla, saved_model (exported, session-mode loader), "
+                  "saved_model_xla (exported with --export_jit_compile), "
                   "ctranslate2 (the same weights, CTranslate2 float32).")
 flags.DEFINE_integer("sentences", 64, "Source sentences.")
 flags.DEFINE_integer("length", 20, "Source tokens per sentence (EOS included).")
@@ -69,11 +73,11 @@ def decode_flops(config, batch: int, source: int, steps: int, beam: int) -> floa
   return 2 * (encoder + cross_kv + per_step * steps + attention)
 
 
-def session_decoder(model, decode_config, export_dir: str):
+def session_decoder(model, decode_config, export_dir: str, jit_compile: bool = False):
   """The model exported and loaded as tensorflow_model_server loads it: ids -> ids."""
   from t2t_keras import serving  # pylint: disable=import-outside-toplevel
   translator = serving.Translator(model, _IdTokenizer(), decode_config,
-                                  max_input_length=FLAGS.length + 1)
+                                  max_input_length=FLAGS.length + 1, jit_compile=jit_compile)
   path = serving.export(translator, export_dir, version=1)
   translate_ids = session_signature(path, "translate_ids", "input_ids", "output_ids")
   return lambda batch: (translate_ids(batch.numpy()),)
@@ -133,9 +137,11 @@ def decoders(configs):
   tmp = tempfile.mkdtemp(prefix="decode_speed_")  # removed by main
   made = {}
   for kind in configs:
-    if kind == "saved_model":
-      fn = session_decoder(model, decode_config, os.path.join(tmp, "export"))
-      note = " (exported, TF1 session loader, translate_ids by tensor name, as TF Serving)"
+    if kind in ("saved_model", "saved_model_xla"):
+      xla = kind == "saved_model_xla"
+      fn = session_decoder(model, decode_config, os.path.join(tmp, kind), jit_compile=xla)
+      note = (" (exported" + (" with --export_jit_compile" if xla else "")
+              + ", TF1 session loader, translate_ids by tensor name, as TF Serving)")
     elif kind == "ctranslate2":
       made[kind] = ctranslate2_decoder(model, config, os.path.join(tmp, "ct2"))
       continue

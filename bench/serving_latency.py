@@ -8,16 +8,18 @@ sentence of 20 tokens (19 random ids + EOS) per request, `--requests` times:
 - t2t_keras: `serving_default` of the exported SavedModel (strings in, translations
   out), loaded as tensorflow_model_server loads it: the TF1 session loader, the
   signature's tensors fed and fetched by name, no XLA.
+- t2t_keras XLA: the same, exported with `--export_jit_compile` (beam search compiled
+  by XLA; tensorflow_model_server needs `--xla_cpu_compilation_enabled=true`).
 - CTranslate2: the same weights exported with `t2t_keras.export --format=ctranslate2`
   (float32), `translate_batch` of the same tokens, beam 4, length_penalty 0.6,
   max_decoding_length 70, `intra_threads` = the cores.
 
-The two run alternately, one request each, so that both see the same machine state.
+The engines run alternately, one request each, so that both see the same machine state.
 Prints the CPU model, then for each `p50 <ms> ms, p99 <ms> ms` and the mean output
 length (random weights rarely choose EOS, so outputs run to the limit: the figures are
 the cost of a 70-token output). Needs `pip install -e ".[ctranslate2]"`.
 
-    python bench/serving_latency.py [--requests=100]
+    python bench/serving_latency.py [--requests=100] [--engines=graph,xla,ctranslate2]
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ from absl import app, flags  # noqa: E402
 
 from bench.common import cpu_model, machine, session_signature  # noqa: E402
 
+ENGINES = ("graph", "xla", "ctranslate2")
+flags.DEFINE_list("engines", list(ENGINES), "graph (the default export), xla "
+                  "(--export_jit_compile), ctranslate2 (the same weights).")
 flags.DEFINE_integer("requests", 100, "Timed requests per engine (after 3 warm-ups).")
 flags.DEFINE_integer("length", 20, "Source tokens (EOS included).")
 flags.DEFINE_integer("vocab_size", 32000, "Shared vocabulary size.")
@@ -63,6 +68,9 @@ def main(argv):
   from t2t_keras.data.tokenizer import IntegerTokenizer
   from t2t_keras.model import create_model
 
+  for engine in FLAGS.engines:
+    if engine not in ENGINES:
+      raise app.UsageError(f"--engines: unknown engine {engine!r}; use {', '.join(ENGINES)}.")
   threads = os.cpu_count() or 1
   print(f"machine: {machine()}; CPU: {cpu_model()}; CTranslate2 {ctranslate2.__version__}")
   keras.utils.set_random_seed(0)
@@ -77,17 +85,20 @@ def main(argv):
   words = [str(i) for i in rng.integers(4, FLAGS.vocab_size, FLAGS.length - 1)]
   sentence = " ".join(words)
   with tempfile.TemporaryDirectory() as tmp:
-    translator = serving.Translator(model, tokenizer, decode_config, max_input_length=256)
-    path = serving.export(translator, os.path.join(tmp, "export"), version=1)
-    ct2_dir = ctranslate2_export.export(model, config, tokenizer, os.path.join(tmp, "ct2"))
+    def t2t_engine(jit_compile):
+      translator = serving.Translator(model, tokenizer, decode_config, max_input_length=256,
+                                      jit_compile=jit_compile)
+      path = serving.export(translator, os.path.join(tmp, f"export_{jit_compile}"), version=1)
+      serve = session_signature(path, "serving_default", "inputs", "outputs")
 
-    serve = session_signature(path, "serving_default", "inputs", "outputs")
+      def t2t_request():
+        out = serve(np.array([sentence.encode()]))
+        return len(out[0].split())
+      return t2t_request
+
+    ct2_dir = ctranslate2_export.export(model, config, tokenizer, os.path.join(tmp, "ct2"))
     ct2 = ctranslate2.Translator(ct2_dir, device="cpu", compute_type="float32",
                                  inter_threads=1, intra_threads=threads)
-
-    def t2t_request():
-      out = serve(np.array([sentence.encode()]))
-      return len(out[0].split())
 
     def ct2_request():
       result = ct2.translate_batch([words + ["</s>"]], beam_size=FLAGS.beam_size,
@@ -96,8 +107,11 @@ def main(argv):
                                    + FLAGS.extra_decode_length)
       return len(result[0].hypotheses[0])
 
-    engines = {"t2t_keras SavedModel (session, serving_default)": t2t_request,
-               "CTranslate2 float32 translate_batch": ct2_request}
+    names = {"graph": "t2t_keras SavedModel (session, serving_default)",
+             "xla": "t2t_keras SavedModel, --export_jit_compile (session, serving_default)",
+             "ctranslate2": "CTranslate2 float32 translate_batch"}
+    engines = {names[e]: (ct2_request if e == "ctranslate2" else t2t_engine(e == "xla"))
+               for e in FLAGS.engines}
     for request in engines.values():
       for _ in range(3):
         request()
@@ -112,8 +126,12 @@ def main(argv):
       print(f"{name}: p50 {percentile(times[name], 50):.1f} ms, p99 "
             f"{percentile(times[name], 99):.1f} ms (mean output {np.mean(lengths[name]):.1f} "
             f"tokens, {FLAGS.requests} requests)")
-    ratio = percentile(times[list(engines)[0]], 50) / percentile(times[list(engines)[1]], 50)
-    print(f"p50 ratio t2t_keras / CTranslate2: {ratio:.2f}")
+    if "ctranslate2" in FLAGS.engines:
+      reference = percentile(times[names["ctranslate2"]], 50)
+      for engine in FLAGS.engines:
+        if engine != "ctranslate2":
+          ratio = percentile(times[names[engine]], 50) / reference
+          print(f"p50 ratio t2t_keras {engine} / CTranslate2: {ratio:.2f}")
 
 
 if __name__ == "__main__":

@@ -36,13 +36,15 @@ import tensorflow as tf
 from t2t_keras import EOS_ID, PAD_ID
 from t2t_keras import decoding
 from t2t_keras.configs import DecodeConfig
+from t2t_keras.translate import MIN_XLA_WIDTH
 
 
 class Translator(tf.Module):
   """The exported module: model weights, tokenizer and decoding functions."""
 
   def __init__(self, model, tokenizer, config: DecodeConfig, max_input_length: int,
-               vocab_file: Optional[str] = None, tree_constraint=None):
+               vocab_file: Optional[str] = None, tree_constraint=None,
+               jit_compile: bool = False):
     super().__init__(name="translator")
     self.model = model
     # The tf.Variables under the Keras variables, tracked directly: TF Serving and
@@ -53,6 +55,12 @@ class Translator(tf.Module):
     self.config = config
     self.tree_constraint = tree_constraint  # parsing: only valid trees (or None)
     self.max_input_length = int(max_input_length)
+    self.jit_compile = bool(jit_compile)
+    if self.jit_compile:
+      # Beam search alone is compiled (the string ops stay outside: XLA has no
+      # tokenizer); XLA compiles once per input shape, so batches are padded to a
+      # power of two rows and `translate.padded_width` columns.
+      self.decode_xla = tf.function(self._decode_padded, jit_compile=True, autograph=False)
     if vocab_file:
       self.vocab = tf.saved_model.Asset(vocab_file)
     self.serve = tf.function(self._serve, input_signature=[
@@ -91,8 +99,30 @@ class Translator(tf.Module):
 
   def _decode(self, ids):
     ids = ids[:, :self.max_input_length]
+    if self.jit_compile:
+      return self._decode_bucketed(ids)
     return decoding.decode_ids(self.model, ids, self.config,
                                tree_constraint=self.tree_constraint)
+
+  def _decode_padded(self, ids):
+    return decoding.decode_ids(self.model, ids, self.config, in_place_cache=True,
+                               tree_constraint=self.tree_constraint)
+
+  def _decode_bucketed(self, ids):
+    """XLA export: pads ids [B, S] to [R, W] (R the next power of two >= B, W the next
+    power of two >= max(S, 16)) so that few shapes are ever compiled; filler rows hold
+    a lone EOS. Padding changes no translation (limits are per sentence)."""
+    rows, width = tf.shape(ids)[0], tf.shape(ids)[1]
+    powers = 2 ** tf.range(31)
+    padded_rows = tf.reduce_min(tf.where(powers >= rows, powers, powers[-1]))
+    padded_width = tf.reduce_min(tf.where(powers >= tf.maximum(width, MIN_XLA_WIDTH),
+                                          powers, powers[-1]))
+    ids = tf.pad(ids, [[0, padded_rows - rows], [0, padded_width - width]],
+                 constant_values=PAD_ID)
+    filler = tf.range(padded_rows) >= rows
+    ids = tf.where(filler[:, None] & tf.equal(tf.range(padded_width), 0)[None], EOS_ID, ids)
+    output_ids, scores = self.decode_xla(ids)
+    return output_ids[:rows], scores[:rows]
 
   def _translate_ids(self, input_ids):
     batch = tf.shape(input_ids)[0]
@@ -141,11 +171,12 @@ def export(translator: Translator, export_dir: str, version: Optional[int] = Non
 
 def export_model_dir(model_dir: str, export_dir: str, decode_config, max_input_length: int,
                      checkpoint_path=None, average_last_n: int = 0, version: int = 0,
-                     constrain_trees: bool = False) -> str:
+                     constrain_trees: bool = False, jit_compile: bool = False) -> str:
   """Loads model_dir and exports it; returns the versioned export path.
 
   `constrain_trees`: a parsing model's export writes only valid trees (ExportError
-  for a model that is not a parsing model).
+  for a model that is not a parsing model). `jit_compile`: beam search compiled with
+  XLA (`Translator`).
   """
   # pylint: disable=import-outside-toplevel
   from t2t_keras import modeldir
@@ -163,5 +194,5 @@ def export_model_dir(model_dir: str, export_dir: str, decode_config, max_input_l
   translator = Translator(
       loaded.model, loaded.tokenizer, decode_config, max_input_length,
       vocab_file=vocab if getattr(loaded.tokenizer, "model_proto", None) else None,
-      tree_constraint=constraint)
+      tree_constraint=constraint, jit_compile=jit_compile)
   return export(translator, export_dir, version or None)

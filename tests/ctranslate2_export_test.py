@@ -216,3 +216,9 @@ def test_missing_package_and_misused_flags_get_clear_errors(tmp_path, monkeypatc
       timeout=120, check=False)
   assert result.returncode == 2
   assert "--quantization is for --format=ctranslate2" in result.stderr
+  result = subprocess.run(
+      [sys.executable, "-m", "t2t_keras.export", f"--model_dir={tmp_path}",
+       "--format=ctranslate2", "--export_jit_compile"], cwd=REPO_ROOT, capture_output=True,
+      text=True, timeout=120, check=False)
+  assert result.returncode == 2
+  assert "--export_jit_compile is for --format=saved_model" in result.stderr

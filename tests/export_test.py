@@ -197,3 +197,63 @@ def test_empty_batch(served):
   assert out["outputs"].shape == (0,)
   ids = served.run("translate_ids", input_ids=np.zeros([0, 3], np.int32))
   assert ids["output_ids"].shape[0] == 0
+
+
+@pytest.fixture(scope="module")
+def xla_export_path(model_dir, tmp_path_factory):
+  """Written by the export CLI, as a user would: `--export_jit_compile`."""
+  export_dir = str(tmp_path_factory.mktemp("xla_export"))
+  result = subprocess.run(
+      [sys.executable, "-m", "t2t_keras.export", f"--model_dir={model_dir}",
+       f"--export_dir={export_dir}", "--export_version=1", "--export_jit_compile",
+       f"--beam_size={DECODE.beam_size}", f"--alpha={DECODE.alpha}",
+       f"--extra_decode_length={DECODE.extra_decode_length}", "--return_beams",
+       f"--max_input_length={MAX_INPUT}"],
+      cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "--xla_cpu_compilation_enabled=true" in result.stdout  # the server command
+  return os.path.join(export_dir, "1")
+
+
+def _must_compile_functions(export_path):
+  """Names of the SavedModel's functions marked for XLA (`_XlaMustCompile`)."""
+  from tensorflow.core.protobuf import saved_model_pb2  # pylint: disable=import-outside-toplevel
+  with open(os.path.join(export_path, "saved_model.pb"), "rb") as f:
+    proto = saved_model_pb2.SavedModel.FromString(f.read())
+  return {function.signature.name for meta in proto.meta_graphs
+          for function in meta.graph_def.library.function
+          if function.attr["_XlaMustCompile"].b}
+
+
+def test_xla_export_in_a_fresh_session_equals_eager(model_dir, xla_export_path, export_path):
+  """--export_jit_compile: the beam search is marked for XLA, and the export, loaded as
+  TF Serving loads it in a process without t2t_keras, translates as eager decoding."""
+  assert _must_compile_functions(xla_export_path)
+  assert not _must_compile_functions(export_path)
+  env = dict(os.environ, PYTHONPATH="")
+  result = subprocess.run(
+      [sys.executable, "-c", SERVE_SCRIPT, xla_export_path, json.dumps(SENTENCES)],
+      capture_output=True, text=True, env=env, cwd="/", timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  served = json.loads(result.stdout.strip().splitlines()[-1])
+  eager = eager_translations(model_dir, SENTENCES)
+  assert served["outputs"] == [t.texts[0] for t in eager]
+  assert served["beams"] == [t.texts for t in eager]
+  np.testing.assert_allclose(served["scores"], [t.scores[0] for t in eager], rtol=1e-4,
+                             atol=1e-5)
+
+
+def test_xla_export_ids_rows_translate_as_alone(xla_export_path, export_path):
+  """The XLA export pads each batch to a power of two rows and columns: any batch
+  size (3 rows, 1 row, none) and width gives the graph export's ids and scores."""
+  xla, graph = SessionModel(xla_export_path), SessionModel(export_path)
+  rows, _ = _ids(export_path, SENTENCES[:3])
+  ids = tf.ragged.constant(rows).to_tensor().numpy()
+  for batch in (ids, ids[:1], ids[:0]):
+    by_xla = xla.run("translate_ids", input_ids=batch)
+    by_graph = graph.run("translate_ids", input_ids=batch)
+    assert by_xla["output_ids"].shape[0] == len(batch)
+    width = by_graph["output_ids"].shape[2]
+    np.testing.assert_array_equal(by_xla["output_ids"][:, :, :width], by_graph["output_ids"])
+    assert not by_xla["output_ids"][:, :, width:].any()
+    np.testing.assert_allclose(by_xla["scores"], by_graph["scores"], rtol=1e-4, atol=1e-5)
