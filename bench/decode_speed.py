@@ -37,7 +37,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 
-from bench.common import machine, matmul_peak, print_table, session_signature  # noqa: E402
+from bench.common import (IdTokenizer, machine, matmul_peak, print_table,  # noqa: E402
+                          session_signature)
 
 CONFIGS = ("graph", "xla", "saved_model", "saved_model_xla", "ctranslate2")
 flags.DEFINE_list("configs", list(CONFIGS),
@@ -76,23 +77,11 @@ def decode_flops(config, batch: int, source: int, steps: int, beam: int) -> floa
 def session_decoder(model, decode_config, export_dir: str, jit_compile: bool = False):
   """The model exported and loaded as tensorflow_model_server loads it: ids -> ids."""
   from t2t_keras import serving  # pylint: disable=import-outside-toplevel
-  translator = serving.Translator(model, _IdTokenizer(), decode_config,
+  translator = serving.Translator(model, IdTokenizer(), decode_config,
                                   max_input_length=FLAGS.length + 1, jit_compile=jit_compile)
   path = serving.export(translator, export_dir, version=1)
   translate_ids = session_signature(path, "translate_ids", "input_ids", "output_ids")
   return lambda batch: (translate_ids(batch.numpy()),)
-
-
-class _IdTokenizer:
-  """Stands in for the vocabulary: the benchmark feeds ids (translate_ids)."""
-
-  def tokenize(self, strings):  # pragma: no cover - serving_default is not timed
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    return tf.strings.to_number(tf.strings.split(strings), tf.int32)
-
-  def detokenize(self, ids):  # pragma: no cover
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    return tf.strings.reduce_join(tf.strings.as_string(ids), axis=-1, separator=" ")
 
 
 def ctranslate2_decoder(model, config, export_dir: str):
