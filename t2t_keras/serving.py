@@ -97,10 +97,13 @@ class Translator(tf.Module):
     tokens = tf.pad(tokens, [[0, 0], [0, 1]])[:, :width]  # [B, S]
     return tokens + tf.one_hot(lengths, width, EOS_ID, PAD_ID, dtype=tf.int32)
 
-  def _decode(self, ids):
+  def _decode(self, ids, batch):
+    """ids [batch + 1, S]: the request's rows and the ride-along row (see _serve)."""
     ids = ids[:, :self.max_input_length]
     if self.jit_compile:
-      return self._decode_bucketed(ids)
+      # The ride-along row would double the padded rows of a power-of-two batch; XLA
+      # needs it only for an empty request.
+      return self._decode_bucketed(ids[:tf.maximum(batch, 1)])
     return decoding.decode_ids(self.model, ids, self.config,
                                tree_constraint=self.tree_constraint)
 
@@ -128,7 +131,7 @@ class Translator(tf.Module):
     batch = tf.shape(input_ids)[0]
     input_ids = tf.concat([input_ids, tf.one_hot([0], tf.shape(input_ids)[1], EOS_ID, PAD_ID,
                                                  dtype=tf.int32)], axis=0)
-    output_ids, scores = self._decode(self.clean_ids(input_ids))
+    output_ids, scores = self._decode(self.clean_ids(input_ids), batch)
     return {"output_ids": output_ids[:batch], "scores": scores[:batch]}
 
   def _serve(self, inputs):
@@ -136,7 +139,7 @@ class Translator(tf.Module):
     # graph; it is short, so it never lengthens the search.
     batch = tf.shape(inputs)[0]
     inputs = tf.concat([inputs, [""]], axis=0)
-    output_ids, scores = self._decode(self.encode_strings(inputs))
+    output_ids, scores = self._decode(self.encode_strings(inputs), batch)
     texts = self.tokenizer.detokenize(output_ids)[:batch]  # [B, K]
     scores = scores[:batch]
     outputs = {"outputs": texts[:, 0], "scores": scores[:, 0]}
