@@ -11,7 +11,11 @@ kernels of the two cores overlap, so the shares are of the summed kernel time, n
 the wall time; a wall time per kernel near the mean kernel time says that dispatch, not
 arithmetic, is what the step costs.
 
-    python bench/profile_decode.py [--batches=1,32] [--top=15]
+`--gemm_rows=128` instead times the decoder step's matmul shapes alone (rows x d_model
+x d_ff, rows x d_model x vocabulary, ...; XLA, float32) against the machine's measured
+square-matmul peak: the ceiling any decoding step of that many rows can reach.
+
+    python bench/profile_decode.py [--batches=1,32] [--top=15] [--gemm_rows=128]
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 
-from bench.common import IdTokenizer, machine  # noqa: E402
+from bench.common import IdTokenizer, machine, matmul_peak  # noqa: E402
 
 flags.DEFINE_list("batches", ["1", "32"], "Batch sizes (sentences per request) to trace.")
 flags.DEFINE_integer("length", 20, "Source tokens per sentence (EOS included).")
@@ -37,6 +41,8 @@ flags.DEFINE_integer("hidden_size", 512, "d_model (smaller for smoke runs).")
 flags.DEFINE_integer("filter_size", 2048, "d_ff.")
 flags.DEFINE_integer("num_hidden_layers", 6, "Layers per stack.")
 flags.DEFINE_integer("top", 15, "Op types to print per batch size.")
+flags.DEFINE_integer("gemm_rows", 0, "If > 0: time the step's matmul shapes at this many "
+                     "rows (batch x beam) instead of profiling the export.")
 FLAGS = flags.FLAGS
 
 
@@ -52,8 +58,43 @@ def kernel_times(step_stats):
   return by_op
 
 
+def gemm_ceiling(rows: int) -> None:
+  """Each matmul shape of a decoder step at `rows` rows, XLA-compiled: GFLOP/s and
+  ratio to the square-matmul peak, and the FLOP-weighted ratio of a whole step."""
+  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
+  d, f, v = FLAGS.hidden_size, FLAGS.filter_size, FLAGS.vocab_size
+  layers = FLAGS.num_hidden_layers
+  # (name, inner, outer, calls per step)
+  shapes = [("attention projection", d, d, 6 * layers), ("feed-forward in", d, f, layers),
+            ("feed-forward out", f, d, layers), ("output layer", d, v, 1)]
+  peak = matmul_peak("float32")
+  print(f"measured float32 matmul peak: {peak / 1e9:.1f} GFLOP/s")
+  total_flops = total_seconds = 0.0
+  for name, inner, outer, calls in shapes:
+    a = tf.random.normal([rows, inner])
+    w = tf.random.normal([inner, outer])
+    run = tf.function(lambda a, w: tf.reduce_sum(tf.matmul(a, w)), jit_compile=True)
+    run(a, w).numpy()
+    best = float("inf")
+    for _ in range(20):
+      start = time.perf_counter()
+      run(a, w).numpy()
+      best = min(best, time.perf_counter() - start)
+    flops = 2 * rows * inner * outer
+    total_flops += flops * calls
+    total_seconds += best * calls
+    print(f"  {name:<22} {rows} x {inner} x {outer}: {flops / best / 1e9:6.1f} GFLOP/s, "
+          f"{flops / best / peak:.2f} of peak ({calls} per step)")
+  print(f"a step's matmuls together: {total_flops / total_seconds / peak:.2f} of peak")
+
+
 def main(argv):
   del argv
+  if FLAGS.gemm_rows:
+    print(f"machine: {machine()}")
+    gemm_ceiling(FLAGS.gemm_rows)
+    return
   # pylint: disable=import-outside-toplevel
   import keras
   import numpy as np

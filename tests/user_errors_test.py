@@ -31,7 +31,7 @@ OTHER_PROGRAMS = {
     "flagfile", "verbosity", "v",  # absl's own
     "port", "rest_api_port", "model_name", "model_base_path", "model_config_file",
     "enable_batching", "batching_parameters_file", "file_system_poll_wait_seconds",
-    "tensorflow_session_parallelism",  # tensorflow_model_server
+    "tensorflow_session_parallelism", "xla_cpu_compilation_enabled",  # tensorflow_model_server
     "dir", "all", "tag_set", "signature_def", "input_exprs",  # saved_model_cli
     "logdir",  # tensorboard
     "mode", "ffn_dropout",  # bench/peers (OpenNMT-tf's names)
