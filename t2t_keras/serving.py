@@ -19,6 +19,11 @@ Parsing models exported with `--constrain_trees` carry the tree constraint
 (`parsing.constraint.TreeConstraint`) in both signatures: every output is a valid
 linearized tree over the request's words.
 
+With `jit_compile` (`t2t_keras.export --export_jit_compile`) the beam search is an
+XLA-compiled function inside the graph (TF Serving on CPU then needs
+`--xla_cpu_compilation_enabled=true`); each batch is padded to a power-of-two number of
+rows and of source columns, so that few shapes are compiled. Same translations.
+
 Odd requests: invalid UTF-8 bytes become U+FFFD; an empty string translates to
 whatever the model emits for an empty source; sources longer than
 `max_input_length` subwords are truncated to it (EOS included), which bounds the

@@ -75,7 +75,9 @@ print(json.dumps({"outputs": [t.decode() for t in out["outputs"]],
 """
 
 
-def test_fresh_process_without_t2t_keras_equals_eager(model_dir, export_path):
+def assert_fresh_process_equals_eager(model_dir, export_path):
+  """The export, served by SERVE_SCRIPT in a process without t2t_keras, translates
+  SENTENCES as eager decoding does (best, beams, scores)."""
   env = dict(os.environ, PYTHONPATH="")
   result = subprocess.run(
       [sys.executable, "-c", SERVE_SCRIPT, export_path, json.dumps(SENTENCES)],
@@ -87,6 +89,10 @@ def test_fresh_process_without_t2t_keras_equals_eager(model_dir, export_path):
   assert served["beams"] == [t.texts for t in eager]
   np.testing.assert_allclose(served["scores"], [t.scores[0] for t in eager], rtol=1e-4,
                              atol=1e-5)
+
+
+def test_fresh_process_without_t2t_keras_equals_eager(model_dir, export_path):
+  assert_fresh_process_equals_eager(model_dir, export_path)
 
 
 @pytest.fixture(scope="module")
@@ -230,17 +236,7 @@ def test_xla_export_in_a_fresh_session_equals_eager(model_dir, xla_export_path, 
   TF Serving loads it in a process without t2t_keras, translates as eager decoding."""
   assert _must_compile_functions(xla_export_path)
   assert not _must_compile_functions(export_path)
-  env = dict(os.environ, PYTHONPATH="")
-  result = subprocess.run(
-      [sys.executable, "-c", SERVE_SCRIPT, xla_export_path, json.dumps(SENTENCES)],
-      capture_output=True, text=True, env=env, cwd="/", timeout=300, check=False)
-  assert result.returncode == 0, result.stderr[-3000:]
-  served = json.loads(result.stdout.strip().splitlines()[-1])
-  eager = eager_translations(model_dir, SENTENCES)
-  assert served["outputs"] == [t.texts[0] for t in eager]
-  assert served["beams"] == [t.texts for t in eager]
-  np.testing.assert_allclose(served["scores"], [t.scores[0] for t in eager], rtol=1e-4,
-                             atol=1e-5)
+  assert_fresh_process_equals_eager(model_dir, xla_export_path)
 
 
 def test_xla_export_ids_rows_translate_as_alone(xla_export_path, export_path):
