@@ -36,7 +36,7 @@ flags.DEFINE_boolean(
     "export_jit_compile", False,
     "Compile the exported beam search with XLA (faster, and much lower latency on "
     "CPU). TensorFlow Serving runs it only when started with "
-    "--xla_cpu_compilation_enabled=true (CPU); without that flag every request fails. "
+    "--xla_cpu_compilation_enabled=true (CPU; serving#1858), else requests fail. "
     "Each new batch size or source length bucket is compiled on its first request.")
 flags.DEFINE_enum("quantization", None, ["int8", "int8_float32", "int8_float16",
                                          "int8_bfloat16", "int16", "float16",
