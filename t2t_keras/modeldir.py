@@ -7,7 +7,9 @@ the directory holds, so that a new file (or a renamed one) is one edit:
 
   config.json          the resolved ModelConfig and the data, training and decoding
                        settings (`write_or_check_config`, `load_model_config`)
-  flags.txt            the run's flags, as a flagfile (`flags_path`)
+  flags.txt            the flags of every run, as a flagfile (`append_flags`)
+  data_plan.json       what the batch plan depends on, checked at a restart
+                       (`plan_key`, `check_plan`)
   vocab.model          a copy of the SentencePiece model training used; synthetic
                        tasks need none (`save_vocab`, `load_tokenizer`)
   ckpt-<step>.*        checkpoints of model, optimizer and dropout seeds, listed in
@@ -16,6 +18,10 @@ the directory holds, so that a new file (or a renamed one) is one edit:
   best/, best_eval.json  the best checkpoint by dev BLEU or loss and its record
   .worker-<i>/         scratch checkpoints of the non-chief workers
   export/, ctranslate2/  default export directories
+
+Every file goes through tf.io.gfile (the directory may be on gs://) and is written
+under a unique temporary name, then renamed over the final one, so that a reader never
+sees half a file; in multi-worker runs only the chief writes here.
 
 A model directory can be copied to another machine (or bucket) and decoded or exported
 there without the training data. A restart whose model shape differs is refused with
@@ -28,6 +34,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
+import uuid
 from typing import List, Optional, Sequence, Union
 
 import tensorflow as tf
@@ -38,6 +46,7 @@ from t2t_keras.errors import CheckpointError, ModelDirError
 
 CONFIG_FILE = "config.json"
 FLAGS_FILE = "flags.txt"
+PLAN_FILE = "data_plan.json"
 VOCAB_FILE = "vocab.model"
 VOCAB_PATTERNS = ("*.model", "*.vocab")  # SentencePiece files copied with a model
 CHECKPOINT_PREFIX = "ckpt"
@@ -82,6 +91,67 @@ def worker_dir(model_dir: str, worker_id: int) -> str:
 
 def default_export_dir(model_dir: str, ctranslate2: bool = False) -> str:
   return os.path.join(model_dir, CTRANSLATE2_DIR if ctranslate2 else EXPORT_DIR)
+
+
+def _write_atomic(path: str, data, binary: bool = False) -> None:
+  """Writes `data` to a unique temporary name, then renames it over `path`."""
+  tmp = f"{path}.tmp-{uuid.uuid4().hex[:12]}"
+  with tf.io.gfile.GFile(tmp, "wb" if binary else "w") as f:
+    f.write(data)
+  tf.io.gfile.rename(tmp, path, overwrite=True)
+
+
+def append_flags(model_dir: str, flags_text: str) -> None:
+  """Appends a run's flags (absl's `flags_into_string`) to flags.txt, headed by the
+  time, so that the file is a flagfile of the latest run and a history of the others.
+  (absl's own `append_flags_into_file` uses Python's open, which fails on gs://.)"""
+  path = flags_path(model_dir)
+  old = ""
+  if tf.io.gfile.exists(path):
+    with tf.io.gfile.GFile(path) as f:
+      old = f.read()
+  header = f"# run started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}\n"
+  _write_atomic(path, old + header + flags_text)
+
+
+# ---------------------------------------------------------------- the batch plan
+def plan_key(data_config: DataConfig, train_config, replicas: int) -> dict:
+  """What decides which pairs each step trains on (see t2t_keras.data.plan)."""
+  return {"replicas": replicas, "accum_steps": train_config.accum_steps,
+          "steps_per_loop": train_config.steps_per_loop if data_config.static_shapes else 1,
+          "seed": data_config.seed, "batch_size": data_config.batch_size,
+          "max_length": data_config.max_length, "bucket_min": data_config.bucket_min,
+          "bucket_growth": data_config.bucket_growth,
+          "static_shapes": data_config.static_shapes}
+
+
+def check_plan(model_dir: str, key: dict, write: bool) -> Optional[str]:
+  """Compares a restart's batch plan with the one the checkpoints were trained on.
+
+  Returns:
+    One line saying what changed and what happens to the interrupted epoch, or None.
+    (`write`: record `key` for the next restart; the chief's job.)
+  """
+  path = os.path.join(model_dir, PLAN_FILE)
+  line = None
+  latest = tf.train.latest_checkpoint(model_dir)
+  if latest and tf.io.gfile.exists(path):
+    with tf.io.gfile.GFile(path) as f:
+      try:
+        saved = json.load(f).get("key", {})
+      except json.JSONDecodeError:
+        saved = {}
+    changed = [f"{name} {saved.get(name)} -> {value}" for name, value in key.items()
+               if saved.get(name) != value]
+    if changed:
+      line = (f"the batch plan changed since {os.path.basename(latest)} was saved ("
+              f"{', '.join(changed)}): training resumes at the same step in the new plan, "
+              "whose epochs hold other batches, so the rest of the interrupted epoch is "
+              "not replayed in its old order (some of its pairs come again, others only "
+              "in the next epoch); the next epochs are whole.")
+  if write:
+    _write_atomic(path, json.dumps({"key": key}, indent=2, sort_keys=True))
+  return line
 
 
 # ---------------------------------------------------------------- config.json
@@ -158,9 +228,7 @@ def write_or_check_config(model_dir: str, model_config: ModelConfig, **sections)
   record = {"model": dataclasses.asdict(model_config)}
   for name, section in sections.items():
     record[name] = dataclasses.asdict(section) if dataclasses.is_dataclass(section) else section
-  with tf.io.gfile.GFile(path + ".tmp", "w") as f:
-    json.dump(record, f, indent=2, sort_keys=True)
-  tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+  _write_atomic(path, json.dumps(record, indent=2, sort_keys=True))
 
 
 # ---------------------------------------------------------------- vocabulary
@@ -183,10 +251,13 @@ def save_vocab(tokenizer, model_dir: str) -> Optional[str]:
         f"({tokenizer.vocab_file or 'built in memory'}): the checkpoints in {model_dir} "
         "belong to that vocabulary. Use a new --model_dir for new data.")
   tf.io.gfile.makedirs(model_dir)
-  with tf.io.gfile.GFile(path + ".tmp", "wb") as f:
-    f.write(proto)
-  tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+  _write_atomic(path, proto, binary=True)
   return path
+
+
+def vocab_file_of(tokenizer, model_dir: str) -> Optional[str]:
+  """The model directory's copy of the tokenizer's vocabulary (None: it has none)."""
+  return vocab_path(model_dir) if getattr(tokenizer, "model_proto", None) else None
 
 
 def load_tokenizer(model_dir: str, data_config: Optional[DataConfig] = None):

@@ -43,6 +43,8 @@ def dev_bleu_hook(model, tokenizer, data_config, decode_config, n: int):
   {"bleu": cased sacreBLEU}.
   """
   # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
+
   from t2t_keras import decoding, metrics, translate
   from t2t_keras.errors import DataError
   if not (data_config.dev_src and data_config.dev_tgt):
@@ -50,11 +52,11 @@ def dev_bleu_hook(model, tokenizer, data_config, decode_config, n: int):
                     "and --dev_tgt (or --eval_bleu_sentences=0).")
   sources, references = [], []
   for path, lines in ((data_config.dev_src, sources), (data_config.dev_tgt, references)):
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with tf.io.gfile.GFile(path, "rb") as f:  # gs:// too
       for line in f:
         if len(lines) == n:
           break
-        lines.append(line.rstrip("\n"))
+        lines.append(line.decode("utf-8", errors="replace").rstrip("\r\n"))
   if len(sources) != len(references):
     raise DataError(f"--dev_src {data_config.dev_src} has {len(sources)} lines but --dev_tgt "
                     f"{data_config.dev_tgt} has {len(references)} within the first {n}.")
@@ -69,48 +71,89 @@ def dev_bleu_hook(model, tokenizer, data_config, decode_config, n: int):
   return hook
 
 
+def prepare(agreement, data_config, train_config, decode_config):
+  """Data, model config and the model directory's files, written by the chief alone.
+
+  The chief validates the data and builds the vocabulary and the tokenized caches
+  first; the other workers wait for it (one collective) and then read what it wrote,
+  so no file is written twice and no worker reads a half-written one. A chief that
+  fails here tells the others, which stop too instead of waiting forever.
+
+  Returns:
+    (datasets, model_config, the vocabulary file in model_dir or None).
+  """
+  # pylint: disable=import-outside-toplevel
+  from t2t_keras import data, modeldir
+  from t2t_keras.errors import UserError
+
+  def load():
+    datasets = data.make_datasets(data_config)
+    return datasets, t2t_flags.model_config(vocab_size=datasets.vocab_size)
+
+  model_dir = train_config.model_dir
+  if not agreement.chief:
+    if agreement.barrier():
+      raise UserError("the chief worker stopped while preparing the data and the model "
+                      "directory; its output says why.")
+    datasets, model_config = load()
+    return datasets, model_config, modeldir.vocab_file_of(datasets.tokenizer, model_dir)
+  try:
+    datasets, model_config = load()
+    modeldir.write_or_check_config(model_dir, model_config, data=data_config,
+                                   train=train_config, decode=decode_config)
+    vocab = modeldir.save_vocab(datasets.tokenizer, model_dir)
+    modeldir.append_flags(model_dir, FLAGS.flags_into_string())
+  except BaseException:
+    agreement.barrier(failed=True)
+    raise
+  agreement.barrier()
+  return datasets, model_config, vocab
+
+
 def train() -> None:
   # pylint: disable=import-outside-toplevel
   import keras
   import tensorflow as tf
 
-  from t2t_keras import data, modeldir
+  from t2t_keras import modeldir
+  from t2t_keras.errors import DataError
   from t2t_keras.training import distribute
   from t2t_keras.training.trainer import PREEMPTED_EXIT_CODE, Trainer, format_duration
 
   tf.get_logger().setLevel("WARNING")  # TF's own INFO chatter (saver timings, ...)
   train_config = t2t_flags.train_config()
   strategy = distribute.create_strategy(train_config)  # first: it may split the CPU
+  agreement = distribute.Agreement(strategy)
   if train_config.deterministic:
     tf.config.experimental.enable_op_determinism()
   keras.utils.set_random_seed(train_config.seed)
   data_config = t2t_flags.data_config()
   decode_config = t2t_flags.decode_config()
-  datasets = data.make_datasets(data_config)
-  model_config = t2t_flags.model_config(vocab_size=datasets.vocab_size)
-  modeldir.write_or_check_config(train_config.model_dir, model_config, data=data_config,
-                                    train=train_config, decode=decode_config)
-  vocab = modeldir.save_vocab(datasets.tokenizer, train_config.model_dir)
-  FLAGS.append_flags_into_file(modeldir.flags_path(train_config.model_dir))
+  datasets, model_config, vocab = prepare(agreement, data_config, train_config,
+                                          decode_config)
   print(f"training {model_config.encoder_layers}+{model_config.decoder_layers} layers, "
         f"d_model {model_config.hidden_size}, vocabulary {model_config.vocab_size} on "
-        f"{strategy.num_replicas_in_sync} replica(s); model_dir {train_config.model_dir}",
-        flush=True)
+        f"{strategy.num_replicas_in_sync} replica(s)"
+        f"{'' if agreement.chief else f' (worker {agreement.worker_id})'}; model_dir "
+        f"{train_config.model_dir}", flush=True)
   if ((train_config.keep_best_checkpoint or train_config.early_stopping_patience)
       and datasets.eval_fn is None):
-    from t2t_keras.errors import DataError
     raise DataError("--keep_best_checkpoint and --early_stopping_patience judge the dev "
                     "set, and this run has none: set --dev_src/--dev_tgt (files; TFDS and "
                     "synthetic data bring their own), or drop those flags.")
+  plan_key = modeldir.plan_key(data_config, train_config, strategy.num_replicas_in_sync)
+  change = modeldir.check_plan(train_config.model_dir, plan_key, write=agreement.chief)
+  if change:
+    print(change, flush=True)
   trainer = Trainer(model_config, train_config, strategy)
   eval_hook = None
-  if FLAGS.eval_bleu_sentences and datasets.eval_fn is not None:
+  if FLAGS.eval_bleu_sentences and datasets.eval_fn is not None and agreement.chief:
     eval_hook = dev_bleu_hook(trainer.model, datasets.tokenizer, data_config, decode_config,
                               FLAGS.eval_bleu_sentences)
   result = trainer.train(datasets.train_fn, datasets.eval_fn,
                          progress=lambda line: print(line, flush=True), eval_hook=eval_hook)
   if result.preempted:
-    print(f"stopped by SIGTERM at step {result.steps} with a checkpoint; exit code "
+    print(f"stopped by a stop signal at step {result.steps} with a checkpoint; exit code "
           f"{PREEMPTED_EXIT_CODE}: rerun the same command to resume", flush=True)
     sys.exit(PREEMPTED_EXIT_CODE)
   if result.stopped_early:
@@ -119,6 +162,8 @@ def train() -> None:
   print(f"done: {result.steps} steps in {format_duration(result.wall_seconds)}, "
         f"{result.target_tokens:,.0f} target tokens this run, estimated training cost "
         f"{result.flops:.3g} FLOPs this run (matmuls, forward + backward)", flush=True)
+  if not agreement.chief:  # examples and the export are the chief's: written once
+    return
   if FLAGS.show_examples and datasets.eval_fn is not None:
     from t2t_keras import translate
     translate.report_examples(trainer.model, datasets, data_config, decode_config,

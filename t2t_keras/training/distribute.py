@@ -13,6 +13,11 @@ import os
 import tensorflow as tf
 
 from t2t_keras.configs import TrainConfig
+from t2t_keras.errors import UserError
+
+
+class StrategyError(UserError, ValueError):
+  """A --strategy that cannot be created here; the message says what to do."""
 
 
 def split_cpu(num_devices: int) -> None:
@@ -32,7 +37,7 @@ def split_cpu(num_devices: int) -> None:
 
 
 def create_strategy(config: TrainConfig) -> tf.distribute.Strategy:
-  """Creates the strategy; raises ValueError with what to do when it cannot."""
+  """Creates the strategy; raises StrategyError with what to do when it cannot."""
   if config.num_logical_devices > 1:
     split_cpu(config.num_logical_devices)
   if config.strategy == "default":
@@ -46,14 +51,72 @@ def create_strategy(config: TrainConfig) -> tf.distribute.Strategy:
         devices=cpus, cross_device_ops=tf.distribute.ReductionToOneDevice())
   if config.strategy == "multi_worker_mirrored":
     if "TF_CONFIG" not in os.environ:
-      raise ValueError("--strategy=multi_worker_mirrored needs the TF_CONFIG environment "
-                       "variable (cluster hosts and this worker's index); see BUILD.md.")
-    json.loads(os.environ["TF_CONFIG"])  # a clear JSON error beats a hang later
+      raise StrategyError("--strategy=multi_worker_mirrored needs the TF_CONFIG "
+                          "environment variable (cluster hosts and this worker's index); "
+                          "see BUILD.md.")
+    try:  # a clear JSON error beats a hang later
+      json.loads(os.environ["TF_CONFIG"])
+    except json.JSONDecodeError as error:
+      raise StrategyError(f"TF_CONFIG is not valid JSON ({error}): see BUILD.md for its "
+                          "form.") from None
     return tf.distribute.MultiWorkerMirroredStrategy()
   if config.strategy == "tpu":
     resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=config.tpu)
     tf.config.experimental_connect_to_cluster(resolver)
     tf.tpu.experimental.initialize_tpu_system(resolver)
     return tf.distribute.TPUStrategy(resolver)
-  raise ValueError(f"--strategy={config.strategy!r}: expected default, mirrored, "
-                   "multi_worker_mirrored or tpu")
+  raise StrategyError(f"--strategy={config.strategy!r}: expected default, mirrored, "
+                      "multi_worker_mirrored or tpu")
+
+
+def chief_and_worker_id(strategy: tf.distribute.Strategy):
+  """(is this process the chief, its worker index): (True, 0) outside multi-worker runs.
+
+  The chief is the "chief" task if TF_CONFIG names one, else worker 0.
+  """
+  resolver = getattr(strategy.extended, "_cluster_resolver", None) or getattr(
+      strategy, "cluster_resolver", None)
+  if resolver is None or not resolver.task_type:
+    return True, 0
+  task_type, task_id = resolver.task_type, resolver.task_id or 0
+  has_chief = "chief" in resolver.cluster_spec().as_dict()
+  chief = task_type == "chief" or (task_type == "worker" and task_id == 0 and not has_chief)
+  return chief, task_id if task_type == "worker" else 0
+
+
+class Agreement:
+  """Decisions that every worker of a multi-worker run shares, through one collective.
+
+  A worker that left the training loop alone would leave the others waiting forever in
+  the next all-reduce, so whatever ends or changes the loop is agreed: a flag in
+  `any_worker` (a stop signal) is true everywhere if it is true on some worker; a flag
+  in `chief_decides` (its clock, its dev score) is the chief's. Every worker must make
+  the same calls in the same order. Outside multi-worker runs the flags are returned
+  as they are and nothing is communicated.
+  """
+
+  def __init__(self, strategy: tf.distribute.Strategy):
+    self.strategy = strategy
+    self.chief, self.worker_id = chief_and_worker_id(strategy)
+    self.multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+    self._sum = None
+
+  def __call__(self, any_worker=(), chief_decides=()) -> list:
+    flags = [bool(v) for v in any_worker] + [bool(v) for v in chief_decides]
+    if not self.multi_worker:
+      return flags
+    mine = [float(v) for v in any_worker] + [
+        float(v) if self.chief else 0.0 for v in chief_decides]
+    if self._sum is None:
+      strategy = self.strategy
+
+      def total(values):  # as the train loop reduces its sums: across all workers
+        per_replica = strategy.run(lambda: tf.identity(values))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+      self._sum = tf.function(total)
+    return [bool(v > 0) for v in self._sum(tf.constant(mine, tf.float32)).numpy()]
+
+  def barrier(self, failed: bool = False) -> bool:
+    """Returns once every worker has called it (e.g. after the chief wrote the data);
+    returns whether some worker called it with `failed`."""
+    return self(any_worker=[failed])[0]

@@ -19,9 +19,11 @@ import inspect
 import json
 import logging as logging_lib
 import math
+import os
 import signal
 import threading
 import time
+import uuid
 from typing import Callable, Optional
 
 import keras
@@ -33,7 +35,7 @@ from t2t_keras import PAD_ID, modeldir
 from t2t_keras.configs import ModelConfig, TrainConfig
 from t2t_keras.errors import TrainingError
 from t2t_keras.model import create_model
-from t2t_keras.training import checkpoints, flops, losses
+from t2t_keras.training import checkpoints, distribute, flops, losses
 from t2t_keras.training.schedules import TransformerSchedule
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
@@ -68,45 +70,60 @@ class BestEval:
 
   The metric is dev BLEU (higher is better) when the evaluation computes it, else dev
   loss (lower is better). The state lives in <model_dir>/best_eval.json, so a resumed
-  run keeps its best checkpoint and its early-stopping count.
+  run keeps its best checkpoint and its early-stopping count. A record that cannot be
+  read stops the run (starting over would overwrite the best checkpoint), and so does
+  a run whose metric differs from the record's: its best checkpoint would be replaced
+  by one judged on another scale.
   """
 
-  def __init__(self, model_dir: str, write: bool):
+  def __init__(self, model_dir: str, write: bool, metric: str = "loss"):
     self.path = modeldir.best_state_path(model_dir)
     self.write = write
+    self.metric = metric
     self.state = {}
     if tf.io.gfile.exists(self.path):
       try:
         with tf.io.gfile.GFile(self.path) as f:
           self.state = json.load(f)
-      except (json.JSONDecodeError, tf.errors.OpError) as error:
-        logging.warning("ignoring %s (%s): the best dev result starts anew", self.path,
-                        error)
+      except (json.JSONDecodeError, tf.errors.OpError, UnicodeDecodeError) as error:
+        raise TrainingError(
+            f"cannot read {self.path} ({type(error).__name__}: {error}), the record of the "
+            f"best checkpoint in {modeldir.best_dir(model_dir)}: rerun once the file is "
+            "readable, or move it and best/ away to start the record anew.") from None
+    saved = self.state.get("metric")
+    if saved and saved != metric:
+      how = {"bleu": "--eval_bleu_sentences > 0", "loss": "--eval_bleu_sentences=0"}
+      raise TrainingError(
+          f"{modeldir.best_dir(model_dir)} holds the best checkpoint by dev {saved} "
+          f"({self.path}) but this run judges dev {metric}: keep judging by {saved} "
+          f"({how[saved]}), or move best/ and {os.path.basename(self.path)} away to "
+          "start a new record.")
 
   @property
   def since_best(self) -> int:
     return int(self.state.get("evaluations_since_best", 0))
 
   def update(self, step: int, metrics: dict) -> bool:
-    """Records an evaluation; returns whether it is the best so far."""
-    metric = "bleu" if "bleu" in metrics else "loss"
-    value = float(metrics[metric])
-    if self.state and self.state.get("metric") != metric:
-      logging.warning("the dev metric changed from %s to %s: the best result starts anew",
-                      self.state.get("metric"), metric)
-      self.state = {}
+    """Records an evaluation in memory; returns whether it is the best so far.
+
+    `commit` writes the record, once the best checkpoint it names is saved.
+    """
+    value = float(metrics[self.metric])
     best = self.state.get("value")
-    improved = (best is None or (value > best if metric == "bleu" else value < best))
+    improved = (best is None or (value > best if self.metric == "bleu" else value < best))
     if improved:
-      self.state = {"metric": metric, "value": value, "step": step,
+      self.state = {"metric": self.metric, "value": value, "step": step,
                     "evaluations_since_best": 0}
     elif self.state.get("step") != step:  # the same step evaluated again at a restart
       self.state["evaluations_since_best"] = self.since_best + 1
-    if self.write:
-      with tf.io.gfile.GFile(self.path + ".tmp", "w") as f:
-        json.dump(self.state, f, indent=2, sort_keys=True)
-      tf.io.gfile.rename(self.path + ".tmp", self.path, overwrite=True)
     return improved
+
+  def commit(self) -> None:
+    if self.write and self.state:
+      path = f"{self.path}.tmp-{uuid.uuid4().hex[:8]}"
+      with tf.io.gfile.GFile(path, "w") as f:
+        json.dump(self.state, f, indent=2, sort_keys=True)
+      tf.io.gfile.rename(path, self.path, overwrite=True)
 
   def describe(self) -> str:
     return (f"dev {self.state['metric']} {self.state['value']:.4g} at step "
@@ -146,7 +163,9 @@ class Trainer:
                                           jit_compile=train_config.jit_compile or None)
     # Dev batches come in a few bucket shapes; relax shapes instead of one trace each.
     self._eval_fn = tf.function(self._eval_step, reduce_retracing=True)
-    self._flag_fn = None  # see _any_worker
+    self._weights_finite_fn = None  # see _save
+    self.agreement = distribute.Agreement(self.strategy)
+    self.chief, self.worker_id = self.agreement.chief, self.agreement.worker_id
 
   # ------------------------------------------------------------------ device side
   def _gradients(self, batch, global_tokens):
@@ -160,7 +179,12 @@ class Trainer:
       loss = loss_sum / tf.maximum(global_tokens, 1.0)
       if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
         loss = self.optimizer.scale_loss(loss)
-    grads = tape.gradient(loss, variables)
+    # Embedding lookups give sparse gradients (IndexedSlices) whose row count differs
+    # between replicas and workers: densify them, so that cross-worker all-reduce and
+    # micro-batch accumulation see one fixed shape (a 37k x 1024 float32 table: 151 MB
+    # per replica, as the shared softmax projection's dense gradient already costs).
+    grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+             for g in tape.gradient(loss, variables)]
     step_flops = flops.train_flops(self.model_config,
                                    *[tf.cast(n, tf.float32) for n in (
                                        tf.shape(batch["inputs"])[0],
@@ -182,11 +206,14 @@ class Trainer:
       more = self._compute_gradients(batch, global_tokens)
       grads = [g + h for g, h in zip(grads, more[0])]
       loss_sum, tokens, step_flops = loss_sum + more[1], tokens + more[2], step_flops + more[3]
-    self._apply(grads)
-    return loss_sum, tokens, step_flops
+    overflows = self._apply(grads)
+    return loss_sum, tokens, step_flops, overflows
 
   def _apply(self, grads):
-    """Applies one replica's gradients; with loss scaling, all replicas agree first.
+    """Applies one replica's gradients once all replicas agree they are finite.
+
+    Returns this replica's share of the count of replicas whose gradients were not
+    finite (the host loop sums it over replicas).
 
     Keras' LossScaleOptimizer, under MirroredStrategy without XLA and under
     MultiWorkerMirroredStrategy, decides in a merge call from replica 0's gradients
@@ -194,18 +221,25 @@ class Trainer:
     applied (inf weights) and the loss scale never lowered. One all-reduce of "some
     gradient is not finite here" makes every replica's gradients non-finite when any
     replica's are, so all replicas skip the step together and the scale drops.
+    In float32 and bfloat16 (no loss scaling) a non-finite gradient is an error: every
+    replica applies a zero update instead (the weights stay finite and identical) and
+    the host loop stops the run without saving (`Trainer.train`).
     """
+    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+    local = 1.0 - tf.cast(finite, tf.float32)
+    overflows = tf.distribute.get_replica_context().all_reduce(SUM, local)
     if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
-      finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
-      overflows = tf.distribute.get_replica_context().all_reduce(
-          SUM, 1.0 - tf.cast(finite, tf.float32))
       poison = tf.where(overflows > 0, float("nan"), 1.0)
       grads = [g * tf.cast(poison, g.dtype) for g in grads]
+    else:
+      grads = [tf.where(overflows > 0, tf.zeros_like(g), g) for g in grads]
     self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+    return local
 
   def _train_loop(self, iterator, num_steps):
-    """Runs `num_steps` updates; returns global (loss_sum, target_tokens, flops)."""
-    totals = (tf.constant(0.0), tf.constant(0.0), tf.constant(0.0))
+    """Runs `num_steps` updates; returns global (loss_sum, target_tokens, flops,
+    replicas with non-finite gradients, summed over the steps)."""
+    totals = (tf.constant(0.0), tf.constant(0.0), tf.constant(0.0), tf.constant(0.0))
     for _ in tf.range(num_steps):
       batches = tuple(next(iterator) for _ in range(self.config.accum_steps))
       per_replica = self.strategy.run(self._replica_step, args=batches)
@@ -221,20 +255,9 @@ class Trainer:
     return [self.strategy.reduce(SUM, v, axis=None) for v in per_replica]
 
   # ------------------------------------------------------------------ host side
-  def _any_worker(self, flag: bool) -> bool:
-    """True if `flag` is set on any worker (one collective, multi-worker runs only).
-
-    A preempted worker must not leave the loop alone: the others would wait forever in
-    the next all-reduce. All workers agree to stop and save at the same step instead.
-    """
-    if not isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy):
-      return flag
-    if self._flag_fn is None:
-      def merge(value):  # as the train loop reduces its sums: across all workers
-        per_replica = self.strategy.run(lambda: tf.identity(value))
-        return self.strategy.reduce(SUM, per_replica, axis=None)
-      self._flag_fn = tf.function(merge)
-    return float(self._flag_fn(tf.constant(1.0 if flag else 0.0))) > 0
+  def _agree(self, any_worker=(), chief_decides=()) -> list:
+    """Loop decisions all workers share (see `distribute.Agreement`)."""
+    return self.agreement(any_worker, chief_decides)
 
   def current_step(self) -> int:
     """optimizer.iterations as a Python int (works for mirrored variables too)."""
@@ -295,19 +318,24 @@ class Trainer:
             eval_hook: Optional[Callable[[int], dict]] = None) -> TrainResult:
     """Trains to `train_steps`, resuming from the latest checkpoint in model_dir.
 
-    Stops early, with a checkpoint, once this process has trained for `train_minutes`
+    Stops early, with a checkpoint, once the chief has trained for `train_minutes`
     (when set); time spent evaluating is not counted. `eval_hook(step)`, if given, runs
-    after each dev evaluation and returns more scalars to log (e.g. dev BLEU). Every
-    evaluation also logs `train_minutes`, the training time so far in this process, so
-    that learning curves can be drawn against training time.
+    on the chief after each dev evaluation and returns more scalars to log (e.g. dev
+    BLEU). Every evaluation also logs `train_minutes`, the training time so far in this
+    process, so that learning curves can be drawn against training time.
+
+    In a multi-worker run every decision that ends or changes the loop (preemption,
+    the time budget, a time-based save, the best checkpoint, early stopping) is taken
+    once, by the chief (preemption: by any worker), and shared through a collective
+    (`_agree`), so that the workers never leave the loop at different steps.
     """
     cfg = self.config
     checkpoint = self.checkpoint()
-    chief, worker_id = _chief_and_worker_id(self.strategy)
+    chief = self.chief
     # Every worker of a multi-worker run takes part in saving (variables may need a
     # collective read), but only the chief writes into model_dir; the others write to
     # a scratch directory of their own, as TensorFlow's multi-worker guide prescribes.
-    save_dir = cfg.model_dir if chief else modeldir.worker_dir(cfg.model_dir, worker_id)
+    save_dir = cfg.model_dir if chief else modeldir.worker_dir(cfg.model_dir, self.worker_id)
     manager = tf.train.CheckpointManager(checkpoint, save_dir,
                                          checkpoint_name=modeldir.CHECKPOINT_PREFIX,
                                          max_to_keep=1 if not chief else
@@ -329,7 +357,9 @@ class Trainer:
 
     best = best_manager = None
     if cfg.keep_best_checkpoint or cfg.early_stopping_patience:
-      best = BestEval(cfg.model_dir, write=chief)
+      if chief:  # the chief judges; the others follow its decisions (see _agree)
+        best = BestEval(cfg.model_dir, write=True,
+                        metric="bleu" if eval_hook is not None else "loss")
       if cfg.keep_best_checkpoint:
         best_manager = tf.train.CheckpointManager(
             tf.train.Checkpoint(model=self.model), modeldir.best_dir(save_dir), max_to_keep=1)
@@ -343,15 +373,15 @@ class Trainer:
     eval_metrics = {}
     eval_seconds = 0.0  # not counted against --train_minutes
     budget = 60 * cfg.train_minutes if cfg.train_minutes > 0 else float("inf")
-    out_of_time = False
-    preemption = _SignalFlag(signal.SIGTERM)
-    preemption.install()
+    out_of_time = preempted = False
+    intervals = (cfg.log_every, cfg.save_checkpoint_steps, cfg.eval_every)
+    stop_signals = _SignalFlag(signal.SIGTERM, signal.SIGINT)
+    stop_signals.install()
     try:
-      while (step < cfg.train_steps and not out_of_time and not stopped_early
-             and not self._any_worker(preemption.received)):
-        boundary = min(cfg.log_every, cfg.save_checkpoint_steps, cfg.eval_every)
-        n = min(cfg.steps_per_loop, cfg.train_steps - step, boundary - step % boundary,
-                batches.steps_left_in_run(step))
+      while step < cfg.train_steps:
+        # Up to the next multiple of each interval, so every interval is honoured.
+        n = min([cfg.steps_per_loop, cfg.train_steps - step,
+                 batches.steps_left_in_run(step)] + [k - step % k for k in intervals])
         try:
           sums = np.array([float(v) for v in train_fn(batches.iterator(step),
                                                        tf.constant(n))])
@@ -359,23 +389,20 @@ class Trainer:
           raise TrainingError("the training dataset ran out of batches: it is empty or every "
                               "pair was filtered (see the data log above).") from None
         step = self.current_step()  # the one counter (skipped float16 steps count)
-        if not np.isfinite(sums[0]):
-          good = tf.train.latest_checkpoint(cfg.model_dir) or "none yet"
-          raise TrainingError(
-              f"loss became {sums[0]} at step {step} (window of {n} steps): training stopped "
-              f"without saving, so the last good checkpoint ({good}) is intact. "
-              "Lower --learning_rate, "
-              "raise --learning_rate_warmup_steps, or check the data.")
-        window += sums
+        self._check_finite(sums, step, n)
+        window += sums[:3]
         total_tokens += sums[1]
         total_flops += sums[2]
-        out_of_time = self.clock() - start - eval_seconds >= budget
-        last = step == cfg.train_steps or out_of_time
+        now = self.clock()
+        preempted, out_of_time, save_for_time = self._agree(
+            any_worker=[stop_signals.received],
+            chief_decides=[now - start - eval_seconds >= budget,
+                           now - last_save > 60 * cfg.save_checkpoint_minutes])
+        last = step == cfg.train_steps or out_of_time or preempted
         if out_of_time:
           progress(f"stopping at step {step}: the --train_minutes={cfg.train_minutes:g} "
                    "budget is spent")
         if step % cfg.log_every == 0 or last:
-          now = self.clock()
           loss = window[0] / max(window[1], 1.0)
           rate = window[1] / max(now - last_log, 1e-9)
           steps_per_sec = (step - start_step) / max(now - start, 1e-9)
@@ -392,35 +419,42 @@ class Trainer:
             tf.summary.scalar("flops_per_sec", window[2] / max(now - last_log, 1e-9))
           window[:] = 0
           last_log = now
-        if (step % cfg.save_checkpoint_steps == 0 or last
-            or self.clock() - last_save > 60 * cfg.save_checkpoint_minutes):
-          manager.save(checkpoint_number=step)
+        if step % cfg.save_checkpoint_steps == 0 or last or save_for_time:
+          self._save(manager, step)
           last_save = self.clock()
-        if eval_dataset_fn and (step % cfg.eval_every == 0 or last):
+        if eval_dataset_fn and (step % cfg.eval_every == 0 or last) and not preempted:
           eval_start = self.clock()
           train_minutes = (eval_start - start - eval_seconds) / 60
           eval_metrics = self.evaluate(eval_dataset_fn, cfg.eval_steps)
           line = (f"eval at step {step}: loss {eval_metrics['loss']:.4f} | perplexity "
                   f"{eval_metrics['perplexity']:.3f} | accuracy {eval_metrics['accuracy']:.4f}")
-          if eval_hook is not None:
+          if eval_hook is not None and chief:
             extra = eval_hook(step)
             eval_metrics.update(extra)
             line += "".join(f" | {name} {value:.2f}" for name, value in extra.items())
           progress(line)
-          if best is not None:
-            if best.update(step, eval_metrics):
-              if best_manager is not None:
-                best_manager.save(checkpoint_number=step)
+          if best_manager is not None or cfg.early_stopping_patience:
+            improved = stop = False
+            if best is not None:  # the chief
+              improved = best.update(step, eval_metrics)
+              stop = (cfg.early_stopping_patience and not last
+                      and best.since_best >= cfg.early_stopping_patience)
+            improved, stop = self._agree(chief_decides=[improved, stop])
+            if improved and best_manager is not None:
+              best_manager.save(checkpoint_number=step)
+              if best is not None:
                 progress(f"best so far: {best.describe()}, saved in "
                          f"{modeldir.best_dir(cfg.model_dir)}")
-            elif cfg.early_stopping_patience:
-              progress(f"no improvement for {best.since_best} evaluation(s) (best: "
-                       f"{best.describe()}; patience {cfg.early_stopping_patience})")
-            if (cfg.early_stopping_patience and not last
-                and best.since_best >= cfg.early_stopping_patience):
+            if best is not None:
+              best.commit()  # after the checkpoint it names exists
+              if not improved and cfg.early_stopping_patience:
+                progress(f"no improvement for {best.since_best} evaluation(s) (best: "
+                         f"{best.describe()}; patience {cfg.early_stopping_patience})")
+            if stop:
               stopped_early = True
-              progress(f"early stopping at step {step}: {best.since_best} evaluations "
-                       f"without improvement of the best {best.describe()}")
+              progress(f"early stopping at step {step}: "
+                       + (f"{best.since_best} evaluations without improvement of the best "
+                          f"{best.describe()}" if best is not None else "the chief's decision"))
           with eval_writer.as_default(step=step):
             for name, value in eval_metrics.items():
               tf.summary.scalar(name, value)
@@ -428,21 +462,51 @@ class Trainer:
           eval_writer.flush()
           eval_seconds += self.clock() - eval_start
           last_log += self.clock() - eval_start  # keep eval time out of the next tok/s
+        if last or stopped_early:
+          break
     finally:
-      preemption.uninstall()
-    if preemption.received:
-      progress(f"SIGTERM received: saving a checkpoint at step {step} and stopping; "
-               "rerun the same command to resume")
+      stop_signals.uninstall()
+    if preempted:
+      progress(f"{stop_signals.name or 'a stop signal on another worker'} received: saving "
+               f"a checkpoint at step {step} and stopping; rerun the same command to resume")
     if manager.latest_checkpoint is None or int(manager.latest_checkpoint.rsplit("-", 1)[1]) \
         != step:
-      manager.save(checkpoint_number=step)
+      self._save(manager, step)
     writer.flush()
     eval_writer.flush()
     wall = self.clock() - start
     logging.info("trained %d steps in %.1fs", step - start_step, wall)
     return TrainResult(steps=step, wall_seconds=wall, target_tokens=total_tokens,
                        flops=total_flops, final_loss=loss, eval_metrics=eval_metrics,
-                       preempted=preemption.received, stopped_early=stopped_early)
+                       preempted=preempted, stopped_early=stopped_early)
+
+  def _check_finite(self, sums: np.ndarray, step: int, n: int) -> None:
+    """Stops the run, without saving, on a non-finite loss or (without loss scaling,
+    where skipped steps are the design) non-finite gradients on any replica."""
+    overflowed = (sums[3] > 0
+                  and not isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer))
+    if np.isfinite(sums[0]) and not overflowed:
+      return
+    what = f"loss became {sums[0]}" if not np.isfinite(sums[0]) else (
+        f"gradients became non-finite on {sums[3]:g} replica-step(s) (updates skipped)")
+    good = tf.train.latest_checkpoint(self.config.model_dir) or "none yet"
+    raise TrainingError(
+        f"{what} at step {step} (window of {n} steps): training stopped without saving, "
+        f"so the last good checkpoint ({good}) is intact. Lower --learning_rate, raise "
+        "--learning_rate_warmup_steps, or check the data.")
+
+  def _save(self, manager: tf.train.CheckpointManager, step: int) -> None:
+    """Saves a checkpoint, never one of non-finite weights."""
+    if self._weights_finite_fn is None:
+      self._weights_finite_fn = tf.function(lambda: tf.reduce_all(
+          [tf.reduce_all(tf.math.is_finite(v)) for v in self.model.trainable_variables]))
+    if not bool(self._weights_finite_fn()):
+      good = tf.train.latest_checkpoint(self.config.model_dir) or "none yet"
+      raise TrainingError(
+          f"the weights became non-finite (inf or NaN) by step {step}: training stopped "
+          f"without saving them, so the last good checkpoint ({good}) is intact. Lower "
+          "--learning_rate, raise --learning_rate_warmup_steps, or check the data.")
+    manager.save(checkpoint_number=step)
 
 
 class _LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
@@ -514,42 +578,31 @@ class _ByDesignRetracing(logging_lib.Filter):
     return "triggered tf.function retracing" not in record.getMessage()
 
 
-def _chief_and_worker_id(strategy: tf.distribute.Strategy):
-  """(is this process the chief, its worker index): (True, 0) outside multi-worker runs.
-
-  The chief is the "chief" task if TF_CONFIG names one, else worker 0.
-  """
-  resolver = getattr(strategy.extended, "_cluster_resolver", None) or getattr(
-      strategy, "cluster_resolver", None)
-  if resolver is None or not resolver.task_type:
-    return True, 0
-  task_type, task_id = resolver.task_type, resolver.task_id or 0
-  has_chief = "chief" in resolver.cluster_spec().as_dict()
-  chief = task_type == "chief" or (task_type == "worker" and task_id == 0 and not has_chief)
-  return chief, task_id if task_type == "worker" else 0
-
-
 class _SignalFlag:
-  """Records a signal (SIGTERM: preemption) so the loop can save and stop between steps.
+  """Records stop signals (SIGTERM: preemption; SIGINT: Ctrl-C) so that the loop can
+  save and stop between steps.
 
   Installed only in the main thread (Python's rule for signal handlers); elsewhere
   it is inert and the default handling stays.
   """
 
-  def __init__(self, signum):
-    self.signum = signum
+  def __init__(self, *signums):
+    self.signums = signums
     self.received = False
-    self._previous = None
+    self.name = None  # of the first signal received
+    self._previous = {}
 
   def _handle(self, signum, frame):
-    del signum, frame
+    del frame
     self.received = True
+    self.name = self.name or signal.Signals(signum).name
 
   def install(self):
     if threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(self.signum, self._handle)
+      for signum in self.signums:
+        self._previous[signum] = signal.signal(signum, self._handle)
 
   def uninstall(self):
-    if self._previous is not None:
-      signal.signal(self.signum, self._previous)
-      self._previous = None
+    for signum, previous in self._previous.items():
+      signal.signal(signum, previous)
+    self._previous = {}
