@@ -95,9 +95,10 @@ def make_dataset_fn(num_batches=8, global_batch=4, seed=0):
 def train(tmp_path, name, steps, strategy="default", seed=0, model=MODEL, dataset_fn=None,
           **overrides):
   keras.utils.set_random_seed(seed)
-  config = TrainConfig(model_dir=str(tmp_path / name), train_steps=steps, log_every=2,
-                       eval_every=100, save_checkpoint_steps=2, learning_rate_warmup_steps=4,
-                       label_smoothing=0.1, strategy=strategy, **overrides)
+  settings = dict(log_every=2, eval_every=100, save_checkpoint_steps=2,
+                  learning_rate_warmup_steps=4, label_smoothing=0.1)
+  config = TrainConfig(model_dir=str(tmp_path / name), train_steps=steps, strategy=strategy,
+                       **{**settings, **overrides})
   trainer = Trainer(model, config, distribute.create_strategy(config))
   result = trainer.train(dataset_fn or make_dataset_fn(), progress=lambda line: None)
   return trainer, result
@@ -495,3 +496,100 @@ def test_xla_on_two_replicas_compiles_one_program_per_bucket(tmp_path):
   assert trainer.train_fn.experimental_get_tracing_count() == len(buckets)
   shapes, _, _ = _compiled_step_signatures(tmp_path, static=False, steps=5)
   assert any(None in shape for shape in shapes)
+
+
+def test_float32_nonfinite_gradient_on_one_replica_is_skipped_by_all(tmp_path):
+  """Without loss scaling, replica 1's inf gradient must not reach any replica's
+  weights (before, replica 0 applied its finite gradients and replica 1 inf ones: the
+  replicas diverged), and the step reports it so that the host loop stops."""
+  config = TrainConfig(model_dir=str(tmp_path / "fp32"), strategy="mirrored",
+                       learning_rate_warmup_steps=4)
+  keras.utils.set_random_seed(0)
+  trainer = Trainer(MODEL, config, distribute.create_strategy(config))
+  assert trainer.strategy.num_replicas_in_sync == 2
+
+  @tf.function
+  def step(overflowing_replica):
+    def replica():
+      replica_id = tf.distribute.get_replica_context().replica_id_in_sync_group
+      grads = [tf.ones_like(v) * 1e-3 for v in trainer.model.trainable_variables]
+      inf = tf.fill(tf.shape(grads[0]), float("inf"))
+      grads[0] = tf.where(tf.equal(replica_id, overflowing_replica), inf, grads[0])
+      return trainer._apply(grads)
+    flags = trainer.strategy.run(replica)
+    return trainer.strategy.reduce(tf.distribute.ReduceOp.SUM, flags, axis=None)
+
+  before = weights_of(trainer)
+  assert float(step(tf.constant(1))) == 1.0  # one replica's gradients were not finite
+  after = weights_of(trainer)
+  assert all(np.isfinite(w).all() for w in after)
+  for a, b in zip(before, after):  # a zero gradient everywhere: only Adam's state moved
+    np.testing.assert_allclose(a, b, atol=1e-6)
+  assert float(step(tf.constant(-1))) == 0.0
+
+
+def test_weights_made_non_finite_are_never_saved(tmp_path):
+  """An update that overflows the weights (finite loss before it) must not be saved
+  and later trusted as "the last good checkpoint"."""
+  train(tmp_path, "inf", 2)  # ckpt-2 is good
+  with pytest.raises(TrainingError, match=r"non-finite.*ckpt-2"):
+    train(tmp_path, "inf", 6, learning_rate=float("inf"), log_every=1,
+          save_checkpoint_steps=1)
+  model_dir = str(tmp_path / "inf")
+  assert tf.train.latest_checkpoint(model_dir).endswith("ckpt-2")
+  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(model_dir))
+  for name in reader.get_variable_to_shape_map():
+    value = reader.get_tensor(name)
+    if np.issubdtype(np.asarray(value).dtype, np.floating):
+      assert np.isfinite(value).all(), name
+
+
+SPARSE_MODELS = {
+    "learned_positions": dataclasses.replace(MODEL, position_embedding="learned",
+                                             max_position=16),
+    "separate_embeddings": dataclasses.replace(MODEL, shared_embeddings=False),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(SPARSE_MODELS))
+def test_sparse_gradients_accumulate_and_equal_two_replicas(tmp_path, variant):
+  """Embedding lookups give IndexedSlices gradients (learned positions, a separate
+  source or target table): --accum_steps=2 adds them (it raised TypeError) and equals
+  2 replicas, whose all-reduce gets one dense shape."""
+  rng = np.random.default_rng(3)
+  pieces = [batch_data(rng, 2, 3 + i % 4, 2 + i % 5) for i in range(8)]
+
+  def dataset_fn(ctx):
+    del ctx
+    return _pieces_dataset(pieces).repeat()
+
+  model = SPARSE_MODELS[variant]
+  settings = dict(learning_rate=0.05, adam_epsilon=1e-4)
+  one, r1 = train(tmp_path, "one", 4, model=model, dataset_fn=dataset_fn, accum_steps=2,
+                  **settings)
+  two, r2 = train(tmp_path, "two", 4, strategy="mirrored", model=model,
+                  dataset_fn=dataset_fn, **settings)
+  assert r1.target_tokens == r2.target_tokens
+  assert r1.final_loss == pytest.approx(r2.final_loss, abs=1e-5)
+  for a, b in zip(weights_of(one), weights_of(two)):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_every_interval_is_honoured(tmp_path):
+  """Intervals that do not divide each other are each kept (before, --log_every=3 with
+  saves every 4 stopped only at multiples of 3: checkpoints came every 12 steps)."""
+  lines = []
+  keras.utils.set_random_seed(0)
+  config = TrainConfig(model_dir=str(tmp_path / "iv"), train_steps=12, log_every=3,
+                       eval_every=5, save_checkpoint_steps=4, keep_checkpoint_max=10,
+                       learning_rate_warmup_steps=4, steps_per_loop=10)
+  trainer = Trainer(MODEL, config, distribute.create_strategy(config))
+  eval_fn = lambda ctx: make_dataset_fn(num_batches=2)(ctx).take(2)  # noqa: E731
+  trainer.train(make_dataset_fn(), eval_fn, progress=lines.append)
+  logged = [int(l.split()[1].split("/")[0]) for l in lines if l.startswith("step ")]
+  evaluated = [int(l.split()[3].rstrip(":")) for l in lines if l.startswith("eval at")]
+  saved = [int(p.rsplit("-", 1)[1])
+           for p in modeldir.listed_checkpoints(str(tmp_path / "iv"))]
+  assert logged == [3, 6, 9, 12]
+  assert evaluated == [5, 10, 12]
+  assert saved == [4, 8, 12]
