@@ -93,3 +93,28 @@ def test_empty_best_directory_is_a_clear_error(tiny_model_dir, tmp_path):
   with pytest.raises(errors.CheckpointError, match="is a directory without a "
                      "checkpoint"):
     modeldir.load(tiny_model_dir, checkpoint_path=str(empty))
+
+
+def test_a_changed_dev_metric_keeps_the_old_best(tmp_path):
+  """A restart that judges dev loss where the record is by BLEU is refused, naming
+  both and what to do (before: the record started anew and best/ was overwritten)."""
+  model_dir = tmp_path / "run"
+  run(model_dir, 4, bleus=[10.0, 12.0], keep_best_checkpoint=True)
+  kept = tf.train.latest_checkpoint(str(model_dir / "best"))
+  with pytest.raises(errors.TrainingError,
+                     match=r"best checkpoint by dev bleu .* this run judges dev loss"):
+    run(model_dir, 8, keep_best_checkpoint=True)  # no BLEU hook: dev loss
+  assert tf.train.latest_checkpoint(str(model_dir / "best")) == kept
+  assert json.loads((model_dir / BEST_STATE_FILE).read_text())["value"] == 12.0
+
+
+def test_an_unreadable_best_record_stops_the_run(tmp_path):
+  """A record that cannot be read (a damaged file, a transient gs:// error) stops the
+  run instead of starting a new record that would replace the best checkpoint."""
+  model_dir = tmp_path / "run"
+  run(model_dir, 4, bleus=[10.0, 12.0], keep_best_checkpoint=True)
+  (model_dir / BEST_STATE_FILE).write_text("{not json")
+  kept = tf.train.latest_checkpoint(str(model_dir / "best"))
+  with pytest.raises(errors.TrainingError, match=r"cannot read .*best_eval.json"):
+    run(model_dir, 8, bleus=[1.0, 2.0], keep_best_checkpoint=True)
+  assert tf.train.latest_checkpoint(str(model_dir / "best")) == kept

@@ -108,3 +108,15 @@ def test_sigterm_saves_exits_42_and_resumes(tmp_path, straight):
   out = run_to_end(model_dir)
   assert f"at step {step}" in out
   assert_bitwise_equal(straight, state_of(model_dir))
+
+
+def test_ctrl_c_saves_at_the_current_step(tmp_path):
+  """SIGINT (Ctrl-C) saves as SIGTERM does (before: a KeyboardInterrupt traceback and
+  up to --save_checkpoint_steps steps lost)."""
+  model_dir = tmp_path / "int"
+  code, stdout, stderr = start_and_signal(str(model_dir), signal.SIGINT)
+  assert code == 42, stdout[-2000:] + stderr[-2000:]
+  assert "SIGINT received: saving a checkpoint at step" in stdout
+  step = int(stdout.split("SIGINT received: saving a checkpoint at step ")[1].split()[0])
+  assert tf.train.latest_checkpoint(str(model_dir)).endswith(f"ckpt-{step}")
+  assert "Traceback" not in stderr
