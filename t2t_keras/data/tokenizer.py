@@ -24,6 +24,7 @@ import hashlib
 import os
 import random
 import re
+import uuid
 import time
 from typing import Callable, Iterable, Iterator, List, Optional, Tuple
 
@@ -216,7 +217,7 @@ def train_sentencepiece(sentences: List[str], vocab_file: str, vocab_size: int,
           "paper's EN-DE vocabulary has ~37000).") from None
     raise sources.DataError(f"SentencePiece could not build {vocab_file} from "
                             f"{len(sentences)} sentences: {str(error)[:300]}") from None
-  tmp = f"{vocab_file}.tmp{os.getpid()}"
+  tmp = f"{vocab_file}.tmp-{uuid.uuid4().hex[:12]}"  # pids repeat across containers
   with tf.io.gfile.GFile(tmp, "wb") as f:
     f.write(model.proto)
   processor = spm.SentencePieceProcessor(model_proto=model.proto)
