@@ -254,8 +254,12 @@ class TrainConfig:
       "--checkpoint_path=<model_dir>/best.")
   early_stopping_patience: int = setting(
       0, "Stop training after this many dev evaluations (--eval_every) without "
-      "improvement of dev BLEU (or dev loss), with a final checkpoint; 0 = never.",
+      "improvement of dev BLEU (or dev loss), with a final checkpoint; 0 = never. The "
+      "stop is recorded: the same command run again says the run is finished.",
       check=AT_LEAST_0)
+  continue_after_early_stop: bool = setting(
+      False, "Train on after a run that stopped early (--early_stopping_patience): the "
+      "count of evaluations without improvement starts again from 0.")
 
 
 @dataclasses.dataclass(frozen=True)

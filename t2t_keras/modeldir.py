@@ -332,9 +332,46 @@ def checkpoint_paths(model_dir_or_paths: Union[str, Sequence[str]],
   return paths[-last_n:]
 
 
+def _normalized(path: str) -> str:
+  scheme, sep, rest = path.rpartition("://")
+  return scheme + sep + os.path.normpath(rest)
+
+
+def check_checkpoint_state(directory: str):
+  """The directory's `checkpoint` state (None if it has none), refused when it names
+  checkpoints outside the directory.
+
+  A model directory downloaded or copied from elsewhere may list absolute or `..`
+  paths; TensorFlow would read those, and a training run resumed there would delete
+  them while rotating checkpoints.
+
+  Raises:
+    CheckpointError: naming the state file, the path and what to do.
+  """
+  if not tf.io.gfile.isdir(directory):
+    return None
+  state = tf.train.get_checkpoint_state(directory)
+  if state is None:
+    return None
+  home = _normalized(directory)
+  for path in [state.model_checkpoint_path, *state.all_model_checkpoint_paths]:
+    if path and _normalized(os.path.dirname(path)) != home:
+      raise CheckpointError(
+          f"{os.path.join(directory, 'checkpoint')} names {path}, which is outside "
+          f"{directory}: a model directory's checkpoints must lie in it (reading or "
+          "rotating them elsewhere could read or delete other files). Edit the file to "
+          "name only ckpt-<step> files of this directory (e.g. model_checkpoint_path: "
+          "\"ckpt-1000\"), or delete it to start without checkpoints.")
+  return state
+
+
 def listed_checkpoints(directory: str) -> List[str]:
-  """The checkpoints a directory's `checkpoint` file lists, oldest first ([] if none)."""
-  state = tf.train.get_checkpoint_state(directory) if tf.io.gfile.isdir(directory) else None
+  """The checkpoints a directory's `checkpoint` file lists, oldest first ([] if none).
+
+  Raises:
+    CheckpointError: the file names checkpoints outside the directory.
+  """
+  state = check_checkpoint_state(directory)
   return list(state.all_model_checkpoint_paths) if state else []
 
 
@@ -348,6 +385,7 @@ def choose_checkpoints(model_dir: str, checkpoint_path: Optional[str] = None,
     ModelDirError / CheckpointError: naming the flags, the directory and what to do.
   """
   if checkpoint_path and tf.io.gfile.isdir(checkpoint_path):
+    check_checkpoint_state(checkpoint_path)
     directory, checkpoint_path = checkpoint_path, tf.train.latest_checkpoint(checkpoint_path)
     if checkpoint_path is None:
       raise CheckpointError(

@@ -152,6 +152,8 @@ def train() -> None:
                               FLAGS.eval_bleu_sentences)
   result = trainer.train(datasets.train_fn, datasets.eval_fn,
                          progress=lambda line: print(line, flush=True), eval_hook=eval_hook)
+  if result.already_finished:
+    return
   if result.preempted:
     print(f"stopped by a stop signal at step {result.steps} with a checkpoint; exit code "
           f"{PREEMPTED_EXIT_CODE}: rerun the same command to resume", flush=True)

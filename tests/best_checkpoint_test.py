@@ -51,7 +51,8 @@ def test_best_checkpoint_kept_and_early_stopping(tmp_path):
   assert tf.train.latest_checkpoint(str(model_dir)).endswith("ckpt-8")
   assert not os.path.exists(str(model_dir / "ckpt-4.index"))
   state = json.loads((model_dir / BEST_STATE_FILE).read_text())
-  assert state == {"metric": "bleu", "value": 12.0, "step": 4, "evaluations_since_best": 2}
+  assert state == {"metric": "bleu", "value": 12.0, "step": 4, "evaluations_since_best": 2,
+                   "stopped_early_at": 8}
   # Decoding loads it by directory, and gets the step-4 weights, not the latest.
   modeldir.write_or_check_config(str(model_dir), MODEL, data=DataConfig())
   loaded = modeldir.load(str(model_dir), checkpoint_path=str(model_dir / "best"))
@@ -118,3 +119,21 @@ def test_an_unreadable_best_record_stops_the_run(tmp_path):
   with pytest.raises(errors.TrainingError, match=r"cannot read .*best_eval.json"):
     run(model_dir, 8, bleus=[1.0, 2.0], keep_best_checkpoint=True)
   assert tf.train.latest_checkpoint(str(model_dir / "best")) == kept
+
+
+def test_a_run_that_stopped_early_is_finished(tmp_path):
+  """The same command run again after an early stop trains nothing (before: it
+  trained another --eval_every steps, rotating checkpoints out of the window that
+  --average_last_n averages); --continue_after_early_stop trains on."""
+  model_dir = tmp_path / "run"
+  _, result, _ = run(model_dir, 40, bleus=[10.0, 12.0, 11.0, 11.5],
+                     early_stopping_patience=2)
+  assert result.stopped_early and result.steps == 8
+  listed = modeldir.listed_checkpoints(str(model_dir))
+  _, again, lines = run(model_dir, 40, bleus=[13.0], early_stopping_patience=2)
+  assert again.already_finished and again.steps == 8
+  assert any("it is finished" in line for line in lines), lines
+  assert modeldir.listed_checkpoints(str(model_dir)) == listed
+  _, more, lines = run(model_dir, 12, bleus=[9.0, 8.0], early_stopping_patience=2,
+                       continue_after_early_stop=True)
+  assert more.steps == 12 and not more.already_finished, lines

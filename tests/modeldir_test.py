@@ -32,3 +32,32 @@ def test_a_changed_batch_plan_is_said_at_restart(tmp_path):
   assert "replicas 8 -> 16" in line and "accum_steps 1 -> 2" in line
   assert "not replayed" in line
   assert modeldir.check_plan(model_dir, bigger, write=False) is None  # recorded
+
+
+def test_checkpoint_state_outside_the_directory_is_refused(tmp_path):
+  """A downloaded model directory whose `checkpoint` file names ../ or absolute paths:
+  decoding would read them and a resumed training would delete them when rotating."""
+  import pytest  # pylint: disable=import-outside-toplevel
+
+  from t2t_keras import errors  # pylint: disable=import-outside-toplevel
+  from t2t_keras.configs import ModelConfig  # pylint: disable=import-outside-toplevel
+  from t2t_keras.training.trainer import Trainer  # pylint: disable=import-outside-toplevel
+  victim = tmp_path / "other"
+  victim.mkdir()
+  tf.train.Checkpoint(v=tf.Variable(1.0)).write(str(victim / "ckpt-5"))
+  model_dir = tmp_path / "m"
+  model_dir.mkdir()
+  for named in ("../other/ckpt-5", str(victim / "ckpt-5")):
+    (model_dir / "checkpoint").write_text(
+        f'model_checkpoint_path: "{named}"\nall_model_checkpoint_paths: "{named}"\n')
+    with pytest.raises(errors.CheckpointError, match=r"names .*ckpt-5, which is outside"):
+      modeldir.choose_checkpoints(str(model_dir))
+    config = TrainConfig(model_dir=str(model_dir), train_steps=2, keep_checkpoint_max=1)
+    trainer = Trainer(ModelConfig(vocab_size=16, hidden_size=8, filter_size=16,
+                                  num_heads=2, num_hidden_layers=1), config)
+    with pytest.raises(errors.CheckpointError, match="which is outside"):
+      trainer.train(lambda ctx: None, progress=lambda line: None)
+    assert (victim / "ckpt-5.index").exists()
+  # The ordinary case, relative names inside the directory, is accepted.
+  tf.train.CheckpointManager(tf.train.Checkpoint(v=tf.Variable(1.0)), str(model_dir), 2).save(3)
+  assert modeldir.choose_checkpoints(str(model_dir))[0].endswith("ckpt-3")

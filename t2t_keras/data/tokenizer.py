@@ -24,8 +24,8 @@ import hashlib
 import os
 import random
 import re
-import uuid
 import time
+import uuid
 from typing import Callable, Iterable, Iterator, List, Optional, Tuple
 
 import sentencepiece as spm

@@ -63,6 +63,7 @@ class TrainResult:
   eval_metrics: dict
   preempted: bool = False  # stopped by SIGTERM after saving a checkpoint
   stopped_early: bool = False  # --early_stopping_patience evaluations without improvement
+  already_finished: bool = False  # an earlier run of this model_dir stopped early here
 
 
 class BestEval:
@@ -98,6 +99,20 @@ class BestEval:
           f"({self.path}) but this run judges dev {metric}: keep judging by {saved} "
           f"({how[saved]}), or move best/ and {os.path.basename(self.path)} away to "
           "start a new record.")
+
+  @property
+  def stopped_early_at(self) -> Optional[int]:
+    """The step at which early stopping ended the run, if it did."""
+    return self.state.get("stopped_early_at")
+
+  def record_stop(self, step: int) -> None:
+    self.state["stopped_early_at"] = step
+
+  def resume_after_stop(self) -> None:
+    """Trains on after an early stop: patience counts from 0 again."""
+    self.state.pop("stopped_early_at", None)
+    if self.state:
+      self.state["evaluations_since_best"] = 0
 
   @property
   def since_best(self) -> int:
@@ -341,6 +356,10 @@ class Trainer:
                                          max_to_keep=1 if not chief else
                                          cfg.keep_checkpoint_max,
                                          step_counter=self.optimizer.iterations)
+    # The state file may name paths outside model_dir (a downloaded directory), which the
+    # manager would read and, rotating, delete: refused.
+    modeldir.check_checkpoint_state(cfg.model_dir)
+    modeldir.check_checkpoint_state(modeldir.best_dir(cfg.model_dir))
     latest = tf.train.latest_checkpoint(cfg.model_dir)  # all workers resume the chief's
     if latest:
       checkpoints.restore(checkpoint, latest)
@@ -366,6 +385,24 @@ class Trainer:
     stopped_early = False
 
     step = start_step = self.current_step()
+    finished = False
+    if best is not None and best.stopped_early_at is not None:
+      if cfg.continue_after_early_stop:
+        progress(f"continuing after the early stop at step {best.stopped_early_at} "
+                 "(--continue_after_early_stop): patience counts from 0 again")
+        best.resume_after_stop()
+        best.commit()
+      else:
+        finished = best.stopped_early_at == step
+    if self._agree(chief_decides=[finished])[0]:
+      progress(f"this run stopped early at step {step} (--early_stopping_patience="
+               f"{cfg.early_stopping_patience}: "
+               + (f"best {best.describe()}" if best is not None else "the chief's record")
+               + "): it is finished, nothing to train. Pass --continue_after_early_stop "
+               "to train on.")
+      return TrainResult(steps=step, wall_seconds=0.0, target_tokens=0.0, flops=0.0,
+                         final_loss=float("nan"), eval_metrics={}, stopped_early=True,
+                         already_finished=True)
     start = last_log = last_save = self.clock()
     window = np.zeros(3)  # loss_sum, tokens, flops since the last progress line
     total_tokens = total_flops = 0.0
@@ -446,6 +483,8 @@ class Trainer:
                 progress(f"best so far: {best.describe()}, saved in "
                          f"{modeldir.best_dir(cfg.model_dir)}")
             if best is not None:
+              if stop:
+                best.record_stop(step)
               best.commit()  # after the checkpoint it names exists
               if not improved and cfg.early_stopping_patience:
                 progress(f"no improvement for {best.since_best} evaluation(s) (best: "
