@@ -8,10 +8,11 @@ XLA) and beams up to `MAX_SLOTTED_BEAM`, the cache instead keeps a slot per beam
 place and beam search reorders a small table of which slot holds each position of
 each hypothesis.
 Beam size 1 is greedy (arg-max) decoding; larger beams use `beam_search.beam_search`.
-The same function is traced into the exported SavedModel. For parsing models,
-`parsing.constraint.TreeConstraint` restricts the search to valid trees over the
-source's words (decode CLI `--constrain_trees`; exports decode freely). Strings in and
-out, batching and progress are t2t_keras.translate's.
+The same function is traced into the exported SavedModel. Decoding options that
+change which tokens may come (the minimum length, the length limit, the tree constraint
+of parsing models, `--constrain_trees`) are processors (`t2t_keras.processors`)
+composed around the model's step; their states are reordered with the beams in both
+cache layouts. Strings in and out, batching and progress are t2t_keras.translate's.
 
 Output length: each sentence may produce at most its own source length (EOS
 included) + extra_decode_length tokens, as in the paper (input length + 50); at that
@@ -28,6 +29,7 @@ import tensorflow as tf
 
 from t2t_keras import BOS_ID, EOS_ID, PAD_ID
 from t2t_keras import beam_search as beam_search_lib
+from t2t_keras import processors
 from t2t_keras.configs import DecodeConfig
 from t2t_keras.model import advance_pointer
 
@@ -107,6 +109,8 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
   source_lengths = tf.reduce_sum(tf.cast(tf.not_equal(inputs, PAD_ID), tf.int32), axis=1)
   limits = source_lengths + config.extra_decode_length + copied
   start = tf.fill([batch], BOS_ID)
+  options = processors_for(config, tree_constraint)
+  rows = processors.Rows(inputs=per_row(inputs, k), limits=per_row(limits, k))
 
   def plain_step(ids, index, cache):
     return model.decode_step(ids, index, cache, cross_key_values, memory_mask)
@@ -123,22 +127,9 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
     cache = model.init_cache(*cache_args)
     return (cache, tf.zeros([rows], tf.int32)) if pointing else cache
 
-  def per_row(t):  # (B,) -> one value per hypothesis row (B * K,)
-    return t if k == 1 else beam_search_lib.tile_beams(t, k)
-
-  def finish(step, state):
-    """The step with its constraints (tree, then the length limit) and its state."""
-    if tree_constraint is not None:
-      rows = per_row(inputs)
-      step = tree_constraint.wrap(step, tree_constraint.count_words(rows), per_row(limits),
-                                  inputs=rows)
-      state = (state, tf.zeros([batch * k, tree_constraint.state_size], tf.int32))
-    if config.min_decode_length > 0:
-      step = no_eos_before(step, config.min_decode_length)
-    return force_eos_at(step, per_row(limits)), state
-
   if k == 1:
-    step, state = finish(plain_step, plain_state(batch, batch, decode_length))
+    step, state = processors.compose(plain_step, plain_state(batch, batch, decode_length),
+                                     options, rows)
     if not config.sampling:
       return beam_search_lib.greedy_search(step, start, state, decode_length)
     ids, scores = beam_search_lib.sample_search(
@@ -147,8 +138,10 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
     return (tf.reshape(ids, [-1, samples, tf.shape(ids)[-1]]),
             tf.reshape(scores, [-1, samples]))
   if not in_place_cache or k > MAX_SLOTTED_BEAM:
-    # One cache row per hypothesis, gathered by parent beam at every step.
-    step, state = finish(plain_step, plain_state(batch * k, batch * k, decode_length))
+    # One cache row per hypothesis, gathered by parent beam at every step (the model's
+    # state and every processor's alike).
+    step, state = processors.compose(
+        plain_step, plain_state(batch * k, batch * k, decode_length), options, rows)
     return beam_search_lib.beam_search(step, start, state, k, decode_length,
                                        alpha=config.alpha)
 
@@ -169,46 +162,36 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
                                       slots=slots, **extra)
     return logits, (cache, slots, pointer)
 
-  def by_parent(rows, parents):  # (B * K, ...) per-hypothesis rows, picked by parent beam
-    shape = tf.shape(rows)
-    picked = tf.gather(tf.reshape(rows, tf.concat([[batch, k], shape[1:]], 0)), parents,
-                       batch_dims=1)
-    return tf.reshape(picked, shape)
-
   def reorder(state, parents):
-    cache, slots, pointer = state
-    return cache, tf.gather(slots, parents, batch_dims=1), by_parent(pointer, parents)
+    def by_parent(rows):  # (B * K, ...) per-hypothesis rows, picked by parent beam
+      shape = tf.shape(rows)
+      picked = tf.gather(tf.reshape(rows, tf.concat([[batch, k], shape[1:]], 0)), parents,
+                         batch_dims=1)
+      return tf.reshape(picked, shape)
+    (cache, slots, pointer), processor_states = state
+    return ((cache, tf.gather(slots, parents, batch_dims=1), by_parent(pointer)),
+            tf.nest.map_structure(by_parent, processor_states))
 
   slots = tf.zeros([batch, k, decode_length], tf.int32)
-  step, state = finish(symbols_to_logits, (cache, slots, tf.zeros([batch * k], tf.int32)))
-  if tree_constraint is not None:
-    inner_reorder = reorder
-
-    def reorder(state, parents):  # pylint: disable=function-redefined
-      inner, counts = state
-      return inner_reorder(inner, parents), by_parent(counts, parents)
+  step, state = processors.compose(
+      symbols_to_logits, (cache, slots, tf.zeros([batch * k], tf.int32)), options, rows)
   return beam_search_lib.beam_search(step, start, state, k, decode_length,
                                      alpha=config.alpha, reorder_state=reorder)
 
 
-def no_eos_before(symbols_to_logits, min_length: int):
-  """Wraps a decoder so that EOS cannot come before position `min_length`."""
-  def fn(ids, index, state):
-    logits, state = symbols_to_logits(ids, index, state)
-    is_eos = tf.equal(tf.range(tf.shape(logits)[-1]), EOS_ID)[None, :]
-    return tf.where(is_eos & (index < min_length), beam_search_lib.NEG_INF,
-                    tf.cast(logits, tf.float32)), state
-  return fn
+def per_row(t: tf.Tensor, k: int) -> tf.Tensor:
+  """(B, ...) -> one row per hypothesis (B * K, ...)."""
+  return t if k == 1 else beam_search_lib.tile_beams(t, k)
 
 
-def force_eos_at(symbols_to_logits, limits):
-  """Wraps a decoder so that hypothesis b must end (EOS) at position limits[b] - 1."""
-  def fn(ids, index, state):
-    logits, state = symbols_to_logits(ids, index, state)
-    eos_only = tf.where(tf.equal(tf.range(tf.shape(logits)[-1]), EOS_ID), 0.0,
-                        beam_search_lib.NEG_INF)
-    return tf.where((index >= limits - 1)[:, None], eos_only[None, :], logits), state
-  return fn
+def processors_for(config: DecodeConfig,
+                   tree_constraint: Optional[TreeConstraint] = None) -> list:
+  """The decoding options of `config`, in the order they apply: the tree constraint,
+  the minimum length, then the length limit (last, so that it wins)."""
+  options = [] if tree_constraint is None else [tree_constraint]
+  if config.min_decode_length > 0:
+    options.append(processors.MinLength(config.min_decode_length))
+  return options + [processors.LengthLimit()]
 
 
 def make_decode_fn(model, config: DecodeConfig,

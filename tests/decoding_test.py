@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from t2t_keras import BOS_ID, EOS_ID, PAD_ID
 from t2t_keras import beam_search as bs
-from t2t_keras import console, decoding, translate
+from t2t_keras import console, decoding, processors, translate
 from t2t_keras.parsing.constraint import TreeConstraint
 from t2t_keras.configs import DecodeConfig, ModelConfig
 from t2t_keras.data.tokenizer import IntegerTokenizer
@@ -77,7 +77,8 @@ def test_cached_decoding_equals_uncached(model, pointer_model, beam, alpha, slot
   length = inputs.shape[1] + 3
   fn, state = uncached_scorer(model, inputs, beam, length)
   limits = bs.tile_beams(tf.reduce_sum(tf.cast(inputs != PAD_ID, tf.int32), 1) + 3, beam)
-  fn = decoding.force_eos_at(fn, limits)
+  fn, state = processors.compose(fn, state, [processors.LengthLimit()], processors.Rows(
+      inputs=bs.tile_beams(inputs, beam), limits=limits))
   start = tf.fill([3], BOS_ID)
   if beam == 1:
     want_ids, want_scores = bs.greedy_search(fn, start, state, length)
@@ -360,9 +361,14 @@ def test_tree_constraint_holds_against_a_decoder_that_wants_to_stop(beam, favour
 
   rows = 3 * beam
   tiled = (lambda t: bs.tile_beams(t, beam)) if beam > 1 else (lambda t: t)
-  step = decoding.force_eos_at(constraint.wrap(fn, tiled(words), tiled(limits)),
-                               tiled(limits))
-  state = (tf.zeros([rows, 1]), tf.zeros([rows, constraint.state_size], tf.int32))
+  # Sources of 1, 4 and 7 words (id 11 is the word "w11"), EOS, PAD.
+  inputs = np.zeros([3, 8], np.int32)
+  for b, n in enumerate(words.numpy()):
+    inputs[b, :n], inputs[b, n] = 11, EOS_ID
+  assert list(constraint.count_words(inputs).numpy()) == list(words.numpy())
+  step, state = processors.compose(
+      fn, tf.zeros([rows, 1]), [constraint, processors.LengthLimit()],
+      processors.Rows(inputs=tiled(tf.constant(inputs)), limits=tiled(limits)))
   start = tf.fill([3], BOS_ID)
   length = int(tf.reduce_max(limits))
   if beam == 1:

@@ -3,13 +3,13 @@
 A parsing model translates a sentence into a linearized tree (t2t_keras.parsing.trees).
 Unconstrained, its outputs are repaired afterwards (`trees.rebuild`); with
 `TreeConstraint` (decode --constrain_trees) the search itself can only write a tree
-with one leaf per input word, so nothing needs repairing. It wraps the decoder step
-that `t2t_keras.decoding.decode_ids` passes to beam search.
+with one leaf per input word, so nothing needs repairing. It is a decoding processor
+(`t2t_keras.processors`) that `t2t_keras.decoding.decode_ids` composes with the others.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -17,9 +17,10 @@ import tensorflow as tf
 from t2t_keras import BOS_ID, EOS_ID, PAD_ID
 from t2t_keras.beam_search import NEG_INF
 from t2t_keras.parsing.trees import LINEARIZATIONS, token_kind
+from t2t_keras.processors import Processor, Rows
 
 
-class TreeConstraint:
+class TreeConstraint(Processor):
   """Decoding that can only write a linearized tree over the source's words (parsing).
 
   Each hypothesis counts the brackets it has open and the leaves (POS tags) it has
@@ -109,30 +110,28 @@ class TreeConstraint:
     """(B, S) source ids -> (B,) number of words."""
     return tf.reduce_sum(tf.gather(self.starts_word, tf.cast(inputs, tf.int32)), axis=1)
 
-  def wrap(self, symbols_to_logits, words: tf.Tensor, limits: tf.Tensor,
-           inputs: Optional[tf.Tensor] = None):
-    """The decoder step with the constraint; its state is (state, counts (R, N)),
-    N = `state_size`, zeros at the start.
+  def start(self, rows: Rows):
+    """The `processors.Processor` protocol: the step for these rows and its state,
+    counts (R, N) int32, N = `state_size`, zeros at the start.
 
-    `words` and `limits` (R,): each row's number of source words and output length
-    limit (EOS is forced at position limits - 1). `inputs` (R, S): each row's source
-    ids, needed by the "words" linearization (the pieces to copy).
+    Each row's number of source words comes from `rows.inputs` (the "words"
+    linearization also copies its pieces) and its output length limit from
+    `rows.limits` (EOS is forced at position limits - 1).
     """
-    kinds = self.kinds
+    inputs = tf.cast(rows.inputs, tf.int32)
+    words, limits = self.count_words(inputs), rows.limits
+    initial = tf.zeros([tf.shape(inputs)[0], self.state_size], tf.int32)
     if self.linearization == "words":
-      if inputs is None:
-        raise ValueError("the 'words' linearization needs the source ids (inputs=)")
-      return self._wrap_words(symbols_to_logits, words, limits, tf.cast(inputs, tf.int32))
+      return self._words_step(words, limits, inputs), initial
+    kinds = self.kinds
 
-    def fn(ids, index, state):
-      inner, counts = state
+    def step(logits, ids, index, counts):
       kind = tf.gather(kinds, ids)  # of the token just written (BOS at index 0)
       is_open = tf.cast(tf.equal(kind, self.OPEN), tf.int32)
       opened = tf.maximum(
           counts[:, 0] + is_open - tf.cast(tf.equal(kind, self.CLOSE), tf.int32), 0)
       leaves = counts[:, 1] + tf.cast(tf.equal(kind, self.LEAF), tf.int32)
       run, total = self._bracket_counts(counts[:, 2], counts[:, 3], is_open)
-      logits, inner = symbols_to_logits(ids, index, inner)
       room = leaves < words
       inside = opened > 0
       # Tokens that must still follow the one written now, before EOS: a leaf per
@@ -148,8 +147,8 @@ class TreeConstraint:
       ], axis=1)  # (R, 5)
       mask = tf.gather(allowed, kinds, axis=1)  # (R, V)
       logits = tf.where(mask, tf.cast(logits, tf.float32), NEG_INF)
-      return logits, (inner, tf.stack([opened, leaves, run, total], axis=1))
-    return fn
+      return logits, tf.stack([opened, leaves, run, total], axis=1)
+    return step, initial
 
   def _bracket_counts(self, run, total, is_open):
     """Brackets opened in a row and in all, after the token just written."""
@@ -165,10 +164,10 @@ class TreeConstraint:
   # copying a word's remaining pieces; owing the tag of the word just copied.
   FREE, COPYING, NEED_TAG = range(3)
 
-  def _wrap_words(self, symbols_to_logits, words, limits, inputs):
-    """`wrap` for the "words" linearization; counts (R, 6): open brackets, tagged
-    words, pieces copied (from the first word start), phase, brackets opened in a
-    row and in all."""
+  def _words_step(self, words, limits, inputs):
+    """`start`'s step for the "words" linearization; counts (R, 6): open brackets,
+    tagged words, pieces copied (from the first word start), phase, brackets opened in
+    a row and in all."""
     kinds, starts_word = self.kinds, self.starts_word
     pieces = tf.reduce_sum(tf.cast((inputs != PAD_ID) & (inputs != EOS_ID), tf.int32),
                            axis=1)
@@ -180,8 +179,7 @@ class TreeConstraint:
     def piece_at(position):
       return tf.gather(inputs, tf.minimum(position, last), batch_dims=1)
 
-    def fn(ids, index, state):
-      inner, counts = state
+    def step(logits, ids, index, counts):
       opened, leaves, phase = counts[:, 0], counts[:, 1], counts[:, 3]
       position = offset + counts[:, 2]  # the next piece to copy, before this token
       free_before = tf.equal(phase, self.FREE)
@@ -203,7 +201,6 @@ class TreeConstraint:
       next_piece = piece_at(position)
       continues = (position < pieces) & tf.equal(tf.gather(starts_word, next_piece), 0)
       phase = tf.where(copied, tf.where(continues, self.COPYING, self.NEED_TAG), self.FREE)
-      logits, inner = symbols_to_logits(ids, index, inner)
       room = leaves < words
       inside = opened > 0
       free = limits - 2 - index
@@ -227,6 +224,5 @@ class TreeConstraint:
       mask = tf.where(tf.equal(phase, self.COPYING)[:, None], word_piece,
                       mask | (word_piece & start_word[:, None]))
       logits = tf.where(mask, tf.cast(logits, tf.float32), NEG_INF)
-      new_counts = tf.stack([opened, leaves, position - offset, phase, run, total], axis=1)
-      return logits, (inner, new_counts)
-    return fn
+      return logits, tf.stack([opened, leaves, position - offset, phase, run, total], axis=1)
+    return step

@@ -1,0 +1,106 @@
+"""Decoding processors: the options that change which tokens a search may write.
+
+A decoding option (a minimum length, the length limit, the tree constraint of parsing,
+later a target prefix or a repetition penalty) is one small object behind one protocol,
+composed by `t2t_keras.decoding.decode_ids` around the model's step, as keras-hub
+composes samplers and OpenNMT-tf decoding strategies. The searches themselves (beam,
+greedy, sampling in `t2t_keras.beam_search`) stay pure functions that know nothing of
+the options.
+
+Protocol: `processor.start(rows)` binds the processor to a batch and returns
+`(step, initial_state)`:
+  * `rows` (`Rows`): per-hypothesis tensors of the batch (R = batch x beam rows): the
+    source ids and the output length limit;
+  * `initial_state`: a nest of tensors with leading dimension R (or `()`), the
+    processor's memory of each hypothesis' history (e.g. brackets opened so far);
+  * `step(logits, ids, index, state) -> (logits, state)`: float32 logits (R, V) of
+    the position `index` being decoded, `ids` (R,) the token each hypothesis wrote
+    last (BOS at index 0); returns the adjusted logits (NEG_INF for a token that may
+    not come) and the new state.
+The decoder reorders every processor's state with the beams (each row follows its
+parent hypothesis) in both cache layouts, so a processor never handles beams itself.
+Processors run in order; the length limit comes last, so that it wins.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Sequence, Tuple
+
+import tensorflow as tf
+
+from t2t_keras import EOS_ID
+from t2t_keras.beam_search import NEG_INF
+
+Step = Callable[[tf.Tensor, tf.Tensor, tf.Tensor, Any], Tuple[tf.Tensor, Any]]
+
+
+class Rows(NamedTuple):
+  """The batch a processor is bound to, one row per hypothesis (R = B x K)."""
+
+  inputs: tf.Tensor  # (R, S) int32 source ids, EOS then PAD
+  limits: tf.Tensor  # (R,) int32: EOS is forced at position limits - 1
+
+
+class Processor:
+  """One decoding option (see the module docstring). Subclasses override `start`."""
+
+  def start(self, rows: Rows) -> Tuple[Step, Any]:
+    raise NotImplementedError
+
+
+class MinLength(Processor):
+  """No EOS before position `min_length` (`--min_decode_length`): 1 never returns an
+  empty output."""
+
+  def __init__(self, min_length: int):
+    self.min_length = min_length
+
+  def start(self, rows: Rows):
+    del rows
+
+    def step(logits, ids, index, state):
+      del ids
+      is_eos = tf.equal(tf.range(tf.shape(logits)[-1]), EOS_ID)[None, :]
+      return tf.where(is_eos & (index < self.min_length), NEG_INF, logits), state
+    return step, ()
+
+
+class LengthLimit(Processor):
+  """Each hypothesis must end (EOS, with log probability 0) at its row's limit - 1: the
+  paper's input length + 50, counted per sentence so that a translation does not
+  depend on the batch it is decoded in."""
+
+  def start(self, rows: Rows):
+    limits = rows.limits
+
+    def step(logits, ids, index, state):
+      del ids
+      eos_only = tf.where(tf.equal(tf.range(tf.shape(logits)[-1]), EOS_ID), 0.0, NEG_INF)
+      return tf.where((index >= limits - 1)[:, None], eos_only[None, :], logits), state
+    return step, ()
+
+
+def compose(symbols_to_logits, state, processors: Sequence[Processor], rows: Rows):
+  """The model's step with `processors` applied to its logits, in order.
+
+  Args:
+    symbols_to_logits: (ids, index, state) -> (logits, state), the model's step.
+    state: the model's initial state.
+    processors: the decoding options.
+    rows: the batch, per hypothesis row.
+
+  Returns:
+    (step, initial state): the state is (the model's, a tuple of each processor's).
+  """
+  bound = [p.start(rows) for p in processors]
+
+  def step(ids, index, full_state):
+    inner, states = full_state
+    logits, inner = symbols_to_logits(ids, index, inner)
+    logits = tf.cast(logits, tf.float32)
+    new_states = []
+    for (fn, _), processor_state in zip(bound, states):
+      logits, processor_state = fn(logits, ids, index, processor_state)
+      new_states.append(processor_state)
+    return logits, (inner, tuple(new_states))
+  return step, (state, tuple(initial for _, initial in bound))
