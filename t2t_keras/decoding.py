@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import tensorflow as tf
 
-from t2t_keras import BOS_ID, EOS_ID, PAD_ID
+from t2t_keras import BOS_ID, PAD_ID
 from t2t_keras import beam_search as beam_search_lib
 from t2t_keras import processors
 from t2t_keras.configs import DecodeConfig

@@ -102,7 +102,7 @@ def run_workers(model_dir, flags, fast_clock_dir=None, timeout=400):
       p.kill()
     outputs = [p.communicate()[0] for p in processes]
     pytest.fail("the workers did not finish (one left the loop alone and the other "
-                f"waits in a collective?):\n" + "\n---\n".join(o[-3000:] for o in outputs))
+                "waits in a collective?):\n" + "\n---\n".join(o[-3000:] for o in outputs))
   return [(p.returncode, out) for p, out in zip(processes, outputs)]
 
 

@@ -16,14 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
 import logging as logging_lib
 import math
-import os
 import signal
 import threading
 import time
-import uuid
 from typing import Callable, Optional
 
 import keras
@@ -36,6 +33,7 @@ from t2t_keras.configs import ModelConfig, TrainConfig
 from t2t_keras.errors import TrainingError
 from t2t_keras.model import create_model
 from t2t_keras.training import checkpoints, distribute, flops, losses
+from t2t_keras.training.evaluator import BestEval, Evaluator  # noqa: F401 (re-export)
 from t2t_keras.training.schedules import TransformerSchedule
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
@@ -64,85 +62,6 @@ class TrainResult:
   preempted: bool = False  # stopped by SIGTERM after saving a checkpoint
   stopped_early: bool = False  # --early_stopping_patience evaluations without improvement
   already_finished: bool = False  # an earlier run of this model_dir stopped early here
-
-
-class BestEval:
-  """The best dev result so far and the evaluations since, kept across restarts.
-
-  The metric is dev BLEU (higher is better) when the evaluation computes it, else dev
-  loss (lower is better). The state lives in <model_dir>/best_eval.json, so a resumed
-  run keeps its best checkpoint and its early-stopping count. A record that cannot be
-  read stops the run (starting over would overwrite the best checkpoint), and so does
-  a run whose metric differs from the record's: its best checkpoint would be replaced
-  by one judged on another scale.
-  """
-
-  def __init__(self, model_dir: str, write: bool, metric: str = "loss"):
-    self.path = modeldir.best_state_path(model_dir)
-    self.write = write
-    self.metric = metric
-    self.state = {}
-    if tf.io.gfile.exists(self.path):
-      try:
-        with tf.io.gfile.GFile(self.path) as f:
-          self.state = json.load(f)
-      except (json.JSONDecodeError, tf.errors.OpError, UnicodeDecodeError) as error:
-        raise TrainingError(
-            f"cannot read {self.path} ({type(error).__name__}: {error}), the record of the "
-            f"best checkpoint in {modeldir.best_dir(model_dir)}: rerun once the file is "
-            "readable, or move it and best/ away to start the record anew.") from None
-    saved = self.state.get("metric")
-    if saved and saved != metric:
-      how = {"bleu": "--eval_bleu_sentences > 0", "loss": "--eval_bleu_sentences=0"}
-      raise TrainingError(
-          f"{modeldir.best_dir(model_dir)} holds the best checkpoint by dev {saved} "
-          f"({self.path}) but this run judges dev {metric}: keep judging by {saved} "
-          f"({how[saved]}), or move best/ and {os.path.basename(self.path)} away to "
-          "start a new record.")
-
-  @property
-  def stopped_early_at(self) -> Optional[int]:
-    """The step at which early stopping ended the run, if it did."""
-    return self.state.get("stopped_early_at")
-
-  def record_stop(self, step: int) -> None:
-    self.state["stopped_early_at"] = step
-
-  def resume_after_stop(self) -> None:
-    """Trains on after an early stop: patience counts from 0 again."""
-    self.state.pop("stopped_early_at", None)
-    if self.state:
-      self.state["evaluations_since_best"] = 0
-
-  @property
-  def since_best(self) -> int:
-    return int(self.state.get("evaluations_since_best", 0))
-
-  def update(self, step: int, metrics: dict) -> bool:
-    """Records an evaluation in memory; returns whether it is the best so far.
-
-    `commit` writes the record, once the best checkpoint it names is saved.
-    """
-    value = float(metrics[self.metric])
-    best = self.state.get("value")
-    improved = (best is None or (value > best if self.metric == "bleu" else value < best))
-    if improved:
-      self.state = {"metric": self.metric, "value": value, "step": step,
-                    "evaluations_since_best": 0}
-    elif self.state.get("step") != step:  # the same step evaluated again at a restart
-      self.state["evaluations_since_best"] = self.since_best + 1
-    return improved
-
-  def commit(self) -> None:
-    if self.write and self.state:
-      path = f"{self.path}.tmp-{uuid.uuid4().hex[:8]}"
-      with tf.io.gfile.GFile(path, "w") as f:
-        json.dump(self.state, f, indent=2, sort_keys=True)
-      tf.io.gfile.rename(path, self.path, overwrite=True)
-
-  def describe(self) -> str:
-    return (f"dev {self.state['metric']} {self.state['value']:.4g} at step "
-            f"{self.state['step']}")
 
 
 class Trainer:
@@ -374,35 +293,13 @@ class Trainer:
     else:
       writer = eval_writer = tf.summary.create_noop_writer()
 
-    best = best_manager = None
-    if cfg.keep_best_checkpoint or cfg.early_stopping_patience:
-      if chief:  # the chief judges; the others follow its decisions (see _agree)
-        best = BestEval(cfg.model_dir, write=True,
-                        metric="bleu" if eval_hook is not None else "loss")
-      if cfg.keep_best_checkpoint:
-        best_manager = tf.train.CheckpointManager(
-            tf.train.Checkpoint(model=self.model), modeldir.best_dir(save_dir), max_to_keep=1)
-    stopped_early = False
-
+    evaluator = Evaluator(self, eval_dataset_fn, eval_hook, save_dir, eval_writer, progress)
     step = start_step = self.current_step()
-    finished = False
-    if best is not None and best.stopped_early_at is not None:
-      if cfg.continue_after_early_stop:
-        progress(f"continuing after the early stop at step {best.stopped_early_at} "
-                 "(--continue_after_early_stop): patience counts from 0 again")
-        best.resume_after_stop()
-        best.commit()
-      else:
-        finished = best.stopped_early_at == step
-    if self._agree(chief_decides=[finished])[0]:
-      progress(f"this run stopped early at step {step} (--early_stopping_patience="
-               f"{cfg.early_stopping_patience}: "
-               + (f"best {best.describe()}" if best is not None else "the chief's record")
-               + "): it is finished, nothing to train. Pass --continue_after_early_stop "
-               "to train on.")
+    if evaluator.finished(step):
       return TrainResult(steps=step, wall_seconds=0.0, target_tokens=0.0, flops=0.0,
                          final_loss=float("nan"), eval_metrics={}, stopped_early=True,
                          already_finished=True)
+    stopped_early = False
     start = last_log = last_save = self.clock()
     window = np.zeros(3)  # loss_sum, tokens, flops since the last progress line
     total_tokens = total_flops = 0.0
@@ -459,46 +356,10 @@ class Trainer:
         if step % cfg.save_checkpoint_steps == 0 or last or save_for_time:
           self._save(manager, step)
           last_save = self.clock()
-        if eval_dataset_fn and (step % cfg.eval_every == 0 or last) and not preempted:
+        if evaluator.due(step, last) and not preempted:
           eval_start = self.clock()
-          train_minutes = (eval_start - start - eval_seconds) / 60
-          eval_metrics = self.evaluate(eval_dataset_fn, cfg.eval_steps)
-          line = (f"eval at step {step}: loss {eval_metrics['loss']:.4f} | perplexity "
-                  f"{eval_metrics['perplexity']:.3f} | accuracy {eval_metrics['accuracy']:.4f}")
-          if eval_hook is not None and chief:
-            extra = eval_hook(step)
-            eval_metrics.update(extra)
-            line += "".join(f" | {name} {value:.2f}" for name, value in extra.items())
-          progress(line)
-          if best_manager is not None or cfg.early_stopping_patience:
-            improved = stop = False
-            if best is not None:  # the chief
-              improved = best.update(step, eval_metrics)
-              stop = (cfg.early_stopping_patience and not last
-                      and best.since_best >= cfg.early_stopping_patience)
-            improved, stop = self._agree(chief_decides=[improved, stop])
-            if improved and best_manager is not None:
-              best_manager.save(checkpoint_number=step)
-              if best is not None:
-                progress(f"best so far: {best.describe()}, saved in "
-                         f"{modeldir.best_dir(cfg.model_dir)}")
-            if best is not None:
-              if stop:
-                best.record_stop(step)
-              best.commit()  # after the checkpoint it names exists
-              if not improved and cfg.early_stopping_patience:
-                progress(f"no improvement for {best.since_best} evaluation(s) (best: "
-                         f"{best.describe()}; patience {cfg.early_stopping_patience})")
-            if stop:
-              stopped_early = True
-              progress(f"early stopping at step {step}: "
-                       + (f"{best.since_best} evaluations without improvement of the best "
-                          f"{best.describe()}" if best is not None else "the chief's decision"))
-          with eval_writer.as_default(step=step):
-            for name, value in eval_metrics.items():
-              tf.summary.scalar(name, value)
-            tf.summary.scalar("train_minutes", train_minutes)
-          eval_writer.flush()
+          eval_metrics, stopped_early = evaluator(
+              step, last, train_minutes=(eval_start - start - eval_seconds) / 60)
           eval_seconds += self.clock() - eval_start
           last_log += self.clock() - eval_start  # keep eval time out of the next tok/s
         if last or stopped_early:
