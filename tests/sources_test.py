@@ -154,3 +154,25 @@ def test_tfds_pipeline_end_to_end(tmp_path, network_up):
   assert data.train_stats.pairs == 8 and data.eval_stats.pairs == 8
   assert batch["inputs"].dtype == tf.int32 and batch["targets"].shape[0] >= 1
   assert os.path.basename(data.tokenizer.vocab_file).startswith("vocab.bpe40.")
+
+
+def test_fingerprint_follows_content_not_size_or_time(tmp_path):
+  """The caches' and the vocabulary's key: an edit in the middle that keeps the size
+  and the modification time changes it (the first and last megabyte did not see it);
+  a `touch` does not."""
+  import os  # pylint: disable=import-outside-toplevel
+
+  from t2t_keras.data import textfiles  # pylint: disable=import-outside-toplevel
+  path = tmp_path / "big.txt"
+  lines = [f"line {i:07d} of a corpus\n" for i in range(200_000)]  # ~5 MB
+  path.write_text("".join(lines))
+  before = textfiles.file_fingerprint(str(path))
+  stat = os.stat(path)
+  lines[100_000] = lines[100_000].replace("corpus", "CORPUS")  # same size, mid-file
+  path.write_text("".join(lines))
+  os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # e.g. rsync -t, cp -p
+  textfiles._HASHED.clear()  # pylint: disable=protected-access  (the next run's process)
+  after = textfiles.file_fingerprint(str(path))
+  assert after["size"] == before["size"] and after != before
+  os.utime(path)  # touch: same content, same key
+  assert textfiles.file_fingerprint(str(path)) == after

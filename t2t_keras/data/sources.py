@@ -154,13 +154,11 @@ class Source:
     configured wrongly."""
     raise NotImplementedError
 
-  def fingerprint(self, split: str, with_mtime: bool = True,
-                  shared_vocab: bool = False) -> Optional[dict]:
+  def fingerprint(self, split: str, shared_vocab: bool = False) -> Optional[dict]:
     """What determines the split's text (a cache key); None when the split is unset.
 
     Args:
       split: "train" or "dev".
-      with_mtime: include file modification times (caches: yes; vocabulary name: no).
       shared_vocab: identify the language pair regardless of direction (a shared
         vocabulary is the same for EN->DE and DE->EN).
     """
@@ -201,11 +199,11 @@ class FileSource(Source):
   def has_split(self, split):
     return split_files(self.config, split) is not None
 
-  def fingerprint(self, split, with_mtime=True, shared_vocab=False):
+  def fingerprint(self, split, shared_vocab=False):
     paths = split_files(self.config, split)
     if paths is None:
       return None
-    fps = [textfiles.file_fingerprint(p, with_mtime) for p in paths]
+    fps = [textfiles.file_fingerprint(p) for p in paths]
     return {"files": sorted(fps, key=json.dumps) if shared_vocab else fps}
 
   def _raw_pairs(self, split):
@@ -239,13 +237,13 @@ class TreebankSource(Source):
   def has_split(self, split):
     return treebank_file(self.config, split) is not None
 
-  def fingerprint(self, split, with_mtime=True, shared_vocab=False):
+  def fingerprint(self, split, shared_vocab=False):
     path = treebank_file(self.config, split)
     if path is None:
       return None
     # The linearization: a new target format must not reuse old caches ("tags" keeps
     # the key it had before "words" existed).
-    fp = {"treebank": textfiles.file_fingerprint(path, with_mtime),
+    fp = {"treebank": textfiles.file_fingerprint(path),
           "linearization": parsing.LINEARIZATION_VERSION}
     if self.config.parsing_linearization != "tags":
       fp["linearization"] = f"{fp['linearization']}-{self.config.parsing_linearization}"
@@ -277,7 +275,7 @@ class TfdsSource(Source):
   def has_split(self, split):
     return True
 
-  def fingerprint(self, split, with_mtime=True, shared_vocab=False):
+  def fingerprint(self, split, shared_vocab=False):
     fp = tfds_reader.fingerprint(self.config, split)
     if shared_vocab:
       fp["src"], fp["tgt"] = sorted((fp["src"], fp["tgt"]))
@@ -307,7 +305,7 @@ class SyntheticSource(Source):
   def examples(self, split: str) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     return synthetic_examples(self.config, split)
 
-  def fingerprint(self, split, with_mtime=True, shared_vocab=False):
+  def fingerprint(self, split, shared_vocab=False):
     raise ValueError("source='synthetic' has no text to fingerprint")
 
   def _raw_pairs(self, split):

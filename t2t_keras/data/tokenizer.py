@@ -264,8 +264,7 @@ def vocab_path(config: DataConfig) -> str:
                             "--vocab_file) to store the vocabulary.")
   prefix = f"vocab.{config.vocab_type}{config.vocab_size}."
   try:
-    fingerprint = sources.data_source(config).fingerprint("train", with_mtime=False,
-                                                          shared_vocab=True)
+    fingerprint = sources.data_source(config).fingerprint("train", shared_vocab=True)
   except sources.DataError:
     found = sorted(tf.io.gfile.glob(os.path.join(config.data_dir, prefix + "*.model")))
     if len(found) == 1:
