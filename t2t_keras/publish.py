@@ -18,7 +18,7 @@ Every export is first written whole under a hidden sibling, `<parent>/.tmp-<name
   `model.bin`), without which nothing loads. Whoever finds the marker finds every other
   file. TF Serving may notice the version directory during the copy, before the
   marker; its load then fails ("SavedModel not found") and is retried
-  (`--max_num_load_retries`, tensorflow/serving#631), which is the safe failure: the
+  (the server's max_num_load_retries, tensorflow/serving#631), which is the safe failure: the
   reverse order (saved_model.pb before the variables) loads and then fails requests
   (tensorflow/serving#1086).
 
