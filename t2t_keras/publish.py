@@ -47,6 +47,8 @@ def is_local(path: str) -> bool:
 def temp_path(final: str) -> str:
   """The hidden sibling an export of `final` is written to."""
   parent, name = os.path.split(final.rstrip("/"))
+  if parent.endswith(":"):  # at the root of a file system ("ram://x": split gives "ram:")
+    parent += "//"
   return os.path.join(parent, TMP_PREFIX + name)
 
 
@@ -56,7 +58,20 @@ def _files(root: str) -> List[str]:
   for directory, _, names in tf.io.gfile.walk(root):
     relative = directory[len(root):].lstrip("/")
     files.extend(os.path.join(relative, n) if relative else n for n in names)
-  return sorted(files)
+  # Some file systems list by name prefix (ram:// shows `assets.extra/x` under `assets`
+  # as `.extra/x`): keep only files that are there.
+  return sorted(f for f in set(files) if tf.io.gfile.exists(os.path.join(root, f))
+                and not tf.io.gfile.isdir(os.path.join(root, f)))
+
+
+def remove_tree(root: str) -> None:
+  """Removes `root` and everything under it (file by file first: see `_files`)."""
+  for relative in _files(root):
+    tf.io.gfile.remove(os.path.join(root, relative))
+  try:
+    tf.io.gfile.rmtree(root)
+  except tf.errors.NotFoundError:  # an object store's listing of names already gone
+    pass
 
 
 def is_empty(path: str) -> bool:
@@ -87,12 +102,13 @@ def prepare(final: str, marker: str, what: str, allow_empty: bool = False) -> st
   if tf.io.gfile.exists(tmp):
     print(f"removing {tmp}: left by an interrupted export (never read by anyone)",
           file=sys.stderr, flush=True)
-    tf.io.gfile.rmtree(tmp)
+    remove_tree(tmp)
   return tmp
 
 
 def publish(tmp: str, final: str, marker: str) -> str:
   """Makes the complete export in `tmp` visible as `final` (see the module docstring)."""
+  final = final.rstrip("/")
   if is_local(final):
     if is_empty(final):
       tf.io.gfile.rmtree(final)  # empty
@@ -105,5 +121,5 @@ def publish(tmp: str, final: str, marker: str) -> str:
     target = os.path.join(final, relative)
     tf.io.gfile.makedirs(os.path.dirname(target))
     tf.io.gfile.copy(os.path.join(tmp, relative), target, overwrite=True)
-  tf.io.gfile.rmtree(tmp)
+  remove_tree(tmp)
   return final

@@ -60,6 +60,10 @@ def _step_of(path: str) -> Optional[int]:
 # ---------------------------------------------------------------- names and shapes
 def _reader(path: str):
   try:
+    if tf.io.gfile.exists(path + ".index"):  # a prefix: read it as such (load_checkpoint
+      # asks isdir first, which file systems that list by name prefix, as ram:// does,
+      # answer yes for `ckpt-7` beside `ckpt-7.index`)
+      return tf.compat.v1.train.NewCheckpointReader(path)
     return tf.train.load_checkpoint(path)
   except checkpoints.READ_ERRORS as error:
     raise checkpoints.unreadable(path, error) from None
@@ -124,6 +128,16 @@ def _listing(names) -> str:
   names = sorted(names)
   more = len(names) - _MAX_NAMES_SHOWN
   return ", ".join(names[:_MAX_NAMES_SHOWN]) + (f" and {more} more" if more > 0 else "")
+
+
+def _same_directory(a: str, b: str) -> bool:
+  """Whether two directory paths name the same directory: resolved on local disk
+  (links, `..`), normalized on other file systems (gs://, ram://), which
+  `os.path.realpath` would mangle into paths under the working directory."""
+  if "://" in a or "://" in b:
+    normalize = lambda p: re.sub(r"(?<!:)/+", "/", p).rstrip("/")  # noqa: E731
+    return normalize(a) == normalize(b)
+  return os.path.realpath(a) == os.path.realpath(b)
 
 
 _AVERAGE_FIX = "Average only checkpoints of one training run (one --model_dir)."
@@ -270,7 +284,7 @@ def write_averaged(model_dir: str, output_dir: str, last_n: int,
       variable, and what to do.
   """
   paths = modeldir.checkpoint_paths(model_dir, last_n)
-  if os.path.realpath(output_dir) == os.path.realpath(model_dir):
+  if _same_directory(output_dir, model_dir):
     raise ModelDirError(f"--output_dir is --model_dir ({model_dir}): writing there would "
                         "mix the average with the training checkpoints. Choose a new "
                         f"directory, e.g. {model_dir.rstrip('/')}_avg.")
