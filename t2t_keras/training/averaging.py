@@ -32,7 +32,7 @@ from absl import logging
 from google.protobuf import message
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
-from t2t_keras import modeldir
+from t2t_keras import modeldir, outputs
 from t2t_keras.errors import CheckpointError, ModelDirError
 from t2t_keras.model import create_model
 from t2t_keras.training import checkpoints
@@ -128,16 +128,6 @@ def _listing(names) -> str:
   names = sorted(names)
   more = len(names) - _MAX_NAMES_SHOWN
   return ", ".join(names[:_MAX_NAMES_SHOWN]) + (f" and {more} more" if more > 0 else "")
-
-
-def _same_directory(a: str, b: str) -> bool:
-  """Whether two directory paths name the same directory: resolved on local disk
-  (links, `..`), normalized on other file systems (gs://, ram://), which
-  `os.path.realpath` would mangle into paths under the working directory."""
-  if "://" in a or "://" in b:
-    normalize = lambda p: re.sub(r"(?<!:)/+", "/", p).rstrip("/")  # noqa: E731
-    return normalize(a) == normalize(b)
-  return os.path.realpath(a) == os.path.realpath(b)
 
 
 _AVERAGE_FIX = "Average only checkpoints of one training run (one --model_dir)."
@@ -284,7 +274,7 @@ def write_averaged(model_dir: str, output_dir: str, last_n: int,
       variable, and what to do.
   """
   paths = modeldir.checkpoint_paths(model_dir, last_n)
-  if _same_directory(output_dir, model_dir):
+  if outputs.same_path(output_dir, model_dir):  # gs:// too (not os.path.realpath)
     raise ModelDirError(f"--output_dir is --model_dir ({model_dir}): writing there would "
                         "mix the average with the training checkpoints. Choose a new "
                         f"directory, e.g. {model_dir.rstrip('/')}_avg.")
