@@ -223,13 +223,15 @@ class Translator(tf.Module):
     ended = tf.cumsum(tf.cast(tf.logical_or(tf.equal(input_ids, EOS_ID),
                                             tf.equal(input_ids, PAD_ID)), tf.int32),
                       axis=1) > 0
-    used = tf.where(ended, PAD_ID, input_ids)
-    low, high = tf.reduce_min(tf.concat([tf.reshape(used, [-1]), [0]], 0)), \
-        tf.reduce_max(tf.concat([tf.reshape(used, [-1]), [0]], 0))
+    # The lowest and highest id before the rows' ends (sentinels when there is none).
+    low = tf.reduce_min(tf.concat([tf.reshape(tf.where(ended, tf.int32.max, input_ids),
+                                              [-1]), [tf.int32.max]], 0))
+    high = tf.reduce_max(tf.concat([tf.reshape(tf.where(ended, tf.int32.min, input_ids),
+                                               [-1]), [tf.int32.min]], 0))
     check = _check((low >= 0) & (high < self.vocab_size),
                    f"request with ids from {{}} to {{}}: ids must be in [0, "
                    f"{self.vocab_size}) (the vocabulary of assets/vocab.model) before "
-                   "each row's EOS", low, high)
+                   "the first EOS of each row", low, high)
     with tf.control_dependencies([check]):
       return tf.identity(input_ids)
 

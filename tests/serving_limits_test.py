@@ -120,7 +120,7 @@ def test_ids_outside_the_vocabulary_are_refused(default_export, tiny_model_dir):
   _, session = default_export
   vocab_size = modeldir.load_model_config(tiny_model_dir).vocab_size
   for bad in (-1, vocab_size):
-    refused(session, rf"request with ids from {min(bad, 0)} to {max(bad, 5)}: ids must be "
+    refused(session, rf"request with ids from {min(bad, 5)} to {max(bad, 5)}: ids must be "
             rf"in \[0, {vocab_size}\)", "translate_ids",
             input_ids=np.array([[5, bad, EOS_ID], [5, EOS_ID, 0]], np.int32))
   # The largest id and anything after a row's EOS (padding) are fine.
