@@ -3,7 +3,8 @@
 An output may not be one of the command's inputs or another of its outputs: decoding
 with `--output_alignments` equal to `--output_file` would overwrite the translations,
 and an `--output_file` equal to `--input_file` would destroy the input. Both are
-refused before the model is loaded, as is an output whose directory does not exist.
+refused before the model is loaded, as is an output whose directory does not exist
+(on local disk: object stores have no directories).
 
 Each output is written to a hidden temporary name beside it (`.<name>.tmp-<pid>`) and
 renamed to its final name only when the command has finished, so a command killed
@@ -57,7 +58,8 @@ def check_paths(outputs: Dict[str, Optional[str]], inputs: Dict[str, Optional[st
         raise InputError(f"{flag}={path} is also {other} (an {kind} of this command): "
                          f"writing it would destroy the {kind}; choose another {flag}.")
     parent = os.path.dirname(path)
-    if parent and not _gfile().isdir(parent):
+    local = "://" not in path or path.startswith("file://")  # object stores: no directories
+    if parent and local and not _gfile().isdir(parent):
       raise InputError(f"{flag}={path}: the directory {parent} does not exist; create it "
                        "or choose another path.")
 
