@@ -73,14 +73,14 @@ class RequestLimits:
   max_string_bytes: int = 16384  # bytes per string; ids per row for translate_ids
   max_tokens: int = 16384  # rows x longest row in subwords (EOS included, after the cut)
 
-  FLAGS = {"max_rows": "--max_request_rows", "max_string_bytes": "--max_string_bytes",
-           "max_tokens": "--max_request_tokens"}
+  FLAG_NAMES = {"max_rows": "--max_request_rows", "max_string_bytes": "--max_string_bytes",
+                "max_tokens": "--max_request_tokens"}
 
   def validate(self) -> "RequestLimits":
     for field in dataclasses.fields(self):
       value = getattr(self, field.name)
       if not isinstance(value, int) or value < 1:
-        raise ValueError(f"{self.FLAGS[field.name]}={value} must be a positive integer.")
+        raise ValueError(f"{self.FLAG_NAMES[field.name]}={value} must be a positive integer.")
     return self
 
 
@@ -138,12 +138,12 @@ class Translator(tf.Module):
     checks = [
         _check(rows <= limits.max_rows,
                f"request of {{}} rows: this export takes at most {limits.max_rows} rows "
-               f"per request (export flag {RequestLimits.FLAGS['max_rows']}); send fewer",
+               f"per request (export flag {RequestLimits.FLAG_NAMES['max_rows']}); send fewer",
                rows),
         _check(widest <= limits.max_string_bytes,
                f"request with a row of {{}} {what}: this export takes at most "
                f"{limits.max_string_bytes} {what} per row (export flag "
-               f"{RequestLimits.FLAGS['max_string_bytes']}); split the text", widest)]
+               f"{RequestLimits.FLAG_NAMES['max_string_bytes']}); split the text", widest)]
     with tf.control_dependencies(checks):
       return tf.identity(inputs)
 
@@ -154,7 +154,7 @@ class Translator(tf.Module):
                    f"request of {{}} rows x {{}} tokens (its longest row, cut to "
                    f"{self.max_input_length}) = {{}} source tokens: this export takes at "
                    f"most {self.limits.max_tokens} (export flag "
-                   f"{RequestLimits.FLAGS['max_tokens']}); send fewer or shorter rows",
+                   f"{RequestLimits.FLAG_NAMES['max_tokens']}); send fewer or shorter rows",
                    batch, tf.shape(ids)[1], tokens)
     with tf.control_dependencies([check]):
       return tf.identity(ids)
