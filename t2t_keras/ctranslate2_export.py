@@ -40,6 +40,7 @@ from t2t_keras.layers import position as position_lib
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
                  "float16", "bfloat16", "float32")
 INSTALL_HINT = 'pip install -e ".[ctranslate2]"  (or: pip install ctranslate2)'
+MODEL_FILE = "model.bin"  # what ctranslate2.Translator opens first
 RESERVED_TOKENS = {PAD_ID: "<pad>", EOS_ID: "</s>", UNK_ID: "<unk>", BOS_ID: "<s>"}
 
 
@@ -194,7 +195,8 @@ def export(model, config: ModelConfig, tokenizer, export_dir: str,
 
   Args:
     model, config, tokenizer: the restored model, its ModelConfig and its tokenizer.
-    export_dir: the directory to write (must not hold files unless `force`).
+    export_dir: the directory to write (must not hold files unless `force`); local or
+      any tf.io.gfile file system (gs://). It appears complete or not at all.
     quantization: None (float32 weights) or one of QUANTIZATIONS; CTranslate2 can also
       quantize when it loads (`compute_type`).
     vocab_file: the SentencePiece model to copy for clients.
@@ -207,17 +209,25 @@ def export(model, config: ModelConfig, tokenizer, export_dir: str,
     raise ExportError(f"--quantization={quantization} is not one of "
                       f"{', '.join(QUANTIZATIONS)}")
   import tensorflow as tf  # pylint: disable=import-outside-toplevel  (tf.io.gfile: gs://)
+  from t2t_keras import publish  # pylint: disable=import-outside-toplevel
   if tf.io.gfile.isdir(export_dir) and tf.io.gfile.listdir(export_dir) and not force:
+    if not tf.io.gfile.exists(os.path.join(export_dir, MODEL_FILE)):
+      publish.prepare(export_dir, MODEL_FILE, "")  # raises: an interrupted export
     raise ExportError(f"{export_dir} is not empty: pick a new --export_dir (or remove it)")
   spec = build_spec(model, config, vocabulary(tokenizer))
   spec.validate()
   spec.optimize(quantization=quantization)
+  if force and tf.io.gfile.exists(export_dir):
+    tf.io.gfile.rmtree(export_dir)
+  # Written whole under a hidden sibling, then published with model.bin last
+  # (t2t_keras/publish.py): CTranslate2 never opens a half-copied directory.
+  tmp = publish.prepare(export_dir, MODEL_FILE, "pick a new --export_dir (or remove it)",
+                        allow_empty=True)
+  tf.io.gfile.makedirs(tmp)
   with tempfile.TemporaryDirectory() as local:  # CTranslate2 writes local files only
     spec.save(local)
     if vocab_file:
       tf.io.gfile.copy(vocab_file, os.path.join(local, "sentencepiece.model"))
-    tf.io.gfile.makedirs(export_dir)
     for name in os.listdir(local):
-      tf.io.gfile.copy(os.path.join(local, name), os.path.join(export_dir, name),
-                       overwrite=True)
-  return export_dir
+      tf.io.gfile.copy(os.path.join(local, name), os.path.join(tmp, name), overwrite=True)
+  return publish.publish(tmp, export_dir, MODEL_FILE)

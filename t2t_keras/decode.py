@@ -44,6 +44,7 @@ from absl import flags  # noqa: E402
 from absl import logging  # noqa: E402
 
 from t2t_keras import flags as t2t_flags
+from t2t_keras import outputs
 from t2t_keras.configs import DecodeConfig
 
 FLAGS = flags.FLAGS
@@ -96,34 +97,36 @@ def choose_xla(decode_config: DecodeConfig, sentences: int) -> DecodeConfig:
                                   and beam <= decoding.MAX_SLOTTED_BEAM))
 
 
-def write_alignments(model, tokenizer, results, layers: int, multiple: bool) -> None:
-  """--output_alignments: one Pharaoh line per output line (blank lines as well)."""
-  # pylint: disable=import-outside-toplevel
-  import tensorflow as tf
-
-  from t2t_keras import scoring
+def check_alignment_flags(model_config) -> None:
+  """--alignment_layer / --alignment_head against the model, before any work."""
+  layers, heads = model_config.decoder_layers, model_config.num_heads
   layer, head = FLAGS.alignment_layer, FLAGS.alignment_head
   if not -layers <= layer < layers:
     raise flags.ValidationError(f"--alignment_layer={layer} but the model has {layers} "
                                 f"decoder layers: use 0..{layers - 1} or -1 (the last).")
+  if not -1 <= head < heads:
+    raise flags.ValidationError(f"--alignment_head={head} but the model has {heads} "
+                                f"heads: use 0..{heads - 1} or -1 (their average).")
+
+
+def write_alignments(model, tokenizer, results, multiple: bool, out) -> None:
+  """--output_alignments: one Pharaoh line per output line (blank lines as well)."""
+  # pylint: disable=import-outside-toplevel
+  from t2t_keras import scoring
+  layer, head = FLAGS.alignment_layer, FLAGS.alignment_head
   pairs = [(r.source_ids, ids) for r in results for ids in (r.ids if multiple else r.ids[:1])]
   meter = console.Progress(len(pairs), unit="pairs", verb="aligned")
   forced = scoring.force(model, [s for s, _ in pairs], [scoring.with_eos(t) for _, t in pairs],
                          batch_size=FLAGS.decode_batch_size, attention_layer=layer,
                          progress=meter)
-  heads = forced[0].attention.shape[0] if forced else 0
-  if head >= heads > 0:
-    raise flags.ValidationError(f"--alignment_head={head} but the model has {heads} "
-                                f"heads: use 0..{heads - 1} or -1 (their average).")
   starts = scoring.word_starts(tokenizer)
   lines = iter([scoring.pharaoh(scoring.align(f.attention, s, scoring.with_eos(t), starts,
                                               head)) for f, (s, t) in zip(forced, pairs)])
-  with tf.io.gfile.GFile(FLAGS.output_alignments, "w") as out:
-    for result in results:
-      for _ in (result.ids if multiple else result.ids[:1]):
-        out.write(next(lines) + "\n")
-      if multiple:
-        out.write("\n")
+  for result in results:
+    for _ in (result.ids if multiple else result.ids[:1]):
+      out.write(next(lines) + "\n")
+    if multiple:
+      out.write("\n")
 
 
 def run() -> None:
@@ -136,16 +139,20 @@ def run() -> None:
   from t2t_keras.errors import DataError
 
   tf.get_logger().setLevel("WARNING")
+  # Every flag is checked before any work: the model's shape, the outputs, the inputs.
   decode_config = config_from_flags()
   model_dirs = t2t_flags.model_dirs()
+  model_config = modeldir.load_model_config(model_dirs[0])
   for warning in t2t_flags.check_inference_flags(
-      sys.argv, modeldir.load_model_config(model_dirs[0]), "decode", reads=_READS,
+      sys.argv, model_config, "decode", reads=_READS,
       requested_vocab_size=modeldir.data_config_of(model_dirs[0]).vocab_size):
     logging.warning(warning)
-  checkpoint_path, average_last_n = t2t_flags.checkpoint_choice(sys.argv)
-  model, loaded = modeldir.load_ensemble(model_dirs, checkpoint_path, average_last_n,
-                                          FLAGS.decode_dtype)
-  tokenizer = loaded[0].tokenizer
+  if FLAGS.output_alignments:
+    check_alignment_flags(model_config)
+  outputs.check_paths({"--output_file": FLAGS.output_file,
+                       "--output_alignments": FLAGS.output_alignments},
+                      {"--input_file": FLAGS.input_file,
+                       "--reference_file": FLAGS.reference_file})
   sentences = read_text_lines(FLAGS.input_file, "--input_file")
   references = None
   if FLAGS.reference_file:
@@ -154,6 +161,10 @@ def run() -> None:
       raise DataError(f"--reference_file {FLAGS.reference_file} has {len(references)} "
                       f"lines but --input_file {FLAGS.input_file or '<stdin>'} has "
                       f"{len(sentences)}: they must be line-aligned.")
+  checkpoint_path, average_last_n = t2t_flags.checkpoint_choice(sys.argv)
+  model, loaded = modeldir.load_ensemble(model_dirs, checkpoint_path, average_last_n,
+                                          FLAGS.decode_dtype)
+  tokenizer = loaded[0].tokenizer
   decode_config = choose_xla(decode_config, len(sentences))
   if decode_config.sampling:
     how = (f"sampling {decode_config.num_samples} per input: top-k "
@@ -184,9 +195,14 @@ def run() -> None:
   results = translate.translate(model, tokenizer, sentences, decode_config,
                                max_input_length=FLAGS.max_input_length,
                                tree_constraint=constraint)
+  note = translate.truncation_note(sum(r.truncated for r in results), len(results),
+                                   FLAGS.max_input_length)
+  if note:
+    print(note, file=sys.stderr, flush=True)
   multiple = decode_config.return_beams or decode_config.num_samples > 1
-  out = (tf.io.gfile.GFile(FLAGS.output_file, "w") if FLAGS.output_file else sys.stdout)
-  try:
+  # Outputs are written under temporary names and renamed once all are complete.
+  with outputs.PendingOutputs() as pending:
+    out = pending.open(FLAGS.output_file) if FLAGS.output_file else sys.stdout
     for result in results:
       if multiple:
         for text, score in zip(result.texts, result.scores):
@@ -194,12 +210,10 @@ def run() -> None:
         out.write("\n")
       else:
         out.write(result.texts[0] + "\n")
-  finally:
-    if FLAGS.output_file:
-      out.close()
-  if FLAGS.output_alignments:
-    write_alignments(model, tokenizer, results, loaded[0].model_config.decoder_layers,
-                     multiple)
+    if FLAGS.output_alignments:
+      write_alignments(model, tokenizer, results, multiple,
+                       pending.open(FLAGS.output_alignments))
+    pending.commit()
   if references is not None:
     from t2t_keras import metrics
     report = metrics.bleu_report([r.texts[0] for r in results], [references])

@@ -38,6 +38,19 @@ flags.DEFINE_boolean(
     "CPU). TensorFlow Serving runs it only when started with "
     "--xla_cpu_compilation_enabled=true (CPU; serving#1858), else requests fail. "
     "Each new batch size or source length bucket is compiled on its first request.")
+flags.DEFINE_integer("max_request_rows", 256,
+                     "--format=saved_model: sentences (rows) per request; more is refused "
+                     "with INVALID_ARGUMENT before any work. Under TF Serving's batching "
+                     "it applies to the merged batch (keep max_batch_size within it).",
+                     lower_bound=1)
+flags.DEFINE_integer("max_string_bytes", 16384,
+                     "--format=saved_model: bytes per input string (ids per row for "
+                     "translate_ids); longer is refused before tokenization. Strings within "
+                     "it are still cut to --max_input_length subwords.", lower_bound=1)
+flags.DEFINE_integer("max_request_tokens", 16384,
+                     "--format=saved_model: source tokens per request, counted as rows x "
+                     "the longest row (after the cut to --max_input_length), which sizes "
+                     "the key/value cache; more is refused before decoding.", lower_bound=1)
 flags.DEFINE_enum("quantization", None, ["int8", "int8_float32", "int8_float16",
                                          "int8_bfloat16", "int16", "float16",
                                          "bfloat16", "float32"],
@@ -79,6 +92,13 @@ def main(argv):
     print("error: --constrain_trees is for --format=saved_model (a CTranslate2 model "
           "cannot carry the tree constraint); drop one of them", file=sys.stderr)
     sys.exit(2)
+  limit_flags = [f"--{name}" for name in ("max_request_rows", "max_string_bytes",
+                                          "max_request_tokens") if FLAGS[name].present]
+  if limit_flags and ctranslate2:
+    print(f"error: {', '.join(limit_flags)} limit requests to a SavedModel "
+          "(--format=saved_model); a CTranslate2 model has no server of ours to enforce "
+          "them: drop them", file=sys.stderr)
+    sys.exit(2)
   from t2t_keras import modeldir  # pylint: disable=import-outside-toplevel
   export_dir = FLAGS.export_dir or modeldir.default_export_dir(FLAGS.model_dir, ctranslate2)
   errors.exit_on_user_error(lambda: run(export_dir, ctranslate2), (FileExistsError,))
@@ -102,13 +122,19 @@ def run(export_dir: str, ctranslate2: bool) -> None:
     print(f"exported {path} (CTranslate2, {weights} weights)\n"
           f"  python tools/ct2_translate.py --model={path} --input_file=in.txt")
     return
+  limits = serving.RequestLimits(FLAGS.max_request_rows, FLAGS.max_string_bytes,
+                                 FLAGS.max_request_tokens)
   path = serving.export_model_dir(FLAGS.model_dir, export_dir, t2t_flags.decode_config(),
                                   FLAGS.max_input_length,
                                   *t2t_flags.checkpoint_choice(sys.argv),
                                   FLAGS.export_version, FLAGS.constrain_trees,
-                                  jit_compile=FLAGS.export_jit_compile)
+                                  jit_compile=FLAGS.export_jit_compile, limits=limits)
   server_flag = " --xla_cpu_compilation_enabled=true" if FLAGS.export_jit_compile else ""
   print(f"exported {path}" + (" (beam search compiled with XLA)" if server_flag else "")
+        + f"\n  limits per request: {limits.max_rows} rows (--max_request_rows), "
+        f"{limits.max_string_bytes} bytes per string (--max_string_bytes), "
+        f"{limits.max_tokens} source tokens (--max_request_tokens); sources cut to "
+        f"{FLAGS.max_input_length} subwords (--max_input_length)"
         + f"\n  python tools/saved_model_cli.py show --dir {path} --all\n"
         f"  tensorflow_model_server --rest_api_port=8501 --model_name=transformer "
         f"--model_base_path={os.path.abspath(export_dir)}{server_flag}")

@@ -22,6 +22,7 @@ from absl import flags  # noqa: E402
 from absl import logging  # noqa: E402
 
 from t2t_keras import flags as t2t_flags
+from t2t_keras import outputs
 
 FLAGS = flags.FLAGS
 t2t_flags.define_all()
@@ -37,7 +38,7 @@ def run() -> None:
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
 
-  from t2t_keras import modeldir, scoring
+  from t2t_keras import modeldir, scoring, translate
   from t2t_keras.data.textfiles import read_text_lines
   from t2t_keras.errors import DataError
 
@@ -48,6 +49,9 @@ def run() -> None:
       reads=("source_file", "target_file", "output_file", "per_token"),
       requested_vocab_size=modeldir.data_config_of(model_dirs[0]).vocab_size):
     logging.warning(warning)
+  outputs.check_paths({"--output_file": FLAGS.output_file},
+                      {"--source_file": FLAGS.source_file,
+                       "--target_file": FLAGS.target_file})
   sources = read_text_lines(FLAGS.source_file, "--source_file")
   targets = read_text_lines(FLAGS.target_file, "--target_file")
   if len(sources) != len(targets):
@@ -68,20 +72,22 @@ def run() -> None:
   if not sources:
     source_ids = target_ids = []
   limit = FLAGS.max_input_length
+  note = translate.truncation_note(sum(len(s) > limit for s in source_ids),
+                                   len(source_ids), limit, "sources", "score")
+  if note:
+    print(note, file=sys.stderr, flush=True)
   source_ids = [s if len(s) <= limit else s[:limit - 1] + [s[-1]] for s in source_ids]
   meter = console.Progress(len(sources), unit="pairs", verb="scored")
   results = scoring.force(model, source_ids, target_ids,
                           batch_size=FLAGS.decode_batch_size, progress=meter)
-  out = tf.io.gfile.GFile(FLAGS.output_file, "w") if FLAGS.output_file else sys.stdout
-  try:
+  with outputs.PendingOutputs() as pending:  # renamed to --output_file when complete
+    out = pending.open(FLAGS.output_file) if FLAGS.output_file else sys.stdout
     for result in results:
       line = f"{result.total:.4f}\t{len(result.log_probs)}"
       if FLAGS.per_token:
         line += "\t" + " ".join(f"{v:.4f}" for v in result.log_probs)
       out.write(line + "\n")
-  finally:
-    if FLAGS.output_file:
-      out.close()
+    pending.commit()
   if results:
     total = sum(r.total for r in results)
     tokens = sum(len(r.log_probs) for r in results)

@@ -24,6 +24,18 @@ XLA-compiled function inside the graph (TF Serving on CPU then needs
 `--xla_cpu_compilation_enabled=true`); each batch is padded to a power-of-two number of
 rows and of source columns, so that few shapes are compiled. Same translations.
 
+Per-request limits (`RequestLimits`, fixed at export, written to
+`assets.extra/t2t_keras.json`): rows per request, bytes per string (ids per row for
+translate_ids) and source tokens per request (rows x the longest row, after the cut to
+`max_input_length`: the batch is padded to its longest row, so this is what sizes the
+encoder's work and the key/value cache). A request over a limit fails with
+INVALID_ARGUMENT naming the limit, its flag and the request's value; the row and byte
+limits are checked before any tokenization (TensorFlow ops run in dependency order,
+so the checks are control dependencies of the first string op), the token limit
+before the beam search. translate_ids also refuses ids outside [0, vocab_size) before
+a row's first EOS (ids after it are padding and ignored). The session goes on serving
+the next request.
+
 Odd requests: invalid UTF-8 bytes become U+FFFD; an empty string translates to
 whatever the model emits for an empty source; sources longer than
 `max_input_length` subwords are truncated to it (EOS included), which bounds the
@@ -32,6 +44,8 @@ memory of the cache (batch * beam * (max_input_length + extra) positions).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import time
 from typing import Optional
@@ -39,9 +53,44 @@ from typing import Optional
 import tensorflow as tf
 
 from t2t_keras import EOS_ID, PAD_ID
-from t2t_keras import decoding
+from t2t_keras import decoding, publish
 from t2t_keras.configs import DecodeConfig
 from t2t_keras.translate import MIN_XLA_WIDTH
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestLimits:
+  """What one request to an export may hold; over a limit it gets INVALID_ARGUMENT.
+
+  The defaults bound a request to what a CPU server decodes in seconds and keep a
+  merged batch of TF Serving's batching (`max_batch_size` 64, BUILD.md) within them:
+  64 rows x `--max_input_length` 256 = 16,384 tokens. Under server-side batching the
+  limits apply to the merged batch: keep `max_batch_size` <= max_rows and
+  max_batch_size x max_input_length <= max_tokens.
+  """
+
+  max_rows: int = 256  # sentences (rows) per request
+  max_string_bytes: int = 16384  # bytes per string; ids per row for translate_ids
+  max_tokens: int = 16384  # rows x longest row in subwords (EOS included, after the cut)
+
+  FLAG_NAMES = {"max_rows": "--max_request_rows", "max_string_bytes": "--max_string_bytes",
+                "max_tokens": "--max_request_tokens"}
+
+  def validate(self) -> "RequestLimits":
+    for field in dataclasses.fields(self):
+      value = getattr(self, field.name)
+      if not isinstance(value, int) or value < 1:
+        raise ValueError(f"{self.FLAG_NAMES[field.name]}={value} must be a positive integer.")
+    return self
+
+
+LIMITS_FILE = os.path.join("assets.extra", "t2t_keras.json")  # in the version directory
+SAVED_MODEL_FILE = "saved_model.pb"  # what every SavedModel reader opens first
+
+
+def _check(condition, template: str, *values):
+  """An assert op whose message is `template` formatted with the request's values."""
+  return tf.debugging.Assert(condition, [tf.strings.format(template, values)], summarize=1)
 
 
 class Translator(tf.Module):
@@ -49,9 +98,11 @@ class Translator(tf.Module):
 
   def __init__(self, model, tokenizer, config: DecodeConfig, max_input_length: int,
                vocab_file: Optional[str] = None, tree_constraint=None,
-               jit_compile: bool = False):
+               jit_compile: bool = False, limits: Optional[RequestLimits] = None):
     super().__init__(name="translator")
     self.model = model
+    self.limits = (limits or RequestLimits()).validate()
+    self.vocab_size = int(model.model_config.vocab_size)
     # The tf.Variables under the Keras variables, tracked directly: TF Serving and
     # saved_model_cli load in graph (session) mode, which restores only variables the
     # SavedModel tracks as tf.Variables (as keras.export.ExportArchive does too).
@@ -72,6 +123,41 @@ class Translator(tf.Module):
         tf.TensorSpec([None], tf.string, name="inputs")], autograph=False)
     self.translate_ids = tf.function(self._translate_ids, input_signature=[
         tf.TensorSpec([None, None], tf.int32, name="input_ids")], autograph=False)
+
+  def check_shape(self, inputs: tf.Tensor, what: str, widths: tf.Tensor) -> tf.Tensor:
+    """`inputs` once its rows and the widths of its rows are within the limits.
+
+    Args:
+      inputs: the request's tensor (rows first).
+      what: how the width is measured, for the message ("bytes", "ids").
+      widths: int32 [B] (strings: their lengths in bytes) or a scalar (ids: the width).
+    """
+    limits = self.limits
+    rows = tf.shape(inputs)[0]
+    widest = tf.reduce_max(tf.concat([tf.reshape(widths, [-1]), [0]], axis=0))
+    checks = [
+        _check(rows <= limits.max_rows,
+               f"request of {{}} rows: this export takes at most {limits.max_rows} rows "
+               f"per request (export flag {RequestLimits.FLAG_NAMES['max_rows']}); send fewer",
+               rows),
+        _check(widest <= limits.max_string_bytes,
+               f"request with a row of {{}} {what}: this export takes at most "
+               f"{limits.max_string_bytes} {what} per row (export flag "
+               f"{RequestLimits.FLAG_NAMES['max_string_bytes']}); split the text", widest)]
+    with tf.control_dependencies(checks):
+      return tf.identity(inputs)
+
+  def check_tokens(self, ids: tf.Tensor, batch: tf.Tensor) -> tf.Tensor:
+    """ids [batch + 1, S] once batch x S (rows x longest row) is within the limit."""
+    tokens = batch * tf.shape(ids)[1]
+    check = _check(tokens <= self.limits.max_tokens,
+                   f"request of {{}} rows x {{}} tokens (its longest row, cut to "
+                   f"{self.max_input_length}) = {{}} source tokens: this export takes at "
+                   f"most {self.limits.max_tokens} (export flag "
+                   f"{RequestLimits.FLAG_NAMES['max_tokens']}); send fewer or shorter rows",
+                   batch, tf.shape(ids)[1], tokens)
+    with tf.control_dependencies([check]):
+      return tf.identity(ids)
 
   def encode_strings(self, strings: tf.Tensor) -> tf.Tensor:
     """Strings [B] -> int32 ids [B, S] ending with EOS, truncated, PAD after."""
@@ -132,19 +218,41 @@ class Translator(tf.Module):
     output_ids, scores = self.decode_xla(ids)
     return output_ids[:rows], scores[:rows]
 
+  def check_ids(self, input_ids: tf.Tensor) -> tf.Tensor:
+    """input_ids once every id before its row's first EOS (or PAD) is in the vocabulary."""
+    ended = tf.cumsum(tf.cast(tf.logical_or(tf.equal(input_ids, EOS_ID),
+                                            tf.equal(input_ids, PAD_ID)), tf.int32),
+                      axis=1) > 0
+    # The lowest and highest id before the rows' ends (sentinels when there is none).
+    low = tf.reduce_min(tf.concat([tf.reshape(tf.where(ended, tf.int32.max, input_ids),
+                                              [-1]), [tf.int32.max]], 0))
+    high = tf.reduce_max(tf.concat([tf.reshape(tf.where(ended, tf.int32.min, input_ids),
+                                               [-1]), [tf.int32.min]], 0))
+    check = _check((low >= 0) & (high < self.vocab_size),
+                   f"request with ids from {{}} to {{}}: ids must be in [0, "
+                   f"{self.vocab_size}) (the vocabulary of assets/vocab.model) before "
+                   "the first EOS of each row", low, high)
+    with tf.control_dependencies([check]):
+      return tf.identity(input_ids)
+
   def _translate_ids(self, input_ids):
+    input_ids = self.check_ids(self.check_shape(input_ids, "ids",
+                                                tf.shape(input_ids)[1]))
     batch = tf.shape(input_ids)[0]
     input_ids = tf.concat([input_ids, tf.one_hot([0], tf.shape(input_ids)[1], EOS_ID, PAD_ID,
                                                  dtype=tf.int32)], axis=0)
-    output_ids, scores = self._decode(self.clean_ids(input_ids), batch)
+    ids = self.check_tokens(self.clean_ids(input_ids), batch)
+    output_ids, scores = self._decode(ids, batch)
     return {"output_ids": output_ids[:batch], "scores": scores[:batch]}
 
   def _serve(self, inputs):
     # One empty sentence rides along so that an empty request (B = 0) needs no special
     # graph; it is short, so it never lengthens the search.
+    inputs = self.check_shape(inputs, "bytes", tf.strings.length(inputs))
     batch = tf.shape(inputs)[0]
     inputs = tf.concat([inputs, [""]], axis=0)
-    output_ids, scores = self._decode(self.encode_strings(inputs), batch)
+    ids = self.check_tokens(self.encode_strings(inputs), batch)
+    output_ids, scores = self._decode(ids, batch)
     texts = self.tokenizer.detokenize(output_ids)[:batch]  # [B, K]
     scores = scores[:batch]
     outputs = {"outputs": texts[:, 0], "scores": scores[:, 0]}
@@ -156,35 +264,51 @@ class Translator(tf.Module):
 def export(translator: Translator, export_dir: str, version: Optional[int] = None) -> str:
   """Writes the SavedModel to export_dir/<version>/ (TF Serving's layout).
 
+  The version is written whole under `export_dir/.tmp-<version>` and then made visible
+  (`publish`: a rename on local disk; on object stores a copy with saved_model.pb
+  last), so TF Serving polling export_dir never loads half an export. The request
+  limits go to `<version>/assets.extra/t2t_keras.json`.
+
   Args:
     translator: the module to export.
-    export_dir: the model base path TF Serving watches.
+    export_dir: the model base path TF Serving watches (local, gs://, ...).
     version: a positive integer; default the current Unix time, so later exports
       have higher versions and TF Serving switches to them.
 
   Returns:
     The versioned directory.
+
+  Raises:
+    FileExistsError: the version exists (or is a leftover of an interrupted export).
   """
   version = version or int(time.time())
   path = os.path.join(export_dir, str(version))
-  if tf.io.gfile.exists(path):
-    raise FileExistsError(f"{path} exists; pass another --export_version or remove it.")
-  tmp = os.path.join(export_dir, f".tmp-{version}")
+  tmp = publish.prepare(path, SAVED_MODEL_FILE, "pass another --export_version or remove it")
   signatures = {"serving_default": translator.serve,
                 "translate_ids": translator.translate_ids}
   tf.saved_model.save(translator, tmp, signatures=signatures)
-  tf.io.gfile.rename(tmp, path)  # TF Serving never sees a half-written version
-  return path
+  tf.io.gfile.makedirs(os.path.join(tmp, os.path.dirname(LIMITS_FILE)))
+  with tf.io.gfile.GFile(os.path.join(tmp, LIMITS_FILE), "w") as f:
+    json.dump({"max_input_length": translator.max_input_length,
+               **dataclasses.asdict(translator.limits)}, f, indent=2)
+  return publish.publish(tmp, path, SAVED_MODEL_FILE)
+
+
+def read_limits(path: str) -> dict:
+  """The limits an export was written with (`assets.extra/t2t_keras.json`)."""
+  with tf.io.gfile.GFile(os.path.join(path, LIMITS_FILE)) as f:
+    return json.load(f)
 
 
 def export_model_dir(model_dir: str, export_dir: str, decode_config, max_input_length: int,
                      checkpoint_path=None, average_last_n: int = 0, version: int = 0,
-                     constrain_trees: bool = False, jit_compile: bool = False) -> str:
+                     constrain_trees: bool = False, jit_compile: bool = False,
+                     limits: Optional[RequestLimits] = None) -> str:
   """Loads model_dir and exports it; returns the versioned export path.
 
   `constrain_trees`: a parsing model's export writes only valid trees (ExportError
   for a model that is not a parsing model). `jit_compile`: beam search compiled with
-  XLA (`Translator`).
+  XLA (`Translator`). `limits`: per-request limits (default `RequestLimits()`).
   """
   # pylint: disable=import-outside-toplevel
   from t2t_keras import modeldir
@@ -202,5 +326,5 @@ def export_model_dir(model_dir: str, export_dir: str, decode_config, max_input_l
   translator = Translator(
       loaded.model, loaded.tokenizer, decode_config, max_input_length,
       vocab_file=vocab if getattr(loaded.tokenizer, "model_proto", None) else None,
-      tree_constraint=constraint, jit_compile=jit_compile)
+      tree_constraint=constraint, jit_compile=jit_compile, limits=limits)
   return export(translator, export_dir, version or None)

@@ -42,13 +42,26 @@ class Translation:
   """Beams (or samples) of one input, best first (samples in drawing order).
 
   `source_ids` are the input's ids as decoded (EOS included, after truncation to
-  `max_input_length`); `ids` each beam's output ids without EOS or PAD.
+  `max_input_length`); `ids` each beam's output ids without EOS or PAD; `truncated`
+  whether the input was longer than `max_input_length` and cut (callers report it:
+  `truncation_note`).
   """
 
   texts: List[str]
   scores: List[float]
   ids: List[List[int]] = dataclasses.field(default_factory=list)
   source_ids: List[int] = dataclasses.field(default_factory=list)
+  truncated: bool = False
+
+
+def truncation_note(cut: int, total: int, max_input_length: int, what: str = "input "
+                    "sentences", doing: str = "translate") -> Optional[str]:
+  """One line saying how many inputs were cut to max_input_length, or None if none was."""
+  if not cut:
+    return None
+  return (f"note: {cut} of {total} {what} were longer than --max_input_length="
+          f"{max_input_length} subwords (EOS included) and were cut to it; raise "
+          f"--max_input_length to {doing} them whole.")
 
 
 MIN_XLA_WIDTH = 16
@@ -94,10 +107,11 @@ def translate(model, tokenizer, sentences: Sequence[str], config: DecodeConfig,
     return []
   decode_fn = decode_fn or decoding.make_decode_fn(model, config, tree_constraint=tree_constraint)
   ids = tokenizer.tokenize(tf.constant(list(sentences))).to_list()
-  sources = []
+  sources, truncated = [], []
   for seq in ids:
     seq = list(seq) + [EOS_ID]
-    if max_input_length and len(seq) > max_input_length:
+    truncated.append(bool(max_input_length) and len(seq) > max_input_length)
+    if truncated[-1]:
       seq = seq[:max_input_length - 1] + [EOS_ID]
     sources.append(seq)
   order = np.argsort([len(s) for s in sources], kind="stable")
@@ -124,7 +138,8 @@ def translate(model, tokenizer, sentences: Sequence[str], config: DecodeConfig,
     for row, i in enumerate(chunk):
       results[i] = Translation([t.decode("utf-8") for t in texts[row]],
                                [float(s) for s in scores[row]],
-                               [strip_ids(beam) for beam in out_ids[row]], sources[i])
+                               [strip_ids(beam) for beam in out_ids[row]], sources[i],
+                               truncated[i])
     if meter:
       meter.update(len(chunk))
   return results

@@ -253,3 +253,16 @@ def test_xla_export_ids_rows_translate_as_alone(xla_export_path, export_path):
     np.testing.assert_array_equal(by_xla["output_ids"][:, :, :width], by_graph["output_ids"])
     assert not by_xla["output_ids"][:, :, width:].any()
     np.testing.assert_allclose(by_xla["scores"], by_graph["scores"], rtol=1e-4, atol=1e-5)
+
+
+def test_xla_export_refuses_too_many_rows_before_compiling(xla_export_path):
+  """The row limit holds in the XLA export too: 20,000 rows would otherwise be padded
+  to 32,768 and compiled; refused, the session then answers a normal request."""
+  xla = SessionModel(xla_export_path)
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"request of 20000 rows: this export takes at most 256 rows"):
+    xla.run(inputs=np.array(["a dog"] * 20000, object))
+  with pytest.raises(tf.errors.InvalidArgumentError, match=r"request of 20000 rows"):
+    xla.run("translate_ids", input_ids=np.full([20000, 2], EOS_ID, np.int32))
+  out = xla.run(inputs=np.array(["a dog"], object))
+  assert out["outputs"].shape == (1,)

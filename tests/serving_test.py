@@ -386,3 +386,48 @@ def test_wrong_signature_is_a_clear_error(rest_server):
   last = result.stderr.strip().splitlines()[-1]
   assert last.startswith("error: ") and "HTTP 400" in last, result.stderr[-3000:]
   assert 'Serving signature name: "nosuch" not found' in last
+
+
+class FakeReplyHandler(http.server.BaseHTTPRequestHandler):
+  """Answers every :predict with `self.server.reply` (bytes), as a broken or hostile
+  server might."""
+
+  def do_POST(self):  # noqa: N802  (http.server's name)
+    self.rfile.read(int(self.headers.get("Content-Length", 0)))
+    self.send_response(200)
+    self.send_header("Content-Type", "application/json")
+    self.send_header("Content-Length", str(len(self.server.reply)))
+    self.end_headers()
+    self.wfile.write(self.server.reply)
+
+  def log_message(self, format, *args):  # pylint: disable=redefined-builtin
+    del format, args
+
+
+@pytest.mark.parametrize("reply, args, message", [
+    ({"predictions": [{"outputs": "ein Hund", "scores": "high"}]}, [],
+     "sent a score that is not a number for sentence 1: 'high'"),
+    ({"predictions": [{"outputs": "ein Hund", "scores": None}]}, [],
+     "sent a score that is not a number for sentence 1: 'None'"),
+    ({"predictions": [{"outputs": ["x"], "scores": 1.0}]}, [],
+     "sent a translation that is not text for sentence 1"),
+    ({"predictions": [{"outputs": "x" * 3000, "scores": 1.0}]}, ["--max_reply_bytes=2000"],
+     "sent a reply of more than --max_reply_bytes=2000 bytes"),
+], ids=["text_score", "null_score", "list_output", "too_long"])
+def test_odd_replies_are_clear_errors(reply, args, message):
+  httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeReplyHandler)
+  httpd.reply = json.dumps(reply).encode()
+  thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+  thread.start()
+  try:
+    result = query("--protocol=rest", f"--server=127.0.0.1:{httpd.server_address[1]}",
+                   *args, "a dog")
+  finally:
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join()
+  assert result.returncode == 1, result.stderr[-3000:]
+  assert "Traceback" not in result.stderr, result.stderr[-3000:]
+  assert result.stdout == ""
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: ") and message in last, last

@@ -59,11 +59,11 @@ def test_decode_cli_errors_are_clear(tiny_model_dir, tmp_path):
   assert "Traceback" not in result.stderr
   result = run("-m", "t2t_keras.decode", f"--model_dir={tmp_path}", f"--input_file={bad}")
   assert result.returncode == 1 and "config.json not found" in result.stderr
-  result = run("-m", "t2t_keras.decode", f"--model_dir={tiny_model_dir}",
-               "--average_last_n=3", f"--input_file={bad}")
-  assert result.returncode == 1 and "holds 1 checkpoint" in result.stderr
   good = tmp_path / "good.txt"
   good.write_text("the man runs\n")
+  result = run("-m", "t2t_keras.decode", f"--model_dir={tiny_model_dir}",
+               "--average_last_n=3", f"--input_file={good}")
+  assert result.returncode == 1 and "holds 1 checkpoint" in result.stderr
   result = run("-m", "t2t_keras.decode", f"--model_dir={tiny_model_dir}",
                "--constrain_trees", f"--input_file={good}")
   assert result.returncode == 1 and "--constrain_trees" in result.stderr

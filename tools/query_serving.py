@@ -10,7 +10,8 @@ r"""Sends sentences to a running TensorFlow Serving and prints the translations.
 
 Prints one line per sentence: `<score>\t<translation>`. Sentences that start with
 `-` go after `--` (otherwise they are read as flags). On any failure (server down,
-unknown model or signature, bad reply) prints `error: ...` and exits with code 1.
+unknown model or signature, a reply that is not what serving_default sends, or one
+longer than `--max_reply_bytes`) prints `error: ...` and exits with code 1.
 
 The REST client needs only the standard library; the gRPC client imports TensorFlow
 (for the tensor protos of tensorflow-serving-api), which takes a few seconds.
@@ -40,6 +41,9 @@ flags.DEFINE_string("signature_name", "serving_default",
 flags.DEFINE_string("input_file", None, "Sentences, one per line (instead of arguments).")
 flags.DEFINE_integer("batch_size", 64, "Sentences per request.", lower_bound=1)
 flags.DEFINE_float("timeout", 300.0, "Seconds to wait for one request.")
+flags.DEFINE_integer("max_reply_bytes", 64 << 20, "Longest reply read from the server "
+                     "(bytes); a longer one is an error, not read into memory.",
+                     lower_bound=1)
 flags.register_validator("timeout", lambda v: v > 0, message="--timeout must be > 0 seconds.")
 FLAGS = flags.FLAGS
 
@@ -53,8 +57,36 @@ def _missing_outputs(signature: str, keys) -> ServingError:
                       "`scores`: query serving_default (or a signature shaped like it).")
 
 
+def _read_limited(stream, limit: int, what: str) -> bytes:
+  """At most `limit` bytes of `stream`; ServingError if it holds more."""
+  data = stream.read(limit + 1)
+  if len(data) > limit:
+    raise ServingError(f"{what} sent a reply of more than --max_reply_bytes={limit} bytes; "
+                       "send fewer sentences per request (--batch_size) or raise the limit.")
+  return data
+
+
+def _pairs(where: str, outputs, scores) -> List[Tuple[str, float]]:
+  """(translation, score) pairs, or a ServingError naming what is not text / a number."""
+  pairs = []
+  for i, (text, score) in enumerate(zip(outputs, scores)):
+    if isinstance(text, bytes):
+      text = text.decode("utf-8", errors="replace")
+    if not isinstance(text, str):
+      raise ServingError(f"{where} sent a translation that is not text for sentence "
+                         f"{i + 1}: {str(text)[:200]!r}")
+    try:
+      if isinstance(score, (bool, str, bytes)):
+        raise TypeError
+      pairs.append((text, float(score)))
+    except (TypeError, ValueError):
+      raise ServingError(f"{where} sent a score that is not a number for sentence "
+                         f"{i + 1}: {str(score)[:200]!r}") from None
+  return pairs
+
+
 def rest_predict(server: str, model: str, sentences: List[str], signature: str,
-                 timeout: float) -> List[Tuple[str, float]]:
+                 timeout: float, max_reply_bytes: int = 64 << 20) -> List[Tuple[str, float]]:
   """POSTs {"signature_name", "instances"} to /v1/models/<model>:predict.
 
   Args:
@@ -63,6 +95,7 @@ def rest_predict(server: str, model: str, sentences: List[str], signature: str,
     sentences: the source sentences (one request).
     signature: the signature to call.
     timeout: seconds to wait for the reply.
+    max_reply_bytes: the longest reply read.
 
   Returns:
     (translation, score) per sentence.
@@ -76,10 +109,10 @@ def rest_predict(server: str, model: str, sentences: List[str], signature: str,
                                    headers={"Content-Type": "application/json"})
   try:
     with urllib.request.urlopen(request, timeout=timeout) as response:
-      text = response.read().decode("utf-8", errors="replace")
+      text = _read_limited(response, max_reply_bytes, url).decode("utf-8", errors="replace")
   except urllib.error.HTTPError as error:
     # TF Serving answers {"error": "..."} with 404 (unknown model/version) or 400.
-    detail = error.read().decode("utf-8", errors="replace")
+    detail = error.read(max_reply_bytes).decode("utf-8", errors="replace")
     try:
       detail = json.loads(detail)["error"]
     except (ValueError, KeyError, TypeError):
@@ -101,13 +134,14 @@ def rest_predict(server: str, model: str, sentences: List[str], signature: str,
                        f"{text[:500]}")
   if not all(isinstance(row, dict) and {"outputs", "scores"} <= row.keys() for row in rows):
     raise _missing_outputs(signature, rows[0].keys() if isinstance(rows[0], dict) else [])
-  return [(row["outputs"], float(row["scores"])) for row in rows]
+  return _pairs(url, [row["outputs"] for row in rows], [row["scores"] for row in rows])
 
 
 class GrpcClient:
   """PredictionService.Predict over one channel, with a string tensor `inputs`."""
 
-  def __init__(self, server: str, model: str, signature: str, timeout: float):
+  def __init__(self, server: str, model: str, signature: str, timeout: float,
+               max_reply_bytes: int = 64 << 20):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # no C++ start-up logs
     try:
       # pylint: disable=import-outside-toplevel
@@ -119,7 +153,9 @@ class GrpcClient:
           from None
     self._grpc, self._tf, self._predict_pb2 = grpc, tf, predict_pb2
     self.server, self.model, self.signature, self.timeout = server, model, signature, timeout
-    self._channel = grpc.insecure_channel(server)
+    self.max_reply_bytes = max_reply_bytes
+    self._channel = grpc.insecure_channel(
+        server, options=[("grpc.max_receive_message_length", max_reply_bytes)])
     self._stub = prediction_service_pb2_grpc.PredictionServiceStub(self._channel)
 
   def close(self):
@@ -139,6 +175,11 @@ class GrpcClient:
       if code == grpc.StatusCode.UNAVAILABLE:
         raise ServingError(f"cannot reach {self.server} over gRPC ({details}); is "
                            "tensorflow_model_server running there with --port?") from None
+      if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        raise ServingError(f"{self.server} sent a reply of more than --max_reply_bytes="
+                           f"{self.max_reply_bytes} bytes ({details}); send "
+                           "fewer sentences per request (--batch_size) or raise the "
+                           "limit.") from None
       if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         raise ServingError(f"{self.server} gave no reply within "
                            f"--timeout={self.timeout:g} s") from None
@@ -147,13 +188,18 @@ class GrpcClient:
       raise ServingError(f"{self.server} answered {code.name}: {details}{hint}") from None
     if "outputs" not in reply.outputs or "scores" not in reply.outputs:
       raise _missing_outputs(self.signature, reply.outputs.keys())
-    outputs = tf.make_ndarray(reply.outputs["outputs"])
-    scores = tf.make_ndarray(reply.outputs["scores"])
+    try:
+      outputs = tf.make_ndarray(reply.outputs["outputs"])
+      scores = tf.make_ndarray(reply.outputs["scores"])
+    except (TypeError, ValueError) as error:
+      raise ServingError(f"{self.server} sent tensors that cannot be read: {error}") \
+          from None
     if outputs.shape != (len(sentences),) or scores.shape != (len(sentences),):
       raise ServingError(f"{self.server} sent outputs {outputs.shape} and scores "
                          f"{scores.shape} for {len(sentences)} sentence(s)")
-    return [(o.decode("utf-8", errors="replace"), float(s))
-            for o, s in zip(outputs, scores)]
+    if scores.dtype.kind not in "fiu":
+      raise ServingError(f"{self.server} sent scores of type {scores.dtype}, not numbers")
+    return _pairs(self.server, outputs.tolist(), scores.tolist())
 
 
 def main(argv):
@@ -172,12 +218,13 @@ def main(argv):
   client = None
   try:
     if FLAGS.protocol == "grpc":
-      client = GrpcClient(server, FLAGS.model_name, FLAGS.signature_name, FLAGS.timeout)
+      client = GrpcClient(server, FLAGS.model_name, FLAGS.signature_name, FLAGS.timeout,
+                          FLAGS.max_reply_bytes)
       predict = client.predict
     else:
       def predict(chunk):
         return rest_predict(server, FLAGS.model_name, chunk, FLAGS.signature_name,
-                            FLAGS.timeout)
+                            FLAGS.timeout, FLAGS.max_reply_bytes)
     for start in range(0, len(sentences), FLAGS.batch_size):
       for text, score in predict(sentences[start:start + FLAGS.batch_size]):
         print(f"{score:.4f}\t{text}", flush=True)

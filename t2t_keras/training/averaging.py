@@ -29,11 +29,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 from absl import logging
+from google.protobuf import message
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
-from t2t_keras import modeldir
+from t2t_keras import modeldir, outputs
 from t2t_keras.errors import CheckpointError, ModelDirError
 from t2t_keras.model import create_model
+from t2t_keras.training import checkpoints
 
 _OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 _VARIABLE_ATTRIBUTE = "VARIABLE_VALUE"
@@ -58,12 +60,13 @@ def _step_of(path: str) -> Optional[int]:
 # ---------------------------------------------------------------- names and shapes
 def _reader(path: str):
   try:
+    if tf.io.gfile.exists(path + ".index"):  # a prefix: read it as such (load_checkpoint
+      # asks isdir first, which file systems that list by name prefix, as ram:// does,
+      # answer yes for `ckpt-7` beside `ckpt-7.index`)
+      return tf.compat.v1.train.NewCheckpointReader(path)
     return tf.train.load_checkpoint(path)
-  except (tf.errors.OpError, ValueError) as error:
-    detail = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
-    raise CheckpointError(f"cannot read checkpoint {path}: {detail}. Its files are missing "
-                          "or truncated; leave it out (a smaller --last_n) or remove it "
-                          "from the directory's `checkpoint` file.") from None
+  except checkpoints.READ_ERRORS as error:
+    raise checkpoints.unreadable(path, error) from None
 
 
 def _model_entries(path: str, reader) -> Dict[str, _Entry]:
@@ -77,7 +80,10 @@ def _model_entries(path: str, reader) -> Dict[str, _Entry]:
     raise CheckpointError(f"{path} has no object graph: it is a name-based (TF1) "
                           "checkpoint, not one written by t2t_keras.")
   graph = trackable_object_graph_pb2.TrackableObjectGraph()
-  graph.ParseFromString(reader.get_tensor(_OBJECT_GRAPH_KEY))
+  try:  # the first read of the data file: a truncated one fails here
+    graph.ParseFromString(checkpoints.read_tensor(path, reader, _OBJECT_GRAPH_KEY))
+  except message.DecodeError as error:
+    raise checkpoints.unreadable(path, error) from None
   model_ids = [c.node_id for c in graph.nodes[0].children if c.local_name == _ROOT_NAME]
   if not model_ids:
     top = [c.local_name for c in graph.nodes[0].children]
@@ -168,7 +174,7 @@ def _mean_of(paths: Sequence[str], ref_shapes: Optional[Dict[str, tuple]] = None
   sums: Dict[str, np.ndarray] = {}
   for i, (path, reader, entries) in enumerate(zip(paths, readers, all_entries), 1):
     for name, entry in entries.items():
-      value = reader.get_tensor(entry.key)
+      value = checkpoints.read_tensor(path, reader, entry.key)
       if not entry.dtype.is_floating:
         sums[name] = np.asarray(value)  # integer state (e.g. seeds): keep the newest
       elif name in sums:
@@ -268,7 +274,7 @@ def write_averaged(model_dir: str, output_dir: str, last_n: int,
       variable, and what to do.
   """
   paths = modeldir.checkpoint_paths(model_dir, last_n)
-  if os.path.realpath(output_dir) == os.path.realpath(model_dir):
+  if outputs.same_path(output_dir, model_dir):  # gs:// too (not os.path.realpath)
     raise ModelDirError(f"--output_dir is --model_dir ({model_dir}): writing there would "
                         "mix the average with the training checkpoints. Choose a new "
                         f"directory, e.g. {model_dir.rstrip('/')}_avg.")

@@ -1,0 +1,94 @@
+"""tools/ct2_translate.py decodes with the project decoder's length limits (sources cut
+to --max_input_length, translations at most source length + --extra_decode_length, per
+sentence), says in one line what was cut, and reads and writes gs://-style paths
+(ram:// here) through tf.io.gfile."""
+# pylint: disable=redefined-outer-name  (pytest fixtures)
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from t2t_keras import ctranslate2_export, modeldir
+from tests.conftest import REPO_ROOT
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+sentencepiece = pytest.importorskip("sentencepiece")
+
+TOOL = os.path.join(REPO_ROOT, "tools", "ct2_translate.py")
+SENTENCES = ["the man runs", "a small red dog plays with the big ball in the park " * 2,
+             "", "Hund"]
+LIMITS = ["--max_input_length=8", "--extra_decode_length=2", "--beam_size=2"]
+
+
+@pytest.fixture(scope="module")
+def ct2_dir(tiny_model_dir, tmp_path_factory):
+  loaded = modeldir.load(tiny_model_dir, dtype="float32")
+  return ctranslate2_export.export(
+      loaded.model, loaded.model_config, loaded.tokenizer,
+      str(tmp_path_factory.mktemp("ct2") / "model"),
+      vocab_file=modeldir.vocab_path(tiny_model_dir))
+
+
+def run(*args):
+  return subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                        cwd=REPO_ROOT, timeout=300, check=False,
+                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+
+
+def test_limits_are_the_decoders_per_sentence_and_cuts_are_reported(ct2_dir, tmp_path):
+  source = tmp_path / "in.txt"
+  source.write_text("".join(s + "\n" for s in SENTENCES), encoding="utf-8")
+  result = run(TOOL, f"--model={ct2_dir}", f"--input_file={source}", *LIMITS)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert ("note: 1 of 4 input sentences were longer than --max_input_length=8 subwords "
+          "(EOS included) and were cut to it") in result.stderr
+  lines = result.stdout.split("\n")[:-1]
+  assert len(lines) == len(SENTENCES)
+  # Each line is what CTranslate2 gives that sentence alone, cut to 7 pieces (+ EOS)
+  # and limited to its own length + 2.
+  processor = sentencepiece.SentencePieceProcessor(
+      model_file=os.path.join(ct2_dir, "sentencepiece.model"))
+  translator = ctranslate2.Translator(ct2_dir, device="cpu")
+  for sentence, line in zip(SENTENCES, lines):
+    tokens = processor.encode(sentence, out_type=str)[:7]
+    (alone,) = translator.translate_batch([tokens], beam_size=2, length_penalty=0.0,
+                                          max_decoding_length=len(tokens) + 2,
+                                          max_input_length=0)
+    assert len(alone.hypotheses[0]) <= len(tokens) + 2
+    assert line == processor.decode_pieces(alone.hypotheses[0]), sentence
+
+
+RAM_SCRIPT = r"""
+import os, runpy, sys
+import tensorflow as tf
+local, tool, *flags = sys.argv[1:]
+tf.io.gfile.makedirs("ram://ct2")
+for name in os.listdir(local):
+  tf.io.gfile.copy(os.path.join(local, name), "ram://ct2/" + name)
+with tf.io.gfile.GFile("ram://in.txt", "w") as f:
+  f.write(sys.stdin.read())
+sys.argv = [tool, "--model=ram://ct2", "--input_file=ram://in.txt",
+            "--output_file=ram://out.txt", *flags]
+try:
+  runpy.run_path(tool, run_name="__main__")
+except SystemExit as error:
+  assert not error.code, error.code
+with tf.io.gfile.GFile("ram://out.txt") as f:
+  sys.stdout.write(f.read())
+"""
+
+
+def test_gs_style_paths_go_through_gfile(ct2_dir):
+  text = "".join(s + "\n" for s in SENTENCES)
+  local = subprocess.run([sys.executable, TOOL, f"--model={ct2_dir}",
+                          "--input_file=/dev/stdin", *LIMITS], input=text,
+                         capture_output=True, text=True, cwd=REPO_ROOT, timeout=300,
+                         check=False)
+  assert local.returncode == 0, local.stderr[-3000:]
+  remote = subprocess.run([sys.executable, "-c", RAM_SCRIPT, ct2_dir, TOOL, *LIMITS],
+                          input=text, capture_output=True, text=True, cwd=REPO_ROOT,
+                          timeout=300, check=False)
+  assert remote.returncode == 0, remote.stderr[-3000:]
+  assert remote.stdout == local.stdout and len(local.stdout.splitlines()) == 4

@@ -1,0 +1,129 @@
+"""Per-request limits of the export (serving.RequestLimits), in the session TF Serving
+uses: a request over a limit is refused with INVALID_ARGUMENT naming the limit, its
+flag and the request's value, before any tokenization or decoding, and the session
+answers the next request; ids outside the vocabulary are refused."""
+# pylint: disable=redefined-outer-name  (pytest fixtures)
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from t2t_keras import EOS_ID, modeldir
+from t2t_keras.configs import DecodeConfig
+from t2t_keras.serving import RequestLimits, export_model_dir, read_limits
+from tests.conftest import REPO_ROOT, SessionModel
+
+DECODE = DecodeConfig(beam_size=2, alpha=0.6, extra_decode_length=5)
+MAX_INPUT = 24
+
+
+@pytest.fixture(scope="module")
+def default_export(tiny_model_dir, tmp_path_factory):
+  """An export with the default limits (256 rows, 16,384 bytes, 16,384 tokens)."""
+  path = export_model_dir(tiny_model_dir, str(tmp_path_factory.mktemp("limits")), DECODE,
+                          MAX_INPUT, version=1)
+  return path, SessionModel(path)
+
+
+@pytest.fixture(scope="module")
+def cli_export(tiny_model_dir, tmp_path_factory):
+  """An export written by the CLI with smaller limits: (path, stdout, session)."""
+  export_dir = str(tmp_path_factory.mktemp("cli_limits"))
+  result = subprocess.run(
+      [sys.executable, "-m", "t2t_keras.export", f"--model_dir={tiny_model_dir}",
+       f"--export_dir={export_dir}", "--export_version=1", "--beam_size=2",
+       "--extra_decode_length=5", f"--max_input_length={MAX_INPUT}",
+       "--max_request_rows=8", "--max_string_bytes=300", "--max_request_tokens=60"],
+      cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  path = os.path.join(export_dir, "1")
+  return path, result.stdout, SessionModel(path)
+
+
+def refused(session, pattern, signature="serving_default", **inputs):
+  """Runs a request that must fail with INVALID_ARGUMENT matching `pattern`; returns
+  the seconds it took."""
+  start = time.perf_counter()
+  with pytest.raises(tf.errors.InvalidArgumentError, match=pattern):
+    session.run(signature, **inputs)
+  return time.perf_counter() - start
+
+
+def answered(session):
+  out = session.run(inputs=np.array(["a small dog", "the man"], object))
+  assert out["outputs"].shape == (2,) and np.all(np.isfinite(out["scores"]))
+
+
+def test_defaults_are_written_into_the_export(default_export):
+  path, _ = default_export
+  assert read_limits(path) == {"max_input_length": MAX_INPUT, "max_rows": 256,
+                               "max_string_bytes": 16384, "max_tokens": 16384}
+  assert RequestLimits() == RequestLimits(256, 16384, 16384)
+
+
+def test_too_many_rows_is_refused_before_tokenization(default_export):
+  _, session = default_export
+  # 20,000 rows would take minutes to decode; refused before tokenization, it takes
+  # a few milliseconds (the bound is loose on purpose: shared CPUs).
+  seconds = refused(session, r"request of 20000 rows: this export takes at most 256 rows "
+                    r"per request \(export flag --max_request_rows\)",
+                    inputs=np.array(["a dog"] * 20000, object))
+  assert seconds < 2, seconds
+  answered(session)
+
+
+def test_a_2mb_string_is_refused_before_tokenization(default_export):
+  _, session = default_export
+  seconds = refused(session, r"request with a row of 2000000 bytes: this export takes at "
+                    r"most 16384 bytes per row \(export flag --max_string_bytes\)",
+                    inputs=np.array(["a dog", "w" * 2_000_000], object))
+  assert seconds < 2, seconds
+  answered(session)
+  # Within the byte limit, long strings are still cut to max_input_length pieces.
+  out = session.run(inputs=np.array(["a man " * 2000], object))
+  assert out["outputs"].shape == (1,)
+
+
+def test_cli_flags_are_printed_written_and_enforced(cli_export):
+  path, stdout, session = cli_export
+  assert read_limits(path) == {"max_input_length": MAX_INPUT, "max_rows": 8,
+                               "max_string_bytes": 300, "max_tokens": 60}
+  assert ("limits per request: 8 rows (--max_request_rows), 300 bytes per string "
+          "(--max_string_bytes), 60 source tokens (--max_request_tokens)") in stdout
+  refused(session, r"request of 9 rows: .* at most 8 rows",
+          inputs=np.array(["a dog"] * 9, object))
+  answered(session)
+  # 4 rows whose longest is cut to 24 tokens: 4 x 24 = 96 > 60 tokens.
+  refused(session, r"request of 4 rows x 24 tokens \(its longest row, cut to 24\) = 96 "
+          r"source tokens: this export takes at most 60 \(export flag "
+          r"--max_request_tokens\)",
+          inputs=np.array(["a dog", "the man", "a small red dog plays " * 5, "x"], object))
+  answered(session)
+  refused(session, r"request with a row of 301 bytes", inputs=np.array(["w" * 301], object))
+  answered(session)
+  # translate_ids: the same row and token limits, and ids per row as bytes per string.
+  refused(session, r"request of 9 rows", "translate_ids",
+          input_ids=np.full([9, 2], EOS_ID, np.int32))
+  refused(session, r"request with a row of 301 ids", "translate_ids",
+          input_ids=np.full([1, 301], EOS_ID, np.int32))
+  refused(session, r"= 96 source tokens", "translate_ids",
+          input_ids=np.full([4, 30], 5, np.int32))
+  answered(session)
+
+
+def test_ids_outside_the_vocabulary_are_refused(default_export, tiny_model_dir):
+  _, session = default_export
+  vocab_size = modeldir.load_model_config(tiny_model_dir).vocab_size
+  for bad in (-1, vocab_size):
+    refused(session, rf"request with ids from {min(bad, 5)} to {max(bad, 5)}: ids must be "
+            rf"in \[0, {vocab_size}\)", "translate_ids",
+            input_ids=np.array([[5, bad, EOS_ID], [5, EOS_ID, 0]], np.int32))
+  # The largest id and anything after a row's EOS (padding) are fine.
+  out = session.run("translate_ids", input_ids=np.array([[vocab_size - 1, EOS_ID, -7]],
+                                                        np.int32))
+  assert np.all(np.isfinite(out["scores"]))
