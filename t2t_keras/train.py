@@ -176,7 +176,11 @@ def train() -> None:
                                     FLAGS.max_input_length, vocab_file=vocab)
     path = serving.export(translator, FLAGS.export_dir or
                           modeldir.default_export_dir(train_config.model_dir))
-    print(f"exported {path} (serving_default: strings in, translations out)", flush=True)
+    limits = translator.limits
+    print(f"exported {path} (serving_default: strings in, translations out; per request "
+          f"at most {limits.max_rows} rows, {limits.max_string_bytes} bytes per string, "
+          f"{limits.max_tokens} source tokens: the defaults, python -m t2t_keras.export "
+          "sets others)", flush=True)
 
 
 def main(argv):
