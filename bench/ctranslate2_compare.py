@@ -41,14 +41,14 @@ def main(argv):
   import ctranslate2
   import sentencepiece
 
-  from t2t_keras import ctranslate2_export, decoding, metrics, modeldir, translate
+  from t2t_keras import ctranslate2_export, decoding, loading, metrics, modeldir, translate
   from t2t_keras.configs import DecodeConfig
 
   with open(FLAGS.src, encoding="utf-8") as f:
     sources = [line.rstrip("\n") for line in f]
   with open(FLAGS.ref, encoding="utf-8") as f:
     references = [line.rstrip("\n") for line in f]
-  loaded = modeldir.load(FLAGS.model_dir, average_last_n=FLAGS.average_last_n,
+  loaded = loading.load(FLAGS.model_dir, average_last_n=FLAGS.average_last_n,
                           dtype="float32")
   print(f"{common.machine()}; CTranslate2 {ctranslate2.__version__}; "
         f"{len(sources)} sentences, beam {FLAGS.beam_size}, batch {FLAGS.batch_size}")

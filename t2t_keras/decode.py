@@ -133,7 +133,7 @@ def run() -> None:
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
 
-  from t2t_keras import modeldir, translate
+  from t2t_keras import loading, modeldir, translate
   from t2t_keras.parsing.constraint import TreeConstraint
   from t2t_keras.data.textfiles import read_text_lines
   from t2t_keras.errors import DataError
@@ -162,7 +162,7 @@ def run() -> None:
                       f"lines but --input_file {FLAGS.input_file or '<stdin>'} has "
                       f"{len(sentences)}: they must be line-aligned.")
   checkpoint_path, average_last_n = t2t_flags.checkpoint_choice(sys.argv)
-  model, loaded = modeldir.load_ensemble(model_dirs, checkpoint_path, average_last_n,
+  model, loaded = loading.load_ensemble(model_dirs, checkpoint_path, average_last_n,
                                           FLAGS.decode_dtype)
   tokenizer = loaded[0].tokenizer
   decode_config = choose_xla(decode_config, len(sentences))

@@ -61,9 +61,9 @@ def export_ctranslate2(export_dir: str) -> str:
   """Restores the model (latest, --checkpoint_path or --average_last_n) and writes it
   as a CTranslate2 model directory."""
   # pylint: disable=import-outside-toplevel
-  from t2t_keras import ctranslate2_export, modeldir
+  from t2t_keras import ctranslate2_export, loading, modeldir
   checkpoint_path, average_last_n = t2t_flags.checkpoint_choice(sys.argv)
-  loaded = modeldir.load(FLAGS.model_dir, checkpoint_path, average_last_n, "float32")
+  loaded = loading.load(FLAGS.model_dir, checkpoint_path, average_last_n, "float32")
   vocab = modeldir.vocab_path(FLAGS.model_dir)
   return ctranslate2_export.export(
       loaded.model, loaded.model_config, loaded.tokenizer, export_dir,

@@ -253,7 +253,7 @@ def checkpoint_choice(argv, fv=FLAGS) -> tuple:
 
   A recipe's flagfile may set --average_last_n (the paper's 5 or 20); a
   --checkpoint_path typed on the command line then wins over it (both typed on the
-  command line is refused by `modeldir.load`).
+  command line is refused by `checkpoints.choose_checkpoints`).
   """
   average = fv.average_last_n
   if fv.checkpoint_path and "average_last_n" not in command_line_flags(argv, fv):

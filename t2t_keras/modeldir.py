@@ -1,4 +1,5 @@
-"""The model directory: its layout, config.json, the vocabulary, its checkpoints, loading.
+"""The model directory: its layout, config.json, flags.txt, the batch plan's key, the
+vocabulary.
 
 Training writes one self-contained directory per model, and every command that uses a
 model reads it back: decode, score, export, the tools that average checkpoints, draw
@@ -36,13 +37,13 @@ import json
 import os
 import time
 import uuid
-from typing import List, Optional, Sequence, Union
+from typing import List, Optional
 
 import tensorflow as tf
 from absl import logging
 
 from t2t_keras.configs import DataConfig, ModelConfig
-from t2t_keras.errors import CheckpointError, ModelDirError
+from t2t_keras.errors import ModelDirError
 
 CONFIG_FILE = "config.json"
 FLAGS_FILE = "flags.txt"
@@ -125,12 +126,17 @@ def plan_key(data_config: DataConfig, train_config, replicas: int) -> dict:
           "static_shapes": data_config.static_shapes}
 
 
-def check_plan(model_dir: str, key: dict, write: bool) -> Optional[str]:
+def record_plan(model_dir: str, key: dict) -> None:
+  """Records the batch plan's key (after a checkpoint trained on it is saved)."""
+  _write_atomic(os.path.join(model_dir, PLAN_FILE), json.dumps({"key": key}, indent=2,
+                                                               sort_keys=True))
+
+
+def check_plan(model_dir: str, key: dict) -> Optional[str]:
   """Compares a restart's batch plan with the one the checkpoints were trained on.
 
   Returns:
     One line saying what changed and what happens to the interrupted epoch, or None.
-    (`write`: record `key` for the next restart; the chief's job.)
   """
   path = os.path.join(model_dir, PLAN_FILE)
   line = None
@@ -149,8 +155,6 @@ def check_plan(model_dir: str, key: dict, write: bool) -> Optional[str]:
               "whose epochs hold other batches, so the rest of the interrupted epoch is "
               "not replayed in its old order (some of its pairs come again, others only "
               "in the next epoch); the next epochs are whole.")
-  if write:
-    _write_atomic(path, json.dumps({"key": key}, indent=2, sort_keys=True))
   return line
 
 
@@ -260,23 +264,6 @@ def vocab_file_of(tokenizer, model_dir: str) -> Optional[str]:
   return vocab_path(model_dir) if getattr(tokenizer, "model_proto", None) else None
 
 
-def load_tokenizer(model_dir: str, data_config: Optional[DataConfig] = None):
-  """The tokenizer the model in model_dir was trained with."""
-  # pylint: disable=import-outside-toplevel
-  from t2t_keras.data import sources
-  from t2t_keras.data import tokenizer as tokenizer_lib
-  data_config = data_config or data_config_of(model_dir)
-  source = sources.data_source(data_config)
-  if not source.is_text:
-    return tokenizer_lib.IntegerTokenizer(source.vocab_size)
-  path = vocab_path(model_dir)
-  if not tf.io.gfile.exists(path):
-    raise ModelDirError(
-        f"{path} not found: model directories written by t2t_keras.train hold a copy of "
-        "their vocabulary. Copy the vocabulary the model was trained with there.")
-  return tokenizer_lib.load_tokenizer(path)
-
-
 def copy_config_and_vocab(model_dir: str, output_dir: str) -> List[str]:
   """Copies config.json and the SentencePiece files, so that `output_dir` (e.g. a
   directory of averaged weights) serves as a model directory; returns their names."""
@@ -287,202 +274,3 @@ def copy_config_and_vocab(model_dir: str, output_dir: str) -> List[str]:
                        overwrite=True)
       copied.append(os.path.basename(source))
   return copied
-
-
-# ---------------------------------------------------------------- checkpoints
-def checkpoint_paths(model_dir_or_paths: Union[str, Sequence[str]],
-                     last_n: Optional[int] = None, flag: str = "--last_n") -> List[str]:
-  """The last `last_n` checkpoints of a model directory (or of a list), oldest first.
-
-  Args:
-    model_dir_or_paths: a model directory (its `checkpoint` file lists the kept
-      checkpoints) or checkpoint prefixes such as `.../ckpt-1000`, oldest first.
-    last_n: how many of the newest to take (None: all of them).
-    flag: the command's flag for `last_n`, for messages.
-
-  Raises:
-    ModelDirError: the directory does not exist or holds no checkpoint.
-    CheckpointError: fewer than `last_n` checkpoints exist.
-  """
-  if isinstance(model_dir_or_paths, (str, os.PathLike)):
-    model_dir = os.fspath(model_dir_or_paths)
-    if not tf.io.gfile.isdir(model_dir):
-      raise ModelDirError(f"{model_dir} does not exist: pass the --model_dir training "
-                          "wrote its checkpoints to.")
-    paths = listed_checkpoints(model_dir)
-    if not paths:
-      raise ModelDirError(f"{model_dir} holds no checkpoint (no `checkpoint` file listing "
-                          "ckpt-<step> files): train first, or point at the directory "
-                          "training wrote.")
-    where = model_dir
-  else:
-    paths = [os.fspath(p) for p in model_dir_or_paths]
-    if not paths:
-      raise ModelDirError("no checkpoint paths given to average.")
-    where = "the given list"
-  if last_n is None:
-    return paths
-  if last_n < 1:
-    raise ModelDirError(f"{flag}={last_n}: average at least 1 checkpoint.")
-  if last_n > len(paths):
-    raise CheckpointError(
-        f"cannot average the last {last_n} checkpoints: {where} holds {len(paths)} "
-        f"checkpoint(s) ({', '.join(os.path.basename(p) for p in paths)}). Lower "
-        f"{flag}, or keep more with --keep_checkpoint_max when training.")
-  return paths[-last_n:]
-
-
-def _normalized(path: str) -> str:
-  scheme, sep, rest = path.rpartition("://")
-  return scheme + sep + os.path.normpath(rest)
-
-
-def check_checkpoint_state(directory: str):
-  """The directory's `checkpoint` state (None if it has none), refused when it names
-  checkpoints outside the directory.
-
-  A model directory downloaded or copied from elsewhere may list absolute or `..`
-  paths; TensorFlow would read those, and a training run resumed there would delete
-  them while rotating checkpoints.
-
-  Raises:
-    CheckpointError: naming the state file, the path and what to do.
-  """
-  if not tf.io.gfile.isdir(directory):
-    return None
-  state = tf.train.get_checkpoint_state(directory)
-  if state is None:
-    return None
-  home = _normalized(directory)
-  for path in [state.model_checkpoint_path, *state.all_model_checkpoint_paths]:
-    if path and _normalized(os.path.dirname(path)) != home:
-      raise CheckpointError(
-          f"{os.path.join(directory, 'checkpoint')} names {path}, which is outside "
-          f"{directory}: a model directory's checkpoints must lie in it (reading or "
-          "rotating them elsewhere could read or delete other files). Edit the file to "
-          "name only ckpt-<step> files of this directory (e.g. model_checkpoint_path: "
-          "\"ckpt-1000\"), or delete it to start without checkpoints.")
-  return state
-
-
-def listed_checkpoints(directory: str) -> List[str]:
-  """The checkpoints a directory's `checkpoint` file lists, oldest first ([] if none).
-
-  Raises:
-    CheckpointError: the file names checkpoints outside the directory.
-  """
-  state = check_checkpoint_state(directory)
-  return list(state.all_model_checkpoint_paths) if state else []
-
-
-def choose_checkpoints(model_dir: str, checkpoint_path: Optional[str] = None,
-                       average_last_n: int = 0) -> List[str]:
-  """The checkpoint(s) decode, score and export take: --checkpoint_path (a prefix, or a
-  directory such as <model_dir>/best: its latest), the last --average_last_n, or the
-  latest.
-
-  Raises:
-    ModelDirError / CheckpointError: naming the flags, the directory and what to do.
-  """
-  if checkpoint_path and tf.io.gfile.isdir(checkpoint_path):
-    check_checkpoint_state(checkpoint_path)
-    directory, checkpoint_path = checkpoint_path, tf.train.latest_checkpoint(checkpoint_path)
-    if checkpoint_path is None:
-      raise CheckpointError(
-          f"--checkpoint_path={directory} is a directory without a checkpoint: name a "
-          "checkpoint (e.g. <model_dir>/ckpt-1000) or a directory training saved into "
-          "(e.g. <model_dir>/best, written with --keep_best_checkpoint).")
-  if average_last_n > 1:
-    if checkpoint_path:
-      raise ModelDirError("--checkpoint_path and --average_last_n exclude each "
-                          "other: averaging takes the last N of --model_dir.")
-    return checkpoint_paths(model_dir, average_last_n, flag="--average_last_n")
-  if checkpoint_path:
-    return [checkpoint_path]
-  available = listed_checkpoints(model_dir)
-  if not available:
-    raise CheckpointError(f"{model_dir} holds no checkpoint yet: train first "
-                          "or pass --checkpoint_path.")
-  return available[-1:]
-
-
-# ---------------------------------------------------------------- loading
-@dataclasses.dataclass
-class Loaded:
-  """A restored model with what decoding and export need."""
-
-  model: tf.keras.Model
-  tokenizer: tf.Module
-  model_config: ModelConfig
-  data_config: DataConfig
-  checkpoints: Sequence[str]  # the checkpoint(s) the weights come from
-
-
-def load(model_dir: str, checkpoint_path: Optional[str] = None, average_last_n: int = 0,
-         dtype: Optional[str] = None) -> Loaded:
-  """Builds the model of model_dir and restores a checkpoint (or an average).
-
-  Args:
-    model_dir: a model directory written by training.
-    checkpoint_path: a specific checkpoint (default: the latest).
-    average_last_n: average the weights of the last N checkpoints in memory.
-    dtype: override the compute dtype (e.g. "float32" to decode a bfloat16 model).
-
-  Raises:
-    ModelDirError / CheckpointError with what to do.
-  """
-  # pylint: disable=import-outside-toplevel
-  from t2t_keras.model import create_model
-  from t2t_keras.training import averaging, checkpoints
-  model_config = load_model_config(model_dir)
-  if dtype:
-    model_config = dataclasses.replace(model_config, dtype=dtype)
-  data_config = data_config_of(model_dir)
-  tokenizer = load_tokenizer(model_dir, data_config)
-  model = create_model(model_config)
-  used = choose_checkpoints(model_dir, checkpoint_path, average_last_n)
-  if len(used) > 1:
-    averaging.average_into_model(model, used)
-  else:
-    available = listed_checkpoints(model_dir)
-    averaging.check_matches_model(
-        model, used[0], f"Pass a checkpoint of the model in --model_dir={model_dir} (its "
-        f"checkpoints: {', '.join(os.path.basename(p) for p in available) or 'none'}), "
-        "or the --model_dir that wrote this one.")
-    # Optimizer slots and counters are not needed to decode: only the model is checked.
-    checkpoints.restore(tf.train.Checkpoint(model=model), used[0], expect_partial=True)
-  logging.info("Loaded %s", ", ".join(used))
-  return Loaded(model, tokenizer, model_config, data_config, used)
-
-
-def load_ensemble(model_dirs: Sequence[str], checkpoint_path: Optional[str] = None,
-                  average_last_n: int = 0, dtype: Optional[str] = None):
-  """Loads one model, or several that share a vocabulary as an `ensemble.Ensemble`.
-
-  Returns:
-    (the model to decode with, the Loaded of every model directory).
-
-  Raises:
-    ModelDirError: when the models' vocabularies differ (naming both directories).
-  """
-  from t2t_keras.ensemble import Ensemble  # pylint: disable=import-outside-toplevel
-  if len(model_dirs) > 1 and checkpoint_path:
-    raise ModelDirError(
-        "--checkpoint_path names one checkpoint but --model_dir lists "
-        f"{len(model_dirs)} models: drop --checkpoint_path (each model's latest "
-        "checkpoint, or --average_last_n of each, is used).")
-  loaded = [load(d, checkpoint_path, average_last_n, dtype) for d in model_dirs]
-  first = loaded[0]
-  for model_dir, other in zip(model_dirs[1:], loaded[1:]):
-    same = (getattr(first.tokenizer, "model_proto", None)
-            == getattr(other.tokenizer, "model_proto", None)
-            and first.tokenizer.vocab_size == other.tokenizer.vocab_size
-            and first.model_config.vocab_size == other.model_config.vocab_size)
-    if not same:
-      raise ModelDirError(
-          f"--model_dir {model_dir} was trained with another vocabulary than "
-          f"{model_dirs[0]} ({VOCAB_FILE} or vocabulary size differ): an ensemble's "
-          "models must share one vocabulary (train them with the same --vocab_file).")
-  if len(loaded) == 1:
-    return first.model, loaded
-  return Ensemble([l.model for l in loaded]), loaded

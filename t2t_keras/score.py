@@ -38,7 +38,7 @@ def run() -> None:
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
 
-  from t2t_keras import modeldir, scoring, translate
+  from t2t_keras import loading, modeldir, scoring, translate
   from t2t_keras.data.textfiles import read_text_lines
   from t2t_keras.errors import DataError
 
@@ -59,7 +59,7 @@ def run() -> None:
                     f"--target_file {FLAGS.target_file} has {len(targets)}: they must be "
                     "line-aligned (one target per source).")
   checkpoint_path, average_last_n = t2t_flags.checkpoint_choice(sys.argv)
-  model, loaded = modeldir.load_ensemble(model_dirs, checkpoint_path, average_last_n,
+  model, loaded = loading.load_ensemble(model_dirs, checkpoint_path, average_last_n,
                                           FLAGS.decode_dtype)
   tokenizer = loaded[0].tokenizer
   print(f"scoring {len(sources)} pairs with "

@@ -311,9 +311,9 @@ def export_model_dir(model_dir: str, export_dir: str, decode_config, max_input_l
   XLA (`Translator`). `limits`: per-request limits (default `RequestLimits()`).
   """
   # pylint: disable=import-outside-toplevel
-  from t2t_keras import modeldir
+  from t2t_keras import loading, modeldir
   from t2t_keras.errors import ExportError
-  loaded = modeldir.load(model_dir, checkpoint_path, average_last_n)
+  loaded = loading.load(model_dir, checkpoint_path, average_last_n)
   constraint = None
   if constrain_trees:
     from t2t_keras.parsing.constraint import TreeConstraint

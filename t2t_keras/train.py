@@ -91,11 +91,18 @@ def prepare(agreement, data_config, train_config, decode_config):
     return datasets, t2t_flags.model_config(vocab_size=datasets.vocab_size)
 
   model_dir = train_config.model_dir
-  if not agreement.chief:
-    if agreement.barrier():
-      raise UserError("the chief worker stopped while preparing the data and the model "
+  stopped = UserError("another worker stopped while preparing the data and the model "
                       "directory; its output says why.")
-    datasets, model_config = load()
+  if not agreement.chief:
+    if agreement.barrier():  # wait for the chief's files
+      raise stopped
+    try:
+      datasets, model_config = load()
+    except BaseException:
+      agreement.barrier(failed=True)
+      raise
+    if agreement.barrier():  # every worker has read them
+      raise stopped
     return datasets, model_config, modeldir.vocab_file_of(datasets.tokenizer, model_dir)
   try:
     datasets, model_config = load()
@@ -107,6 +114,8 @@ def prepare(agreement, data_config, train_config, decode_config):
     agreement.barrier(failed=True)
     raise
   agreement.barrier()
+  if agreement.barrier():  # every worker has read them
+    raise stopped
   return datasets, model_config, vocab
 
 
@@ -142,12 +151,17 @@ def train() -> None:
                     "set, and this run has none: set --dev_src/--dev_tgt (files; TFDS and "
                     "synthetic data bring their own), or drop those flags.")
   plan_key = modeldir.plan_key(data_config, train_config, strategy.num_replicas_in_sync)
-  change = modeldir.check_plan(train_config.model_dir, plan_key, write=agreement.chief)
+  change = modeldir.check_plan(train_config.model_dir, plan_key)
   if change:
     print(change, flush=True)
   trainer = Trainer(model_config, train_config, strategy)
+  # The key describes what the checkpoints were trained on: recorded with the first
+  # checkpoint of this run, not before (a run that fails before saving changes nothing).
+  trainer.on_save = lambda step: modeldir.record_plan(train_config.model_dir, plan_key)
   eval_hook = None
-  if FLAGS.eval_bleu_sentences and datasets.eval_fn is not None and agreement.chief:
+  if FLAGS.eval_bleu_sentences and datasets.eval_fn is not None:
+    # Every worker reads the dev text (a bad file stops them all here); only the chief
+    # decodes it (training.evaluator).
     eval_hook = dev_bleu_hook(trainer.model, datasets.tokenizer, data_config, decode_config,
                               FLAGS.eval_bleu_sentences)
   result = trainer.train(datasets.train_fn, datasets.eval_fn,

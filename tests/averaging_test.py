@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t2t_keras import modeldir
+from t2t_keras import checkpoints, loading, modeldir
 from t2t_keras.configs import DataConfig, ModelConfig
 from t2t_keras.model import create_model
-from t2t_keras.training import averaging
+from t2t_keras import averaging
 from t2t_keras.errors import CheckpointError, ModelDirError
 from tests.conftest import REPO_ROOT
 
@@ -72,7 +72,7 @@ def assert_weights(model, expected):
 
 
 def test_written_average_is_the_mean_of_the_weights(run_dir, tmp_path):
-  paths = modeldir.checkpoint_paths(run_dir)
+  paths = checkpoints.checkpoint_paths(run_dir)
   assert [os.path.basename(p) for p in paths] == ["ckpt-10", "ckpt-20", "ckpt-30"]
   expected = mean_weights(paths[-2:])
   # The property would hold trivially if the checkpoints were equal.
@@ -97,7 +97,7 @@ def test_written_average_is_the_mean_of_the_weights(run_dir, tmp_path):
     with open(os.path.join(run_dir, name), "rb") as a, \
         open(os.path.join(out, name), "rb") as b:
       assert a.read() == b.read()
-  loaded = modeldir.load(out)
+  loaded = loading.load(out)
   assert loaded.checkpoints == [written]
   assert_weights(loaded.model, expected)
 
@@ -114,21 +114,21 @@ def test_average_checkpoints_names_match_the_written_checkpoint(run_dir, tmp_pat
 
 
 def test_average_into_model_in_memory(run_dir):
-  paths = modeldir.checkpoint_paths(run_dir)
+  paths = checkpoints.checkpoint_paths(run_dir)
   keras.utils.set_random_seed(9)
   model = create_model(MODEL)
   averaging.average_into_model(model, paths)
   assert_weights(model, mean_weights(paths))
   # The path decode and export take with --average_last_n.
-  loaded = modeldir.load(run_dir, average_last_n=3)
+  loaded = loading.load(run_dir, average_last_n=3)
   for a, b in zip(loaded.model.weights, model.weights):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_other_shapes_are_refused_naming_checkpoint_variable_and_shapes(tmp_path):
   wide = ModelConfig(**{**MODEL.__dict__, "vocab_size": 30})
-  a = modeldir.checkpoint_paths(write_run(str(tmp_path / "a"), steps=(1,)))[0]
-  b = modeldir.checkpoint_paths(write_run(str(tmp_path / "b"), wide, steps=(2,)))[0]
+  a = checkpoints.checkpoint_paths(write_run(str(tmp_path / "a"), steps=(1,)))[0]
+  b = checkpoints.checkpoint_paths(write_run(str(tmp_path / "b"), wide, steps=(2,)))[0]
   with pytest.raises(CheckpointError) as error:
     averaging.average_checkpoints([a, b])
   message = str(error.value)
@@ -141,8 +141,8 @@ def test_other_shapes_are_refused_naming_checkpoint_variable_and_shapes(tmp_path
 
 def test_other_variable_sets_are_refused_naming_the_variables(tmp_path):
   deeper = ModelConfig(**{**MODEL.__dict__, "num_hidden_layers": 2})
-  a = modeldir.checkpoint_paths(write_run(str(tmp_path / "a"), steps=(1,)))[0]
-  b = modeldir.checkpoint_paths(write_run(str(tmp_path / "b"), deeper, steps=(2,)))[0]
+  a = checkpoints.checkpoint_paths(write_run(str(tmp_path / "a"), steps=(1,)))[0]
+  b = checkpoints.checkpoint_paths(write_run(str(tmp_path / "b"), deeper, steps=(2,)))[0]
   with pytest.raises(CheckpointError, match=r"ckpt-2 belongs to another model: it has \d+ "
                      r"variable\(s\) that .*ckpt-1 lacks: model/decoder_layer_1"):
     averaging.average_checkpoints([a, b])
@@ -168,7 +168,7 @@ def test_refusals_say_what_exists(run_dir, tmp_path):
                      r"ckpt-30\).*--overwrite"):
     averaging.write_averaged(run_dir, other, 2)
   written = averaging.write_averaged(run_dir, other, 2, overwrite=True)
-  assert modeldir.checkpoint_paths(other) == [written]
+  assert checkpoints.checkpoint_paths(other) == [written]
 
 
 def run_tool(*args):
@@ -185,7 +185,7 @@ def test_cli_writes_a_restorable_directory_and_reports_errors(run_dir, tmp_path)
   assert f"wrote {os.path.join(out, 'ckpt-30')}" in result.stdout
   fresh = create_model(MODEL)
   tf.train.Checkpoint(model=fresh).restore(tf.train.latest_checkpoint(out)).assert_consumed()
-  assert_weights(fresh, mean_weights(modeldir.checkpoint_paths(run_dir)))
+  assert_weights(fresh, mean_weights(checkpoints.checkpoint_paths(run_dir)))
 
   result = run_tool(f"--model_dir={run_dir}", f"--output_dir={tmp_path / 'x'}",
                     "--last_n=7")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t2t_keras import errors, modeldir
+from t2t_keras import checkpoints, errors, loading, modeldir
 from t2t_keras.configs import DataConfig, TrainConfig
 from t2t_keras.training import distribute
 from t2t_keras.modeldir import BEST_STATE_FILE
@@ -55,7 +55,7 @@ def test_best_checkpoint_kept_and_early_stopping(tmp_path):
                    "stopped_early_at": 8}
   # Decoding loads it by directory, and gets the step-4 weights, not the latest.
   modeldir.write_or_check_config(str(model_dir), MODEL, data=DataConfig())
-  loaded = modeldir.load(str(model_dir), checkpoint_path=str(model_dir / "best"))
+  loaded = loading.load(str(model_dir), checkpoint_path=str(model_dir / "best"))
   assert loaded.checkpoints == [best]
   for restored, at_step_4 in zip(loaded.model.weights, trainer.weights_at_eval[4]):
     np.testing.assert_array_equal(restored.numpy(), at_step_4)
@@ -93,7 +93,7 @@ def test_empty_best_directory_is_a_clear_error(tiny_model_dir, tmp_path):
   empty.mkdir()
   with pytest.raises(errors.CheckpointError, match="is a directory without a "
                      "checkpoint"):
-    modeldir.load(tiny_model_dir, checkpoint_path=str(empty))
+    loading.load(tiny_model_dir, checkpoint_path=str(empty))
 
 
 def test_a_changed_dev_metric_keeps_the_old_best(tmp_path):
@@ -129,11 +129,11 @@ def test_a_run_that_stopped_early_is_finished(tmp_path):
   _, result, _ = run(model_dir, 40, bleus=[10.0, 12.0, 11.0, 11.5],
                      early_stopping_patience=2)
   assert result.stopped_early and result.steps == 8
-  listed = modeldir.listed_checkpoints(str(model_dir))
+  listed = checkpoints.listed_checkpoints(str(model_dir))
   _, again, lines = run(model_dir, 40, bleus=[13.0], early_stopping_patience=2)
   assert again.already_finished and again.steps == 8
   assert any("it is finished" in line for line in lines), lines
-  assert modeldir.listed_checkpoints(str(model_dir)) == listed
+  assert checkpoints.listed_checkpoints(str(model_dir)) == listed
   _, more, lines = run(model_dir, 12, bleus=[9.0, 8.0], early_stopping_patience=2,
                        continue_after_early_stop=True)
   assert more.steps == 12 and not more.already_finished, lines

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t2t_keras import EOS_ID, PAD_ID, modeldir
+from t2t_keras import EOS_ID, PAD_ID, loading
 from t2t_keras.configs import DecodeConfig
 from t2t_keras.data import tokenizer as tokenizer_lib
 from t2t_keras.serving import export_model_dir
@@ -44,7 +44,7 @@ def test_constrain_trees_refuses_a_translation_model(model_dir, tmp_path):
 
 def eager_translations(model_dir, sentences):
   from t2t_keras import translate  # pylint: disable=import-outside-toplevel
-  loaded = modeldir.load(model_dir)
+  loaded = loading.load(model_dir)
   return translate.translate(loaded.model, loaded.tokenizer, sentences, DECODE,
                             max_input_length=MAX_INPUT, progress=False)
 

@@ -2,7 +2,7 @@
 
 import tensorflow as tf
 
-from t2t_keras import modeldir
+from t2t_keras import checkpoints, modeldir
 from t2t_keras.configs import DataConfig, TrainConfig
 
 
@@ -22,16 +22,18 @@ def test_a_changed_batch_plan_is_said_at_restart(tmp_path):
   model_dir = str(tmp_path)
   data = DataConfig(source="synthetic")
   key = modeldir.plan_key(data, TrainConfig(), replicas=8)
-  assert modeldir.check_plan(model_dir, key, write=True) is None  # first run: nothing
-  tf.train.Checkpoint(v=tf.Variable(1.0)).write(f"{model_dir}/ckpt-100")
+  assert modeldir.check_plan(model_dir, key) is None  # first run: nothing
   tf.train.CheckpointManager(tf.train.Checkpoint(v=tf.Variable(1.0)), model_dir, 3).save(100)
-  assert modeldir.check_plan(model_dir, key, write=True) is None  # same plan
+  modeldir.record_plan(model_dir, key)  # with the first checkpoint
+  assert modeldir.check_plan(model_dir, key) is None  # same plan
   bigger = modeldir.plan_key(data, TrainConfig(accum_steps=2), replicas=16)
-  line = modeldir.check_plan(model_dir, bigger, write=True)
+  line = modeldir.check_plan(model_dir, bigger)
   assert "the batch plan changed since ckpt-100" in line
   assert "replicas 8 -> 16" in line and "accum_steps 1 -> 2" in line
   assert "not replayed" in line
-  assert modeldir.check_plan(model_dir, bigger, write=False) is None  # recorded
+  # A run with the bigger plan that failed before saving recorded nothing: the old
+  # command resumes without a warning.
+  assert modeldir.check_plan(model_dir, key) is None
 
 
 def test_checkpoint_state_outside_the_directory_is_refused(tmp_path):
@@ -51,7 +53,7 @@ def test_checkpoint_state_outside_the_directory_is_refused(tmp_path):
     (model_dir / "checkpoint").write_text(
         f'model_checkpoint_path: "{named}"\nall_model_checkpoint_paths: "{named}"\n')
     with pytest.raises(errors.CheckpointError, match=r"names .*ckpt-5, which is outside"):
-      modeldir.choose_checkpoints(str(model_dir))
+      checkpoints.choose_checkpoints(str(model_dir))
     config = TrainConfig(model_dir=str(model_dir), train_steps=2, keep_checkpoint_max=1)
     trainer = Trainer(ModelConfig(vocab_size=16, hidden_size=8, filter_size=16,
                                   num_heads=2, num_hidden_layers=1), config)
@@ -60,4 +62,4 @@ def test_checkpoint_state_outside_the_directory_is_refused(tmp_path):
     assert (victim / "ckpt-5.index").exists()
   # The ordinary case, relative names inside the directory, is accepted.
   tf.train.CheckpointManager(tf.train.Checkpoint(v=tf.Variable(1.0)), str(model_dir), 2).save(3)
-  assert modeldir.choose_checkpoints(str(model_dir))[0].endswith("ckpt-3")
+  assert checkpoints.choose_checkpoints(str(model_dir))[0].endswith("ckpt-3")

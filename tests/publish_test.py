@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t2t_keras import ctranslate2_export, modeldir, publish, serving
+from t2t_keras import ctranslate2_export, loading, modeldir, publish, serving
 from t2t_keras.configs import DecodeConfig
-from t2t_keras.training import averaging
+from t2t_keras import averaging
 from tests.conftest import SessionModel
 
 DECODE = DecodeConfig(beam_size=2, alpha=0.6, extra_decode_length=3)
@@ -20,7 +20,7 @@ DECODE = DecodeConfig(beam_size=2, alpha=0.6, extra_decode_length=3)
 
 @pytest.fixture(scope="module")
 def translator(tiny_model_dir):
-  loaded = modeldir.load(tiny_model_dir)
+  loaded = loading.load(tiny_model_dir)
   return serving.Translator(loaded.model, loaded.tokenizer, DECODE, 24,
                             vocab_file=modeldir.vocab_path(tiny_model_dir))
 
@@ -120,7 +120,7 @@ def test_a_local_crash_leaves_only_the_hidden_directory(translator, tmp_path, mo
 @pytest.fixture(scope="module")
 def ct2_model(tiny_model_dir):
   pytest.importorskip("ctranslate2")
-  loaded = modeldir.load(tiny_model_dir, dtype="float32")
+  loaded = loading.load(tiny_model_dir, dtype="float32")
   return loaded, modeldir.vocab_path(tiny_model_dir)
 
 

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from t2t_keras import EOS_ID, PAD_ID
-from t2t_keras import decoding, modeldir, scoring, translate
+from t2t_keras import decoding, loading, scoring, translate
 from t2t_keras.configs import DecodeConfig, ModelConfig
 from t2t_keras.ensemble import Ensemble
 from t2t_keras.model import create_model
@@ -35,7 +35,7 @@ REVERSE_INPUTS = ["5 9 12 4", "7 8", "20 21 22 23 11 6", "13 13 14", "4 15 16 17
 
 @pytest.fixture(scope="module")
 def reverse(trained_reverse_dir):
-  return modeldir.load(trained_reverse_dir)
+  return loading.load(trained_reverse_dir)
 
 
 # ------------------------------------------------------------------ scoring
@@ -96,7 +96,7 @@ def test_score_cli_writes_totals_counts_and_per_token(tiny_model_dir, tmp_path):
   assert "scored 4/4 pairs" in result.stderr and "nats per target token" in result.stderr
   lines = out.read_text(encoding="utf-8").splitlines()
   assert len(lines) == 4
-  loaded = modeldir.load(tiny_model_dir)
+  loaded = loading.load(tiny_model_dir)
   tok = loaded.tokenizer
   for line, s, t in zip(lines, src.read_text(encoding="utf-8").splitlines(),
                         tgt.read_text(encoding="utf-8").splitlines()):
@@ -258,7 +258,7 @@ def test_two_seeds_ensemble_on_the_reverse_task(trained_reverse_dir, tmp_path):
   right = {}
   for name, dirs in (("a", [trained_reverse_dir]), ("b", [second]),
                      ("ab", [trained_reverse_dir, second])):
-    model, loaded = modeldir.load_ensemble(dirs)
+    model, loaded = loading.load_ensemble(dirs)
     results = translate.translate(model, loaded[0].tokenizer, lines,
                                  DecodeConfig(beam_size=4, extra_decode_length=5),
                                  progress=False)

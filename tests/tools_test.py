@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 
-from t2t_keras import attention_maps, modeldir
+from t2t_keras import attention_maps, loading
 from t2t_keras.configs import DecodeConfig
 from tests.conftest import REPO_ROOT
 
@@ -71,7 +71,7 @@ def test_decode_cli_errors_are_clear(tiny_model_dir, tmp_path):
 
 
 def test_attention_maps_are_distributions_and_pictures(tiny_model_dir, tmp_path):
-  loaded = modeldir.load(tiny_model_dir)
+  loaded = loading.load(tiny_model_dir)
   maps = attention_maps.attention_maps(loaded.model, loaded.tokenizer, "the man runs",
                                        DecodeConfig(beam_size=2, extra_decode_length=3))
   s, t = len(maps.source_tokens), len(maps.target_tokens)

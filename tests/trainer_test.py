@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from t2t_keras import EOS_ID, PAD_ID, errors, modeldir
 from t2t_keras.configs import ModelConfig, TrainConfig
-from t2t_keras.training import checkpoints, distribute, losses
+from t2t_keras import checkpoints, distribute, losses
 from t2t_keras.training.schedules import TransformerSchedule
 from t2t_keras.training.trainer import Trainer, TrainingError
 
@@ -589,7 +589,7 @@ def test_every_interval_is_honoured(tmp_path):
   logged = [int(l.split()[1].split("/")[0]) for l in lines if l.startswith("step ")]
   evaluated = [int(l.split()[3].rstrip(":")) for l in lines if l.startswith("eval at")]
   saved = [int(p.rsplit("-", 1)[1])
-           for p in modeldir.listed_checkpoints(str(tmp_path / "iv"))]
+           for p in checkpoints.listed_checkpoints(str(tmp_path / "iv"))]
   assert logged == [3, 6, 9, 12]
   assert evaluated == [5, 10, 12]
   assert saved == [4, 8, 12]

@@ -19,7 +19,7 @@ import tensorflow as tf
 from absl import flags
 
 from t2t_keras import flags as t2t_flags
-from t2t_keras import errors, modeldir
+from t2t_keras import errors, loading, modeldir
 from t2t_keras.configs import DecodeConfig, ModelConfig
 from t2t_keras.data import sources
 from t2t_keras.data import tokenizer as tokenizer_lib
@@ -216,10 +216,10 @@ def test_checkpoint_of_another_model_is_refused(tiny_model_dir, tmp_path, change
   prefix = tf.train.CheckpointManager(tf.train.Checkpoint(model=create_model(other)),
                                       str(tmp_path / "other"), 1).save(3)
   with pytest.raises(errors.CheckpointError, match=expected) as error:
-    modeldir.load(tiny_model_dir, checkpoint_path=prefix)
+    loading.load(tiny_model_dir, checkpoint_path=prefix)
   assert prefix in str(error.value) and "ckpt-7" in str(error.value)
   # The model's own checkpoint still loads.
-  assert modeldir.load(tiny_model_dir).checkpoints[0].endswith("ckpt-7")
+  assert loading.load(tiny_model_dir).checkpoints[0].endswith("ckpt-7")
 
 
 def test_vocabulary_smaller_than_the_characters_names_the_flag(tmp_path):

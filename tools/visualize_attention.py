@@ -33,9 +33,9 @@ def main(argv):
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
 
-  from t2t_keras import attention_maps, modeldir
+  from t2t_keras import attention_maps, loading
   tf.get_logger().setLevel("ERROR")
-  loaded = modeldir.load(FLAGS.model_dir, FLAGS.checkpoint_path)
+  loaded = loading.load(FLAGS.model_dir, FLAGS.checkpoint_path)
   maps = attention_maps.attention_maps(loaded.model, loaded.tokenizer, FLAGS.sentence,
                                        t2t_flags.decode_config(), FLAGS.max_input_length)
   paths = attention_maps.plot_maps(maps, FLAGS.output_dir)

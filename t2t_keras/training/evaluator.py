@@ -120,13 +120,30 @@ class Evaluator:
     self.hook = eval_hook if trainer.chief else None
     self.best = self.best_manager = None
     if cfg.keep_best_checkpoint or cfg.early_stopping_patience:
+      error = None
       if trainer.chief:  # the chief judges; the others follow its decisions
-        self.best = BestEval(cfg.model_dir, write=True,
-                             metric="bleu" if eval_hook is not None else "loss")
+        try:
+          self.best = BestEval(cfg.model_dir, write=True,
+                               metric="bleu" if eval_hook is not None else "loss")
+        except TrainingError as raised:
+          error = raised
+      self._raise_if_failed(error)
       if cfg.keep_best_checkpoint:
         self.best_manager = tf.train.CheckpointManager(
             tf.train.Checkpoint(model=trainer.model), modeldir.best_dir(save_dir),
             max_to_keep=1)
+
+  def _raise_if_failed(self, error: Optional[BaseException], decisions=()) -> list:
+    """Shares the chief's `decisions` and whether some worker failed (`error`), in one
+    collective, so that a failure on one worker stops all of them at the same point
+    instead of leaving the others waiting in the next collective."""
+    failed, *decisions = self.trainer._agree(  # pylint: disable=protected-access
+        any_worker=[error is not None], chief_decides=decisions)
+    if error is not None:
+      raise error
+    if failed:
+      raise TrainingError("another worker stopped during evaluation; its output says why.")
+    return decisions
 
   def finished(self, step: int) -> bool:
     """Whether an earlier run stopped early at `step`: then there is nothing to train
@@ -160,19 +177,26 @@ class Evaluator:
     metrics = self.trainer.evaluate(self.dataset_fn, cfg.eval_steps)
     line = (f"eval at step {step}: loss {metrics['loss']:.4f} | perplexity "
             f"{metrics['perplexity']:.3f} | accuracy {metrics['accuracy']:.4f}")
-    if self.hook is not None:
-      extra = self.hook(step)
-      metrics.update(extra)
-      line += "".join(f" | {name} {value:.2f}" for name, value in extra.items())
-    self.progress(line)
-    stop = False
-    if self.best_manager is not None or cfg.early_stopping_patience:
-      improved = False
-      if best is not None:  # the chief
+    improved = stop = False
+    error = None
+    try:  # the chief's part; any failure is shared before the next collective
+      if self.hook is not None:
+        extra = self.hook(step)
+        if best is not None and best.metric not in {**metrics, **extra}:
+          raise TrainingError(
+              f"the eval hook returned {sorted(extra)} without {best.metric!r}, which "
+              "--keep_best_checkpoint and --early_stopping_patience judge.")
+        metrics.update(extra)
+        line += "".join(f" | {name} {value:.2f}" for name, value in extra.items())
+      if best is not None:
         improved = best.update(step, metrics)
         stop = bool(cfg.early_stopping_patience and not last
                     and best.since_best >= cfg.early_stopping_patience)
-      improved, stop = self.trainer._agree(chief_decides=[improved, stop])  # pylint: disable=protected-access
+    except Exception as raised:  # pylint: disable=broad-except
+      error = raised
+    self.progress(line)
+    improved, stop = self._raise_if_failed(error, [improved, stop])
+    if self.best_manager is not None or cfg.early_stopping_patience:
       if improved and self.best_manager is not None:
         self.best_manager.save(checkpoint_number=step)
         if best is not None:

@@ -32,7 +32,8 @@ from t2t_keras import PAD_ID, modeldir
 from t2t_keras.configs import ModelConfig, TrainConfig
 from t2t_keras.errors import TrainingError
 from t2t_keras.model import create_model
-from t2t_keras.training import checkpoints, distribute, flops, losses
+from t2t_keras import checkpoints
+from t2t_keras.training import distribute, flops, losses
 from t2t_keras.training.evaluator import BestEval, Evaluator  # noqa: F401 (re-export)
 from t2t_keras.training.schedules import TransformerSchedule
 
@@ -98,6 +99,10 @@ class Trainer:
     # Dev batches come in a few bucket shapes; relax shapes instead of one trace each.
     self._eval_fn = tf.function(self._eval_step, reduce_retracing=True)
     self._weights_finite_fn = None  # see _save
+    self._saved_step = None  # the step of this run's last checkpoint
+    # Called on the chief after each checkpoint (train.py records the batch plan's key
+    # with the first one, so that the key describes what the checkpoints were trained on).
+    self.on_save: Optional[Callable[[int], None]] = None
     self.agreement = distribute.Agreement(self.strategy)
     self.chief, self.worker_id = self.agreement.chief, self.agreement.worker_id
 
@@ -270,19 +275,20 @@ class Trainer:
     # collective read), but only the chief writes into model_dir; the others write to
     # a scratch directory of their own, as TensorFlow's multi-worker guide prescribes.
     save_dir = cfg.model_dir if chief else modeldir.worker_dir(cfg.model_dir, self.worker_id)
+    # The state file may name paths outside model_dir (a downloaded directory), which the
+    # manager would read and, rotating, delete: refused before the manager reads it.
+    checkpoints.check_checkpoint_state(cfg.model_dir)
+    checkpoints.check_checkpoint_state(modeldir.best_dir(cfg.model_dir))
     manager = tf.train.CheckpointManager(checkpoint, save_dir,
                                          checkpoint_name=modeldir.CHECKPOINT_PREFIX,
                                          max_to_keep=1 if not chief else
                                          cfg.keep_checkpoint_max,
                                          step_counter=self.optimizer.iterations)
-    # The state file may name paths outside model_dir (a downloaded directory), which the
-    # manager would read and, rotating, delete: refused.
-    modeldir.check_checkpoint_state(cfg.model_dir)
-    modeldir.check_checkpoint_state(modeldir.best_dir(cfg.model_dir))
     latest = tf.train.latest_checkpoint(cfg.model_dir)  # all workers resume the chief's
     if latest:
       checkpoints.restore(checkpoint, latest)
       progress(f"resumed from {latest} at step {self.current_step()}")
+      self._saved_step = self.current_step()
     batches = self._last_batches = _Batches(self, train_dataset_fn, self.current_step())
     # One host call: --steps_per_loop steps. Kept on the trainer so that its traces can
     # be counted (one program per bucket shape, tests/trainer_test.py).
@@ -369,8 +375,7 @@ class Trainer:
     if preempted:
       progress(f"{stop_signals.name or 'a stop signal on another worker'} received: saving "
                f"a checkpoint at step {step} and stopping; rerun the same command to resume")
-    if manager.latest_checkpoint is None or int(manager.latest_checkpoint.rsplit("-", 1)[1]) \
-        != step:
+    if self._saved_step != step:  # the same on every worker (not its own directory's)
       self._save(manager, step)
     writer.flush()
     eval_writer.flush()
@@ -407,6 +412,9 @@ class Trainer:
           f"without saving them, so the last good checkpoint ({good}) is intact. Lower "
           "--learning_rate, raise --learning_rate_warmup_steps, or check the data.")
     manager.save(checkpoint_number=step)
+    self._saved_step = step
+    if self.chief and self.on_save is not None:
+      self.on_save(step)
 
 
 class _LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
@@ -494,6 +502,9 @@ class _SignalFlag:
 
   def _handle(self, signum, frame):
     del frame
+    if signum == signal.SIGINT and self.name == "SIGINT":  # a second Ctrl-C: stop now
+      self.uninstall()
+      raise KeyboardInterrupt
     self.received = True
     self.name = self.name or signal.Signals(signum).name
 

@@ -32,10 +32,9 @@ from absl import logging
 from google.protobuf import message
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
-from t2t_keras import modeldir, outputs
+from t2t_keras import checkpoints, modeldir, outputs
 from t2t_keras.errors import CheckpointError, ModelDirError
 from t2t_keras.model import create_model
-from t2t_keras.training import checkpoints
 
 _OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 _VARIABLE_ATTRIBUTE = "VARIABLE_VALUE"
@@ -207,7 +206,7 @@ def average_checkpoints(model_dir_or_paths: Union[str, Sequence[str]],
     CheckpointError: too few checkpoints; unreadable ones; checkpoints whose model
       variables or shapes differ (naming the checkpoint, variable and both shapes).
   """
-  paths = modeldir.checkpoint_paths(model_dir_or_paths, last_n)
+  paths = checkpoints.checkpoint_paths(model_dir_or_paths, last_n)
   means, entries = _mean_of(paths)
   return {name: mean.astype(entries[name].dtype.as_numpy_dtype)
           for name, mean in means.items()}
@@ -273,12 +272,12 @@ def write_averaged(model_dir: str, output_dir: str, last_n: int,
     ModelDirError / CheckpointError: naming the offending directory, checkpoint or
       variable, and what to do.
   """
-  paths = modeldir.checkpoint_paths(model_dir, last_n)
+  paths = checkpoints.checkpoint_paths(model_dir, last_n)
   if outputs.same_path(output_dir, model_dir):  # gs:// too (not os.path.realpath)
     raise ModelDirError(f"--output_dir is --model_dir ({model_dir}): writing there would "
                         "mix the average with the training checkpoints. Choose a new "
                         f"directory, e.g. {model_dir.rstrip('/')}_avg.")
-  existing = modeldir.listed_checkpoints(output_dir)
+  existing = checkpoints.listed_checkpoints(output_dir)
   if existing and not overwrite:
     raise ModelDirError(f"{output_dir} already holds checkpoints "
                         f"({', '.join(map(os.path.basename, existing))}): choose an empty "

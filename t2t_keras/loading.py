@@ -1,0 +1,117 @@
+"""Loading a trained model for inference: the model directory's config and vocabulary,
+the model built from them, and the checkpoint (or the average of several) restored.
+
+Sits above t2t_keras.modeldir (the directory's files), t2t_keras.checkpoints (which
+checkpoints, restoring them) and t2t_keras.averaging; decode, score, export and the
+tools load models through here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Optional, Sequence
+
+import tensorflow as tf
+from absl import logging
+
+from t2t_keras import averaging, checkpoints
+from t2t_keras.configs import DataConfig, ModelConfig
+from t2t_keras.data import sources
+from t2t_keras.data import tokenizer as tokenizer_lib
+from t2t_keras.ensemble import Ensemble
+from t2t_keras.errors import ModelDirError
+from t2t_keras.model import create_model
+from t2t_keras.modeldir import (VOCAB_FILE, data_config_of, load_model_config,
+                                vocab_path)
+
+
+def load_tokenizer(model_dir: str, data_config: Optional[DataConfig] = None):
+  """The tokenizer the model in model_dir was trained with."""
+  data_config = data_config or data_config_of(model_dir)
+  source = sources.data_source(data_config)
+  if not source.is_text:
+    return tokenizer_lib.IntegerTokenizer(source.vocab_size)
+  path = vocab_path(model_dir)
+  if not tf.io.gfile.exists(path):
+    raise ModelDirError(
+        f"{path} not found: model directories written by t2t_keras.train hold a copy of "
+        "their vocabulary. Copy the vocabulary the model was trained with there.")
+  return tokenizer_lib.load_tokenizer(path)
+
+
+@dataclasses.dataclass
+class Loaded:
+  """A restored model with what decoding and export need."""
+
+  model: tf.keras.Model
+  tokenizer: tf.Module
+  model_config: ModelConfig
+  data_config: DataConfig
+  checkpoints: Sequence[str]  # the checkpoint(s) the weights come from
+
+
+def load(model_dir: str, checkpoint_path: Optional[str] = None, average_last_n: int = 0,
+         dtype: Optional[str] = None) -> Loaded:
+  """Builds the model of model_dir and restores a checkpoint (or an average).
+
+  Args:
+    model_dir: a model directory written by training.
+    checkpoint_path: a specific checkpoint (default: the latest).
+    average_last_n: average the weights of the last N checkpoints in memory.
+    dtype: override the compute dtype (e.g. "float32" to decode a bfloat16 model).
+
+  Raises:
+    ModelDirError / CheckpointError with what to do.
+  """
+  model_config = load_model_config(model_dir)
+  if dtype:
+    model_config = dataclasses.replace(model_config, dtype=dtype)
+  data_config = data_config_of(model_dir)
+  tokenizer = load_tokenizer(model_dir, data_config)
+  model = create_model(model_config)
+  used = checkpoints.choose_checkpoints(model_dir, checkpoint_path, average_last_n)
+  if len(used) > 1:
+    averaging.average_into_model(model, used)
+  else:
+    available = checkpoints.listed_checkpoints(model_dir)
+    averaging.check_matches_model(
+        model, used[0], f"Pass a checkpoint of the model in --model_dir={model_dir} (its "
+        f"checkpoints: {', '.join(os.path.basename(p) for p in available) or 'none'}), "
+        "or the --model_dir that wrote this one.")
+    # Optimizer slots and counters are not needed to decode: only the model is checked.
+    checkpoints.restore(tf.train.Checkpoint(model=model), used[0], expect_partial=True)
+  logging.info("Loaded %s", ", ".join(used))
+  return Loaded(model, tokenizer, model_config, data_config, used)
+
+
+def load_ensemble(model_dirs: Sequence[str], checkpoint_path: Optional[str] = None,
+                  average_last_n: int = 0, dtype: Optional[str] = None):
+  """Loads one model, or several that share a vocabulary as an `ensemble.Ensemble`.
+
+  Returns:
+    (the model to decode with, the Loaded of every model directory).
+
+  Raises:
+    ModelDirError: when the models' vocabularies differ (naming both directories).
+  """
+  if len(model_dirs) > 1 and checkpoint_path:
+    raise ModelDirError(
+        "--checkpoint_path names one checkpoint but --model_dir lists "
+        f"{len(model_dirs)} models: drop --checkpoint_path (each model's latest "
+        "checkpoint, or --average_last_n of each, is used).")
+  loaded = [load(d, checkpoint_path, average_last_n, dtype) for d in model_dirs]
+  first = loaded[0]
+  for model_dir, other in zip(model_dirs[1:], loaded[1:]):
+    same = (getattr(first.tokenizer, "model_proto", None)
+            == getattr(other.tokenizer, "model_proto", None)
+            and first.tokenizer.vocab_size == other.tokenizer.vocab_size
+            and first.model_config.vocab_size == other.model_config.vocab_size)
+    if not same:
+      raise ModelDirError(
+          f"--model_dir {model_dir} was trained with another vocabulary than "
+          f"{model_dirs[0]} ({VOCAB_FILE} or vocabulary size differ): an ensemble's "
+          "models must share one vocabulary (train them with the same --vocab_file).")
+  if len(loaded) == 1:
+    return first.model, loaded
+  return Ensemble([l.model for l in loaded]), loaded
