@@ -12,10 +12,16 @@ mode pads each batch to its longest sequence (per side). Static mode (TPU/XLA) p
 both sides to L_i with exactly batch_size // L_i rows, so a compiled step sees one
 shape per bucket.
 
+Every dataset here is a TensorFlow graph and nothing else (no py_function): Cloud TPU
+pod hosts and tf.data service workers run it without the client's Python
+(tests/data_service_test.py). Its first op reads the ids it needs from the cache files
+(`cache.TokenizedSplit.read`, tf.io ops; gs:// works) into memory, once per iterator.
+
 Train: empty pairs and pairs longer than max_length are dropped and counted; the
 rest are batched by `plan.BatchPlan`: the whole corpus shuffled by (seed, epoch), one
-bucket per step for all replicas and micro-batches, any step reachable at once
-(resume). Eval: never dropped, shuffled or repeated: every pair
+bucket per step for all replicas, hosts and micro-batches, rare buckets merged into
+wider ones, any step reachable at once (resume); each input pipeline holds only its
+share of the pairs. Eval: never dropped, shuffled or repeated: every pair
 appears exactly once; empty sides become just EOS; pairs longer than max_length are
 kept in extra buckets (up to the longest pair; such a batch has at least one row even
 if it then exceeds the budget), and in static mode the last batch of each bucket is
@@ -280,7 +286,7 @@ class TrainData:
       raise sources.DataError(
           f"{batch_plan.pool_pairs[pools[shares.index(0)]]} training pairs cannot feed "
           f"{pipelines} input pipelines; use more training data.")
-    load = self._loader(batch_plan, pools, pipelines, pipeline_id)
+    load = batch_plan.share_loader(self.split, pools, pipelines, pipeline_id)
     # Where each pool's share starts in what `load` holds.
     starts = np.zeros([len(batch_plan.pool_bucket)], np.int64)
     starts[list(pools)] = np.cumsum(shares) - shares
@@ -326,33 +332,6 @@ class TrainData:
 
     ds = _loaded(load, batches)
     return ds.prefetch(tf.data.AUTOTUNE if bucket is None else per_step)
-
-  def _loader(self, batch_plan: plan.BatchPlan, pools, pipelines: int,
-              pipeline_id: int) -> Callable[[], tuple]:
-    """TF ops holding this pipeline's share of `pools`: (source, target) ragged ids,
-    pool after pool (see plan.py, Hosts)."""
-    split = self.split
-    bounds = [batch_plan.pool_lengths(p) for p in pools]
-    files = [n for n in split.present if any(lo < n <= hi for lo, hi in bounds)]
-    pairs = [batch_plan.pool_pairs[p] for p in pools]
-    ends = tf.constant(np.cumsum(pairs), tf.int64)
-    firsts = tf.constant(np.cumsum(pairs) - pairs, tf.int64)
-
-    def load():
-      src, tgt, lengths = split.read(files)
-      kept = tf.where(tf.reduce_min(lengths, axis=1) > 0)[:, 0]  # read by length
-      check = tf.debugging.assert_equal(
-          tf.size(kept, tf.int64), ends[-1],
-          message=f"the cache files of {split.path} disagree with its lengths.npy: "
-          "delete that directory and rerun to tokenize again")
-      with tf.control_dependencies([check]):
-        index = tf.range(tf.size(kept, tf.int64))
-      rank = index - tf.gather(firsts, tf.searchsorted(ends, index, side="right"))
-      mine = tf.boolean_mask(kept, tf.equal(rank % pipelines, pipeline_id))
-      return tuple(tf.gather(tf.RaggedTensor.from_row_lengths(x, lengths[:, i]), mine)
-                   for i, x in enumerate((src, tgt)))
-
-    return load
 
 
 def train_dataset(config: DataConfig, tokenizer=None,

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import List, Sequence, Tuple
+from typing import Callable, List, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -166,6 +166,41 @@ class BatchPlan:
     wrapped = (first + tf.range(rows)) % share  # a share's last unit: from its start
     return tf.random.experimental.index_shuffle(
         wrapped, _seed(self.seed, epoch, pool + 1, pipeline_id), share - 1)
+
+  def share_loader(self, split, pools: Sequence[int], pipelines: int,
+                   pipeline_id: int) -> Callable[[], Tuple[tf.RaggedTensor, ...]]:
+    """TF ops holding input pipeline `pipeline_id`'s share of `pools` (see Hosts):
+    (source, target) ragged ids [pairs, None], pool after pool, in the order
+    `positions` indexes; they read only the files of the pools' lengths.
+
+    Args:
+      split: a `cache.TokenizedSplit` (its `read` ops and `present` lengths).
+      pools: ascending pool indices.
+      pipelines: input pipelines in all.
+      pipeline_id: this one.
+    """
+    bounds = [self.pool_lengths(p) for p in pools]
+    files = [n for n in split.present if any(lo < n <= hi for lo, hi in bounds)]
+    pairs = np.asarray([self.pool_pairs[p] for p in pools], np.int64)
+    ends, firsts = np.cumsum(pairs), np.cumsum(pairs) - pairs
+    path = split.path
+
+    def load():
+      src, tgt, lengths = split.read(files)
+      kept = tf.where(tf.reduce_min(lengths, axis=1) > 0)[:, 0]  # read by length
+      check = tf.debugging.assert_equal(
+          tf.size(kept, tf.int64), tf.constant(ends[-1], tf.int64),
+          message=f"the cache files of {path} disagree with its lengths.npy: delete "
+          "that directory and rerun to tokenize again")
+      with tf.control_dependencies([check]):
+        index = tf.range(tf.size(kept, tf.int64))
+      pool = tf.searchsorted(tf.constant(ends), index, side="right")
+      rank = index - tf.gather(tf.constant(firsts), pool)  # within its pool
+      mine = tf.boolean_mask(kept, tf.equal(rank % pipelines, pipeline_id))
+      return tuple(tf.gather(tf.RaggedTensor.from_row_lengths(x, lengths[:, i]), mine)
+                   for i, x in enumerate((src, tgt)))
+
+    return load
 
   # Host side.
 
