@@ -122,7 +122,15 @@ def _loaded(load: Callable[[], tuple], inner: Callable[..., tf.data.Dataset]
             ) -> tf.data.Dataset:
   """`inner(*tensors)`, where `load()` builds the tensors: TF ops run once per
   iterator, wherever the dataset graph runs (no Python there)."""
-  return tf.data.Dataset.from_tensors(0).map(lambda _: load()).flat_map(inner)
+  # Ragged tensors pass as (values, row_splits): plain tensors, shared, not re-encoded.
+  def components():
+    return tuple((r.values, r.row_splits) for r in load())
+
+  def unpack(*parts):
+    return inner(*(tf.RaggedTensor.from_row_splits(v, s, validate=False)
+                   for v, s in parts))
+
+  return tf.data.Dataset.from_tensors(0).map(lambda _: components()).flat_map(unpack)
 
 
 def _with_eos(ragged: tf.RaggedTensor) -> tf.RaggedTensor:

@@ -48,6 +48,7 @@ s // units_per_epoch, and its unit is found from one permutation of the epoch's 
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 from typing import Callable, List, Sequence, Tuple
 
@@ -117,9 +118,7 @@ class BatchPlan:
     runs = [(p, k, min(run, units - k)) for p, units in enumerate(self.units_per_pool)
             for k in range(0, units, run)]
     self._runs = np.asarray(runs, np.int64).reshape([-1, 3])
-    # The kept pairs in the order the input reads them: by padded length, then corpus.
-    kept = np.flatnonzero(keep)
-    self._kept_order = kept[np.argsort(padded[kept], kind="stable")]
+    self._lengths = lengths  # the caller's array (for `unit` only)
     self._lock = threading.Lock()
     self._epochs = collections.OrderedDict()  # epoch -> (pool, k, run_end) numpy
 
@@ -179,30 +178,48 @@ class BatchPlan:
       pipelines: input pipelines in all.
       pipeline_id: this one.
     """
-    bounds = [self.pool_lengths(p) for p in pools]
-    files = [n for n in split.present if any(lo < n <= hi for lo, hi in bounds)]
-    pairs = np.asarray([self.pool_pairs[p] for p in pools], np.int64)
-    ends, firsts = np.cumsum(pairs), np.cumsum(pairs) - pairs
+    lengths = self._lengths
+    padded = lengths.max(axis=1) + 1
+    kept_per_length = np.bincount(padded[lengths.min(axis=1) > 0],
+                                  minlength=self.boundaries[-1] + 1)
+    files, offsets = [], []  # offsets: ranks of each file's first kept pair in its pool
+    for p in pools:
+      lo, hi = self.pool_lengths(p)
+      present = [n for n in split.present if lo < n <= hi]
+      files += present
+      offsets += (np.cumsum(kept_per_length[present]) - kept_per_length[present]).tolist()
     path = split.path
 
     def load():
-      src, tgt, lengths = split.read(files)
-      kept = tf.where(tf.reduce_min(lengths, axis=1) > 0)[:, 0]  # read by length
-      check = tf.debugging.assert_equal(
-          tf.size(kept, tf.int64), tf.constant(ends[-1], tf.int64),
-          message=f"the cache files of {path} disagree with its lengths.npy: delete "
-          "that directory and rerun to tokenize again")
-      with tf.control_dependencies([check]):
-        index = tf.range(tf.size(kept, tf.int64))
-      pool = tf.searchsorted(tf.constant(ends), index, side="right")
-      rank = index - tf.gather(tf.constant(firsts), pool)  # within its pool
-      mine = tf.boolean_mask(kept, tf.equal(rank % pipelines, pipeline_id))
-      return tuple(tf.gather(tf.RaggedTensor.from_row_lengths(x, lengths[:, i]), mine)
-                   for i, x in enumerate((src, tgt)))
+      # File after file (control dependencies): the peak holds one file, not all.
+      parts, previous = [], []
+      for n, offset in zip(files, offsets):
+        with tf.control_dependencies(previous):
+          src, tgt, counts = split.read([n])
+        kept = tf.where(tf.reduce_min(counts, axis=1) > 0)[:, 0]
+        check = tf.debugging.assert_equal(
+            tf.size(kept, tf.int64), tf.constant(kept_per_length[n], tf.int64),
+            message=f"the cache files of {path} for length {n} disagree with its "
+            "lengths.npy: delete that directory and rerun to tokenize again")
+        with tf.control_dependencies([check]):
+          rank = offset + tf.range(tf.size(kept, tf.int64))
+        mine = tf.boolean_mask(kept, tf.equal(rank % pipelines, pipeline_id))
+        parts.append([tf.gather(tf.RaggedTensor.from_row_lengths(x, counts[:, i]), mine)
+                      for i, x in enumerate((src, tgt))])
+        previous = [parts[-1][1].flat_values]
+      return tuple(tf.concat([part[i] for part in parts], axis=0) for i in range(2))
 
     return load
 
   # Host side.
+
+  @functools.cached_property
+  def _kept_order(self) -> np.ndarray:
+    """The kept pairs in the order the input reads them: by padded length, then
+    corpus order (for `unit`)."""
+    padded = self._lengths.max(axis=1) + 1
+    kept = np.flatnonzero((self._lengths.min(axis=1) > 0) & (padded <= self.boundaries[-1]))
+    return kept[np.argsort(padded[kept], kind="stable")]
 
   def _epoch(self, number: int) -> Tuple[np.ndarray, ...]:
     with self._lock:
