@@ -89,7 +89,7 @@ def test_training_batches_come_from_a_worker_without_python(corpus, service, sta
 
 
 def test_eval_batches_come_from_a_worker_without_python(corpus, service):
-  config, data = corpus
+  _, data = corpus
   local = _batches(data.eval_fn())
   remote = _batches(_through_service(data.eval_fn(), service, "eval"))
   assert sum(len(b["inputs"]) for b in local) >= 300
