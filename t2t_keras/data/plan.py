@@ -118,7 +118,7 @@ class BatchPlan:
     runs = [(p, k, min(run, units - k)) for p, units in enumerate(self.units_per_pool)
             for k in range(0, units, run)]
     self._runs = np.asarray(runs, np.int64).reshape([-1, 3])
-    self._lengths = lengths  # the caller's array (for `unit` only)
+    self._lengths = lengths  # the caller's array (a view, not a copy)
     self._lock = threading.Lock()
     self._epochs = collections.OrderedDict()  # epoch -> (pool, k, run_end) numpy
 
@@ -178,10 +178,7 @@ class BatchPlan:
       pipelines: input pipelines in all.
       pipeline_id: this one.
     """
-    lengths = self._lengths
-    padded = lengths.max(axis=1) + 1
-    kept_per_length = np.bincount(padded[lengths.min(axis=1) > 0],
-                                  minlength=self.boundaries[-1] + 1)
+    kept_per_length = self._kept_per_length
     files, offsets = [], []  # offsets: ranks of each file's first kept pair in its pool
     for p in pools:
       lo, hi = self.pool_lengths(p)
@@ -212,6 +209,13 @@ class BatchPlan:
     return load
 
   # Host side.
+
+  @functools.cached_property
+  def _kept_per_length(self) -> np.ndarray:
+    """Pairs with no empty side, per padded length (up to max_length)."""
+    lengths = self._lengths
+    return np.bincount(lengths.max(axis=1)[lengths.min(axis=1) > 0] + 1,
+                       minlength=self.boundaries[-1] + 1)
 
   @functools.cached_property
   def _kept_order(self) -> np.ndarray:
