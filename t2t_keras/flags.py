@@ -340,6 +340,11 @@ def check_train_flags(argv, fv=FLAGS) -> list:
             f"read it (it reads {reads or 'no file flags'}"
             f"{'; its vocabulary is its symbols' if source == 'synthetic' else ''}): "
             f"{_fix_for(name)}, or drop --{name}")
+  if fv.strategy == "tpu" and not fv.static_shapes:
+    problems.append(
+        "--strategy=tpu needs --static_shapes: XLA compiles one TPU program per batch "
+        "shape, and only static shapes give every core and host of a step the same, "
+        "fully known shape (one per bucket); add --static_shapes")
   if (fv.source_pointer and source == "parsing"
       and fv.parsing_linearization != "words"):
     problems.append(

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from t2t_keras import BOS_ID, EOS_ID, PAD_ID
 from t2t_keras.configs import DataConfig
-from t2t_keras.data import cache, pipeline, plan
+from t2t_keras.data import cache, pipeline, sources
 from t2t_keras.data.sources import DataError
 
 WORDS = "the a house cat dog runs sleeps under over small big green Haus Katze grün".split()
@@ -152,6 +152,39 @@ def test_eval_has_every_pair_exactly_once(corpus, static):
     assert shapes <= {(max(1, config.batch_size // n), n) for n in lengths}
 
 
+@pytest.mark.parametrize("static", [False, True])
+def test_two_hosts_cover_an_epoch_and_rare_long_pairs_are_merged_not_repeated(static):
+  """2 input pipelines (hosts), each holding its share: together every kept pair once
+  an epoch (but a few completing their pool's last unit); the 3 pairs of a rare long
+  bucket, and the 2 of the widest bucket, exactly once, padded with a wider pool."""
+  rng = np.random.default_rng(0)
+  lengths = np.concatenate([rng.integers(2, 9, 500), [18] * 3, [25] * 100, [30] * 2])
+  src = np.concatenate([[10 + i] + [4] * (n - 1) for i, n in enumerate(lengths)])
+  pairs = np.stack([lengths, lengths], axis=1).astype(np.int32)
+  split = cache.TokenizedSplit(path=None, lengths=pairs, invalid_utf8=0,
+                               groups=cache.group_by_length(src, src, pairs))
+  config = DataConfig(batch_size=96, max_length=32, static_shapes=static)
+  data = pipeline.TrainData(config, split)
+  seen, width_of = collections.Counter(), {}
+  for host in range(2):
+    ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=host,
+                                     num_replicas_in_sync=2)
+    for batch in data(ctx, repeat=False):
+      inputs = batch["inputs"].numpy()
+      np.testing.assert_array_equal(inputs, batch["targets"].numpy())
+      for row in inputs:
+        seen[row[0] - 10] += 1
+        width_of[row[0] - 10] = inputs.shape[1]
+  assert set(seen) == set(range(len(lengths)))
+  rare = list(range(500, 503)) + [603, 604]
+  assert all(seen[i] == 1 for i in rare), [seen[i] for i in rare]
+  group_rows = 2 * sum(pipeline.bucket_batch_sizes(data.lengths, 96))
+  assert sum(seen.values()) - len(lengths) < group_rows
+  assert all(width_of[i] > 19 for i in range(500, 503))  # padded with the 26s (or wider)
+  if static:
+    assert all(width_of[i] == 32 for i in rare)  # the widest pool took the 26s in
+
+
 def test_shards_partition_the_data(corpus):
   config, pairs, data = corpus
   seen = []
@@ -228,11 +261,10 @@ def test_unknown_source_is_a_clear_error():
 
 
 @pytest.mark.parametrize("pipelines,accum", [(1, 1), (2, 2)])
-def test_start_step_equals_skipping_and_costs_one_epoch_plan(monkeypatch, pipelines,
-                                                             accum):
+def test_start_step_equals_skipping_and_reaches_any_step_at_once(pipelines, accum):
   """Resume: starting at step k gives exactly the batches that follow k steps, on every
-  input pipeline, and computes only the plan of k's epoch (its cost does not grow
-  with k; skipping replayed every earlier batch)."""
+  input pipeline, and step 10**9 is reached at once (skipping replayed every earlier
+  batch)."""
   config = DataConfig(synthetic_train_size=300, batch_size=64, max_length=16)
   data = pipeline.make_datasets(config)
   per_step = accum  # one replica per pipeline
@@ -245,20 +277,15 @@ def test_start_step_equals_skipping_and_costs_one_epoch_plan(monkeypatch, pipeli
     for a, b in zip(straight, resumed, strict=True):
       assert a["inputs"].numpy().tolist() == b["inputs"].numpy().tolist()
       assert a["targets"].numpy().tolist() == b["targets"].numpy().tolist()
-  made = []
-  make = plan.BatchPlan._make_epoch
-  monkeypatch.setattr(plan.BatchPlan, "_make_epoch",
-                      lambda self, number: made.append(number) or make(self, number))
-  far = 10**9  # steps: tens of millions of epochs of this corpus
+  # Step 10**9 (tens of millions of epochs of this corpus) is computed, not replayed:
+  # its batch holds the pairs the plan gives for that step, read at once.
+  far = 10**9
   batch = next(iter(data.train_fn(start_step=far)))
-  units = plan.BatchPlan(data_lengths(config), pipeline.bucket_boundaries(
-      8, config.max_length), config.batch_size, 1, config.seed).units_per_epoch
-  assert made == [far // units]
-  assert batch["inputs"].shape[0] > 0
-
-
-def data_lengths(config):
-  return pipeline.load_split(config, "train", None).lengths
+  _, pairs = data.train_fn.plan(1).unit(far)
+  src, _, lengths = sources.data_source(config).examples("train")
+  starts = np.cumsum(lengths) - lengths
+  want = [src[starts[i]:starts[i] + lengths[i]].tolist() + [EOS_ID] for i in pairs[0]]
+  assert [row[row != PAD_ID].tolist() for row in batch["inputs"].numpy()] == want
 
 
 def test_interrupted_cache_build_is_not_trusted(tmp_path, monkeypatch):

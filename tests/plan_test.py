@@ -1,9 +1,10 @@
-"""Tests of t2t_keras.data.plan: the host-side batch plan."""
+"""Tests of t2t_keras.data.plan: the batch plan (TensorFlow ops of seed and step)."""
 
 import collections
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from t2t_keras.data import pipeline, plan
 
@@ -16,24 +17,47 @@ def _lengths(n=2000, seed=0):
   return lengths
 
 
-@pytest.mark.parametrize("group", [1, 2, 8])
-def test_each_step_is_one_bucket_and_an_epoch_covers_every_kept_pair(group):
+@pytest.mark.parametrize("group,pipelines", [(1, 1), (2, 1), (8, 1), (8, 2)])
+def test_each_step_is_one_bucket_and_an_epoch_covers_every_kept_pair(group, pipelines):
   lengths = _lengths()
   batch_plan = plan.BatchPlan(lengths, BOUNDARIES, batch_size=128, group=group, seed=1)
   padded = lengths.max(axis=1) + 1
   kept = np.flatnonzero((lengths.min(axis=1) > 0) & (padded <= 32))
   seen = collections.Counter()
   for step in range(batch_plan.units_per_epoch):
-    bucket, pairs = batch_plan.unit(step)
+    bucket, pairs = batch_plan.unit(step, pipelines)
     rows = 128 // BOUNDARIES[bucket]
     assert pairs.shape == (group, rows)
-    # every pair of the step fits the bucket and not the one below
-    assert (padded[pairs] <= BOUNDARIES[bucket]).all()
-    assert bucket == 0 or (padded[pairs] > BOUNDARIES[bucket - 1]).all()
+    # every pair of the step fits the bucket and not the pool below (rarer buckets
+    # between the two are merged into this one)
+    pool = batch_plan.pool_of_bucket(bucket)
+    shortest, longest = batch_plan.pool_lengths(pool)
+    assert longest == BOUNDARIES[bucket] and (padded[pairs] <= longest).all()
+    assert (padded[pairs] > shortest).all()
     seen.update(pairs.ravel().tolist())
   assert set(seen) == set(kept.tolist())
   extra = sum(seen.values()) - len(kept)
   assert extra < group * sum(128 // n for n in BOUNDARIES)  # only last units are filled
+
+
+def test_rare_buckets_are_merged_into_wider_ones_not_repeated():
+  """A bucket with fewer pairs than one unit holds (in the middle, and the widest)
+  joins the next wider pool: its pairs are trained on once an epoch, padded wider."""
+  lengths = np.concatenate([np.full([600, 2], 5), np.full([3, 2], 12),  # rare middle
+                            np.full([400, 2], 20), np.full([2, 2], 30)])  # rare widest
+  batch_plan = plan.BatchPlan(lengths, BOUNDARIES, batch_size=128, group=2, seed=1)
+  padded = lengths.max(axis=1) + 1
+  buckets = np.searchsorted(BOUNDARIES, padded)
+  assert set(batch_plan.pool_bucket) == {buckets[0], buckets[-1]}
+  seen = collections.Counter()
+  for step in range(batch_plan.units_per_epoch):
+    bucket, pairs = batch_plan.unit(step)
+    seen.update(pairs.ravel().tolist())
+    if (padded[pairs] == 13).any():
+      assert bucket == buckets[-1]  # the rare middle pairs ride with the long ones
+  assert set(seen) == set(range(len(lengths)))
+  for rare in (600, 601, 602, 1003, 1004):
+    assert seen[rare] == 1  # not repeated to fill a unit of its own
 
 
 def test_same_seed_same_plan_epochs_and_seeds_differ():
@@ -62,10 +86,10 @@ def test_tiny_corpus_still_fills_whole_steps():
   assert set(pairs.ravel().tolist()) == {0, 1}
 
 
-def test_runs_share_a_bucket_and_per_bucket_steps_index_the_plan():
+def test_runs_share_a_bucket_and_an_epoch_trains_each_unit_once():
   """With run=5 (5 steps per compiled call), the steps a run covers share a bucket,
-  runs are at most 5 long, and a bucket's steps are not padded to whole runs; the k-th
-  step of a bucket (what a per-bucket dataset reads) is found both ways."""
+  runs are at most 5 long, a bucket's steps are not padded to whole runs, and each
+  epoch trains every unit of every pool once."""
   lengths = _lengths()
   batch_plan = plan.BatchPlan(lengths, BOUNDARIES, 128, group=2, seed=3, run=5)
   assert batch_plan.units_per_epoch == plan.BatchPlan(
@@ -82,41 +106,18 @@ def test_runs_share_a_bucket_and_per_bucket_steps_index_the_plan():
     step += left
   assert short_runs >= 2  # some buckets end with a shorter run instead of repeats
   assert len(set(buckets)) > 3
-  for bucket in set(buckets):
-    mine = [s for s in steps if buckets[s] == bucket]
-    assert [batch_plan.bucket_step(bucket, k) for k in range(len(mine))] == mine
-    for k, step in enumerate(mine):
-      assert batch_plan.bucket_steps_before(bucket, step) == k
+  for epoch in range(2):
+    pool, k, _ = (t.numpy() for t in batch_plan.epoch_order(epoch))
+    assert sorted(zip(pool.tolist(), k.tolist())) == [
+        (p, i) for p, n in enumerate(batch_plan.units_per_pool) for i in range(n)]
 
 
-def test_threads_that_need_the_same_epoch_compute_it_once(monkeypatch):
-  """tf.data map threads asking for one epoch at once share one computation (an
-  epoch of a WMT-size corpus is seconds of work), and get the same plan."""
-  import threading
-  import time
+def test_order_is_tensorflow_ops_of_seed_and_epoch():
+  """The plan's ops in a tf.function (as in the dataset graph) give the host's plan."""
   batch_plan = plan.BatchPlan(_lengths(), BOUNDARIES, 128, 2, seed=1)
-  made = []
-  make = plan.BatchPlan._make_epoch
-
-  def slow_make(self, number):
-    made.append(number)
-    time.sleep(0.2)  # every thread arrives while the first is still computing
-    return make(self, number)
-
-  monkeypatch.setattr(plan.BatchPlan, "_make_epoch", slow_make)
-  got = [None] * 8
-  start = threading.Barrier(len(got))
-
-  def ask(i):
-    start.wait()
-    got[i] = batch_plan.epoch(3)
-
-  threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(got))]
-  for t in threads:
-    t.start()
-  for t in threads:
-    t.join()
-  assert made == [3]
-  assert all(epoch is got[0] for epoch in got)
-  batch_plan.epoch(4)  # another epoch is computed, not served from epoch 3
-  assert made == [3, 4]
+  traced = tf.function(batch_plan.epoch_order)
+  for epoch in (0, 5, 10**7):
+    host = [batch_plan.bucket_of_step(epoch * batch_plan.units_per_epoch + u)
+            for u in range(batch_plan.units_per_epoch)]
+    pool = traced(tf.constant(epoch, tf.int64))[0].numpy()
+    assert [batch_plan.pool_bucket[p] for p in pool] == host

@@ -96,9 +96,12 @@ def test_missing_dev_file_is_a_clear_error(tmp_path):
 
 
 def _pairs(config, split):
-  """(source ids, target ids) of every pair of a synthetic split, in order."""
-  return list(pipeline.load_split(config, split, None).dataset().unbatch()
-              .as_numpy_iterator())
+  """(source ids, target ids) of every pair of a synthetic split, as the input reads
+  them (by length, then in corpus order)."""
+  data = pipeline.load_split(config, split, None)
+  src, tgt, lengths = data.read(data.present)
+  cuts = [np.cumsum(lengths.numpy()[:, i])[:-1] for i in range(2)]
+  return list(zip(np.split(src.numpy(), cuts[0]), np.split(tgt.numpy(), cuts[1])))
 
 
 @pytest.mark.parametrize("task", ["copy", "reverse"])

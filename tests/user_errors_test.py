@@ -116,6 +116,16 @@ def test_flags_typed_for_another_data_source_are_refused():
     t2t_flags.check_train_flags(argv, fv)
 
 
+def test_tpu_strategy_needs_static_shapes():
+  argv, fv = _parsed("--flagfile=flags/demo.cfg", "--strategy=tpu", "--tpu=local")
+  with pytest.raises(flags.ValidationError, match="--strategy=tpu needs --static_shapes"
+                     ".*add --static_shapes"):
+    t2t_flags.check_train_flags(argv, fv)
+  argv, fv = _parsed("--flagfile=flags/demo.cfg", "--strategy=tpu", "--tpu=local",
+                     "--static_shapes")
+  t2t_flags.check_train_flags(argv, fv)
+
+
 def test_old_shuffle_buffer_flag_warns_and_is_otherwise_harmless():
   argv, fv = _parsed("--flagfile=flags/demo.cfg")
   assert t2t_flags.check_train_flags(argv, fv) == []

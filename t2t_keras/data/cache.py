@@ -12,9 +12,12 @@ cannot corrupt each other. (Directory renames would be neater, but are not atomi
 not supported, on every tf.io.gfile filesystem such as gs://.)
 
 Layout: data_dir/cache/validation-<key>.json and data_dir/cache/<split>-<key>/
-{build-<id>/{source.bin, target.bin (the ids of all pairs of a side, concatenated in
-corpus order, little-endian int32), lengths.npy (int32 [pairs, 2] token counts)},
-stats.json}. Offsets follow from the lengths, so any pair is read in constant time.
+{build-<id>/{len-<L>.source.bin, len-<L>.target.bin, len-<L>.lengths.bin (for each
+padded length L, the longer side's ids + EOS: the ids of its pairs, concatenated in
+corpus order, and their [pairs, 2] token counts, all flat little-endian int32),
+lengths.npy (int32 [pairs, 2] token counts in corpus order)}, stats.json}. Grouping by
+length lets the training input of one bucket read only its own files, with TensorFlow
+ops (`TokenizedSplit.read`), wherever the dataset graph runs.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import os
 import sys
 import time
 import uuid
-from typing import Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -37,7 +40,7 @@ from absl import logging
 from t2t_keras.configs import DataConfig
 from t2t_keras.data import sources, textfiles
 
-CACHE_VERSION = 3  # 3: flat id arrays with random access (2: tf.data shards)
+CACHE_VERSION = 4  # 4: files per padded length, read by TF ops (3: one flat file a side)
 VALIDATION_VERSION = 1  # the stored result of validating raw files (unchanged since)
 BATCH_ROWS = 1024  # Pairs per cached element.
 _PROGRESS_EVERY = 100_000
@@ -94,84 +97,82 @@ def _write_json_atomic(path: str, obj):
   tf.io.gfile.rename(tmp, path, overwrite=True)
 
 
+def padded_lengths(lengths: np.ndarray) -> np.ndarray:
+  """int [N] the length of each pair in a batch: its longer side's ids + EOS."""
+  return np.asarray(lengths).reshape([-1, 2]).max(axis=1) + 1
+
+
+def _file(build: str, length: int, what: str) -> str:
+  return os.path.join(build, f"len-{length:04d}.{what}.bin")
+
+
+def group_by_length(source: np.ndarray, target: np.ndarray, lengths: np.ndarray):
+  """Flat ids of pairs in corpus order -> {padded length: (source ids, target ids,
+  lengths [n, 2])}, each group's pairs in corpus order."""
+  lengths = np.asarray(lengths).reshape([-1, 2])
+  starts = np.cumsum(lengths, axis=0, dtype=np.int64) - lengths
+  padded = padded_lengths(lengths)
+  groups = {}
+  for length in np.unique(padded).tolist():
+    pairs = np.flatnonzero(padded == length)
+    flat = []
+    for side, ids in enumerate((source, target)):
+      n = lengths[pairs, side].astype(np.int64)
+      first = np.cumsum(n) - n  # where each pair's ids start in the group
+      flat.append(np.asarray(ids[np.repeat(starts[pairs, side] - first, n)
+                                 + np.arange(int(n.sum()))], dtype="<i4"))
+    groups[length] = (flat[0], flat[1], lengths[pairs].astype("<i4"))
+  return groups
+
+
 @dataclasses.dataclass(frozen=True)
 class TokenizedSplit:
-  """Every pair of a split as ids (no EOS), with random access by pair index.
+  """Every pair of a split as ids (no EOS), grouped by padded length.
 
-  The ids of each side are one flat array (the pairs' ids concatenated in corpus
-  order), memory-mapped from the cache when it is on a local disk (a corpus of
-  millions of pairs then takes no process memory; from gs:// it is read into memory)
-  and any pair is read in constant time: training
-  reads the batches a step needs wherever they are (see `data.plan`).
+  The host side keeps only the lengths (8 bytes a pair): batch plans and statistics
+  need nothing else. The ids are read by TensorFlow ops (`read`), inside the dataset
+  graph, so that the graph runs where no Python does (a Cloud TPU host, a tf.data
+  service worker); grouping by length lets a dataset of some buckets read only the
+  files of their lengths.
 
   Attributes:
-    path: the cache entry directory (None for in-memory synthetic data).
-    lengths: int32 [N, 2] (source, target) token counts per pair, without EOS.
+    path: the cache build directory holding the files (None for in-memory data).
+    lengths: int32 [N, 2] (source, target) token counts per pair, in corpus order.
     invalid_utf8: pairs skipped because a side was not valid UTF-8.
-    source: int32 [sum of source lengths] the source ids of all pairs.
-    target: int32 [sum of target lengths] the target ids of all pairs.
+    groups: in-memory data (synthetic): {padded length: (source ids, target ids,
+      lengths)} as `group_by_length` makes them; None when `path` holds them.
   """
 
   path: Optional[str]
   lengths: np.ndarray
   invalid_utf8: int
-  source: np.ndarray
-  target: np.ndarray
+  groups: Optional[dict] = None
 
   @functools.cached_property
-  def _starts(self) -> np.ndarray:
-    """int64 [N, 2] offset of each pair's ids in `source` / `target`."""
-    ends = np.cumsum(self.lengths, axis=0, dtype=np.int64)
-    return ends - self.lengths
+  def present(self) -> List[int]:
+    """The padded lengths that occur, ascending (one group of files each)."""
+    return np.unique(padded_lengths(self.lengths)).tolist() if len(self.lengths) else []
 
-  def gather(self, indices: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The pairs at `indices`: (source ids, target ids, lengths [n, 2]), ids flat."""
-    lengths = self.lengths[indices]
-    starts = self._starts[indices]
-    flat = []
-    for side, ids in enumerate((self.source, self.target)):
-      n = lengths[:, side].astype(np.int64)
-      first = np.cumsum(n) - n  # where each pair's ids start in the output
-      flat.append(np.asarray(ids[np.repeat(starts[:, side] - first, n)
-                                 + np.arange(int(n.sum()))]))
-    return flat[0], flat[1], lengths
+  def read(self, lengths: Sequence[int]) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """TensorFlow ops reading the pairs of the given padded `lengths` (ascending).
 
-  def dataset(self) -> tf.data.Dataset:
-    """All pairs in corpus order, as batches of (source_ids, target_ids) int32
-    RaggedTensors [b, None], b <= BATCH_ROWS (tf.data's cost is per element, so
-    filtering and appending EOS are cheaper on 1,024 pairs at once)."""
-    size = len(self.lengths)
-
-    def read(batch):
-      src, tgt, lengths = self.gather(np.arange(batch * BATCH_ROWS,
-                                                min((batch + 1) * BATCH_ROWS, size)))
-      return src, tgt, lengths
-
-    def to_ragged(batch):
-      src, tgt, lengths = tf.numpy_function(read, [batch], [tf.int32, tf.int32, tf.int32],
-                                            stateful=False)
-      lengths = tf.reshape(lengths, [-1, 2])
-      return (tf.RaggedTensor.from_row_lengths(tf.reshape(src, [-1]), lengths[:, 0]),
-              tf.RaggedTensor.from_row_lengths(tf.reshape(tgt, [-1]), lengths[:, 1]))
-
-    return tf.data.Dataset.range(-(-size // BATCH_ROWS)).map(to_ragged)
-
-
-def _read_ids(path: str, count: int) -> np.ndarray:
-  """A flat int32 array written by `_build`: memory-mapped from a local disk, read
-  into memory from other file systems (gs://)."""
-  if count == 0:
-    return np.zeros([0], np.int32)
-  size = tf.io.gfile.stat(path).length if tf.io.gfile.exists(path) else -1
-  if size != 4 * count:
-    raise sources.DataError(
-        f"{path} holds {size} bytes where the cache's lengths.npy needs {4 * count}: the "
-        f"cache entry is damaged. Delete {os.path.dirname(os.path.dirname(path))} and "
-        "rerun to tokenize again.")
-  if "://" not in path:
-    return np.memmap(path, dtype="<i4", mode="r", shape=(count,))
-  with tf.io.gfile.GFile(path, "rb") as f:
-    return np.frombuffer(f.read(), dtype="<i4")
+    Returns:
+      (source ids, target ids) int32 flat, and int32 [n, 2] token counts, of the
+      pairs, length after length, each length's pairs in corpus order.
+    """
+    wanted = [n for n in lengths if n in set(self.present)]
+    parts = []
+    for n in wanted:
+      if self.groups is not None:
+        parts.append([tf.constant(a) for a in self.groups[n]])
+      else:
+        parts.append([tf.io.decode_raw(tf.io.read_file(_file(self.path, n, what)),
+                                       tf.int32, little_endian=True)
+                      for what in ("source", "target", "lengths")])
+    if not parts:
+      return tf.zeros([0], tf.int32), tf.zeros([0], tf.int32), tf.zeros([0, 2], tf.int32)
+    src, tgt, counts = (tf.concat([p[i] for p in parts], 0) for i in range(3))
+    return src, tgt, tf.reshape(counts, [-1, 2])
 
 
 def _progress(ds: tf.data.Dataset, what: str) -> tf.data.Dataset:
@@ -242,10 +243,7 @@ def tokenized_split(config: DataConfig, split: str, tokenizer,
   build = os.path.join(path, stats["build"])
   with tf.io.gfile.GFile(os.path.join(build, "lengths.npy"), "rb") as f:
     lengths = np.load(io.BytesIO(f.read()))
-  totals = lengths.sum(axis=0, dtype=np.int64) if len(lengths) else [0, 0]
-  return TokenizedSplit(path=path, lengths=lengths, invalid_utf8=stats["invalid_utf8"],
-                        source=_read_ids(os.path.join(build, "source.bin"), int(totals[0])),
-                        target=_read_ids(os.path.join(build, "target.bin"), int(totals[1])))
+  return TokenizedSplit(path=build, lengths=lengths, invalid_utf8=stats["invalid_utf8"])
 
 
 def _build(config: DataConfig, split: str, tokenizer, path: str, invalid: int):
@@ -260,6 +258,7 @@ def _build(config: DataConfig, split: str, tokenizer, path: str, invalid: int):
       lambda s, t: (s.flat_values, t.flat_values,
                     tf.stack([s.row_lengths(), t.row_lengths()], axis=1)))
   lengths = _write_ids(flat, build)
+  _group_files(build, lengths)
   buffer = io.BytesIO()
   np.save(buffer, lengths)
   with tf.io.gfile.GFile(os.path.join(build, "lengths.npy"), "wb") as f:
@@ -282,3 +281,30 @@ def _write_ids(flat: tf.data.Dataset, build: str) -> np.ndarray:
       tgt_file.write(tgt.astype("<i4").tobytes())
       lengths.append(counts)
   return (np.concatenate(lengths) if lengths else np.zeros([0, 2])).astype(np.int32)
+
+
+def _read_ids(path: str, count: int) -> np.ndarray:
+  """A flat int32 array written by `_write_ids`: memory-mapped from a local disk, read
+  into memory from other file systems (gs://)."""
+  if count == 0:
+    return np.zeros([0], np.int32)
+  if "://" not in path:
+    return np.memmap(path, dtype="<i4", mode="r", shape=(count,))
+  with tf.io.gfile.GFile(path, "rb") as f:
+    return np.frombuffer(f.read(), dtype="<i4")
+
+
+def _group_files(build: str, lengths: np.ndarray):
+  """Rewrites the flat source.bin/target.bin as one set of files per padded length
+  (len-<L>.{source,target,lengths}.bin, flat little-endian int32), then deletes them."""
+  totals = lengths.sum(axis=0, dtype=np.int64) if len(lengths) else [0, 0]
+  flat = [os.path.join(build, f"{side}.bin") for side in ("source", "target")]
+  groups = group_by_length(_read_ids(flat[0], int(totals[0])),
+                           _read_ids(flat[1], int(totals[1])), lengths)
+  for length, arrays in groups.items():
+    for what, array in zip(("source", "target", "lengths"), arrays):
+      with tf.io.gfile.GFile(_file(build, length, what), "wb") as f:
+        f.write(array.astype("<i4").tobytes())
+  del groups
+  for path in flat:
+    tf.io.gfile.remove(path)

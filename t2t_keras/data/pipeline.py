@@ -12,10 +12,16 @@ mode pads each batch to its longest sequence (per side). Static mode (TPU/XLA) p
 both sides to L_i with exactly batch_size // L_i rows, so a compiled step sees one
 shape per bucket.
 
+Every dataset here is a TensorFlow graph and nothing else (no py_function): Cloud TPU
+pod hosts and tf.data service workers run it without the client's Python
+(tests/data_service_test.py). Its first op reads the ids it needs from the cache files
+(`cache.TokenizedSplit.read`, tf.io ops; gs:// works) into memory, once per iterator.
+
 Train: empty pairs and pairs longer than max_length are dropped and counted; the
 rest are batched by `plan.BatchPlan`: the whole corpus shuffled by (seed, epoch), one
-bucket per step for all replicas and micro-batches, any step reachable at once
-(resume). Eval: never dropped, shuffled or repeated: every pair
+bucket per step for all replicas, hosts and micro-batches, rare buckets merged into
+wider ones, any step reachable at once (resume); each input pipeline holds only its
+share of the pairs. Eval: never dropped, shuffled or repeated: every pair
 appears exactly once; empty sides become just EOS; pairs longer than max_length are
 kept in extra buckets (up to the longest pair; such a batch has at least one row even
 if it then exceeds the budget), and in static mode the last batch of each bucket is
@@ -102,9 +108,9 @@ def load_split(config: DataConfig, split: str, tokenizer
   source = sources.data_source(config)
   if not source.is_text:
     src, tgt, lengths = source.examples(split)
-    return cache.TokenizedSplit(
-        path=None, lengths=np.stack([lengths, lengths], axis=1).astype(np.int32),
-        invalid_utf8=0, source=src, target=tgt)
+    lengths = np.stack([lengths, lengths], axis=1).astype(np.int32)
+    return cache.TokenizedSplit(path=None, lengths=lengths, invalid_utf8=0,
+                                groups=cache.group_by_length(src, tgt, lengths))
   return cache.tokenized_split(config, split, tokenizer,
                                tokenizer_lib.tokenizer_digest(tokenizer))
 
@@ -112,36 +118,49 @@ def load_split(config: DataConfig, split: str, tokenizer
 _CHUNK_ROWS = 64  # Rows of similar length padded together before unbatching.
 
 
+def _loaded(load: Callable[[], tuple], inner: Callable[..., tf.data.Dataset]
+            ) -> tf.data.Dataset:
+  """`inner(*tensors)`, where `load()` builds the tensors: TF ops run once per
+  iterator, wherever the dataset graph runs (no Python there)."""
+  # Ragged tensors pass as (values, row_splits): plain tensors, shared, not re-encoded.
+  def components():
+    return tuple((r.values, r.row_splits) for r in load())
+
+  def unpack(*parts):
+    return inner(*(tf.RaggedTensor.from_row_splits(v, s, validate=False)
+                   for v, s in parts))
+
+  return tf.data.Dataset.from_tensors(0).map(lambda _: components()).flat_map(unpack)
+
+
+def _with_eos(ragged: tf.RaggedTensor) -> tf.RaggedTensor:
+  return tf.concat([ragged, tf.fill([ragged.nrows(), 1], EOS_ID)], axis=1)
+
+
 def _examples(split: cache.TokenizedSplit, input_context=None) -> tf.data.Dataset:
-  """Pairs of a split, in corpus order, as {"inputs", "targets"} id vectors ending
+  """Every pair of a split, by length, as {"inputs", "targets"} id vectors ending
   with EOS.
 
-  tf.data's cost is per function call, so everything per pair is vectorized over
-  batches of the split: sharding, EOS, and padding to dense rows (sorted by length, in
-  chunks of similar length, so rows carry little padding). Unbatching dense rows calls
-  no function. Rows may end with PAD beyond their EOS; `_trim` cuts batches to size
+  tf.data's cost is per function call, so the pairs are padded to dense rows in chunks
+  of similar length (they are read by length), and unbatching dense rows calls no
+  function. Rows may end with PAD beyond their EOS; `_trim` cuts batches to size
   (ids are never PAD inside a sequence).
 
   Args:
     split: the tokenized split.
-    input_context: keep only this input pipeline's pairs (pair index modulo the
-      number of pipelines, so shards are disjoint and balanced).
+    input_context: keep only this input pipeline's pairs (every num_input_pipelines-th
+      in reading order, so shards are disjoint and balanced).
   """
   num_shards, shard = 1, 0
   if input_context is not None:
     num_shards, shard = (input_context.num_input_pipelines,
                          input_context.input_pipeline_id)
 
-  def prepare(index, pair):
-    src, tgt = pair
-    src_len, tgt_len = src.row_lengths(), tgt.row_lengths()
-    rows = index * cache.BATCH_ROWS + tf.range(tf.size(src_len, tf.int64))
-    keep = tf.equal(rows % num_shards, shard)
-    order = tf.argsort(tf.boolean_mask(tf.maximum(src_len, tgt_len), keep))
-    eos = tf.fill([tf.size(order), 1], EOS_ID)
-    src, tgt = (tf.concat([tf.gather(tf.ragged.boolean_mask(tf.cast(x, tf.int32), keep),
-                                     order), eos], axis=1) for x in (src, tgt))
-    return src, tgt
+  def load():
+    src, tgt, lengths = split.read(split.present)
+    mine = tf.range(shard, tf.shape(lengths)[0], num_shards)
+    return tuple(_with_eos(tf.gather(tf.RaggedTensor.from_row_lengths(x, lengths[:, i]),
+                                     mine)) for i, x in enumerate((src, tgt)))
 
   def chunks(src, tgt):
     starts = tf.range(0, src.nrows(), _CHUNK_ROWS)
@@ -149,8 +168,7 @@ def _examples(split: cache.TokenizedSplit, input_context=None) -> tf.data.Datase
         "inputs": src[i:i + _CHUNK_ROWS].to_tensor(PAD_ID),
         "targets": tgt[i:i + _CHUNK_ROWS].to_tensor(PAD_ID)})
 
-  ds = split.dataset().enumerate().map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
-  return ds.flat_map(chunks).unbatch()
+  return _loaded(load, chunks).unbatch()
 
 
 def _row_lengths(ids: tf.Tensor) -> tf.Tensor:
@@ -185,14 +203,6 @@ def _bucket(ds: tf.data.Dataset, lengths: List[int], batch_size: int, static: bo
                 num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def _pad(ids: np.ndarray, lengths: np.ndarray, width: int) -> np.ndarray:
-  """Flat ids of rows of `lengths` -> int32 [rows, width]: ids, EOS, then PAD."""
-  rows = np.zeros([len(lengths), width], np.int32)
-  rows[np.arange(width)[None, :] < lengths[:, None]] = ids  # row-major: row by row
-  rows[np.arange(len(lengths)), lengths] = EOS_ID
-  return rows
-
-
 def _check_budget(config: DataConfig):
   if config.batch_size < config.max_length:
     raise ValueError(f"batch_size={config.batch_size} tokens cannot hold one pair of "
@@ -204,9 +214,12 @@ class TrainData:
   """The training split as the trainer reads it: batches of any step, at once.
 
   The pairs of every step come from a `plan.BatchPlan` (seeded, whole-corpus shuffle,
-  one bucket per step) and are read by index, so starting at any step costs the same.
-  Plans are shared by all datasets of one TrainData (per-bucket datasets of every
-  input pipeline read the same plan).
+  one bucket per step, rare buckets merged into wider ones) and are read by position,
+  so starting at any step costs the same. The dataset is a TensorFlow graph only: its
+  first op reads this pipeline's share of the ids (of the buckets it serves) from the
+  cache files (or constants, for synthetic data) into memory, once per iterator; each
+  batch is then gathered from them by `plan` ops. Plans (small host-side tables) are
+  shared by all datasets of one TrainData.
 
   Args:
     config: data configuration; batch_size is the per-replica token budget.
@@ -224,7 +237,8 @@ class TrainData:
     self._lock = threading.Lock()
 
   def plan(self, group: int, steps_per_run: int = 1) -> plan.BatchPlan:
-    """The plan for `group` batches per step (replicas in sync x micro-batches)."""
+    """The plan for `group` batches per step (input pipelines x replicas per pipeline
+    x micro-batches)."""
     with self._lock:
       key = (group, steps_per_run)
       if key not in self._plans:
@@ -250,11 +264,13 @@ class TrainData:
         (it is already per replica).
       start_step: the first global step to produce batches for (resume).
       accum_steps: micro-batches per replica per step (default config.accum_steps).
-      bucket: only the steps that use this bucket (static shapes): then every batch
-        has the fully static shape `bucket_shape(bucket)`, so a compiled step (and a
-        TPU loop) sees one shape, known when it is traced.
+      bucket: only the steps that use this bucket (static shapes; a pool's bucket,
+        `plan.bucket_of_step`): then every batch has the fully static shape
+        `bucket_shape(bucket)`, so a compiled step (and a TPU loop) sees one shape,
+        known when it is traced, and the dataset holds only that pool's pairs.
       steps_per_run: the plan's `run` (see plan.BatchPlan).
-      repeat: False gives one epoch (each kept pair at least once; see plan.py).
+      repeat: False gives the rest of start_step's epoch (from step 0: each kept pair
+        at least once; see plan.py).
 
     Returns:
       Dataset of {"inputs": [B, S], "targets": [B, T]} int32: per step, one batch per
@@ -269,45 +285,61 @@ class TrainData:
       replicas = max(input_context.num_replicas_in_sync // pipelines, 1)
     per_step = replicas * accum_steps  # batches this pipeline yields per step
     batch_plan = self.plan(per_step * pipelines, steps_per_run)
-    static, lengths, split = self.static_shapes, self.lengths, self.split
-    if bucket is not None and not static:
+    if bucket is not None and not self.static_shapes:
       raise ValueError("per-bucket datasets need static_shapes")
-
-    def read(element):
-      k, slot = divmod(int(element), per_step)
-      step = k if bucket is None else batch_plan.bucket_step(bucket, k)
-      unit_bucket, pairs = batch_plan.unit(step)
-      src, tgt, counts = split.gather(pairs[pipeline_id * per_step + slot])
-      if static:
-        widths = (lengths[unit_bucket],) * 2
-      else:
-        widths = counts.max(axis=0) + 1
-      return (_pad(src, counts[:, 0], widths[0]), _pad(tgt, counts[:, 1], widths[1]))
-
+    pools = (range(len(batch_plan.pool_bucket)) if bucket is None
+             else [batch_plan.pool_of_bucket(bucket)])
+    shares = [batch_plan.share(p, pipelines, pipeline_id) for p in pools]
+    if min(shares) == 0:
+      raise sources.DataError(
+          f"{batch_plan.pool_pairs[pools[shares.index(0)]]} training pairs cannot feed "
+          f"{pipelines} input pipelines; use more training data.")
+    load = batch_plan.share_loader(self.split, pools, pipelines, pipeline_id)
+    # Where each pool's share starts in what `load` holds.
+    starts = np.zeros([len(batch_plan.pool_bucket)], np.int64)
+    starts[list(pools)] = np.cumsum(shares) - shares
+    first_epoch, first_unit = divmod(start_step, batch_plan.units_per_epoch)
+    last_epoch = first_epoch + 1 if not repeat else np.iinfo(np.int64).max
+    only = -1 if bucket is None else pools[0]
+    static, widths = self.static_shapes, tf.constant(self.lengths, tf.int64)
     shape = self.bucket_shape(bucket) if bucket is not None else [None, None]
 
-    def batch(element):
-      inputs, targets = tf.numpy_function(read, [element], [tf.int32, tf.int32],
-                                          stateful=False)
-      inputs.set_shape(shape)
-      targets.set_shape(shape)
-      return {"inputs": inputs, "targets": targets}
+    def units(epoch):  # this epoch's (epoch, pool, k) from start_step on
+      pool, k, _ = batch_plan.epoch_order(epoch)
+      take = tf.range(tf.size(pool, tf.int64)) >= tf.where(
+          epoch == first_epoch, tf.constant(first_unit, tf.int64), 0)
+      if only >= 0:
+        take &= tf.equal(pool, only)
+      pool, k = tf.boolean_mask(pool, take), tf.boolean_mask(k, take)
+      return tf.data.Dataset.from_tensor_slices((tf.fill(tf.shape(pool), epoch), pool, k))
 
-    if bucket is None:
-      first = start_step
-      steps = batch_plan.units_per_epoch
-    else:
-      first = batch_plan.bucket_steps_before(bucket, start_step)
-      steps = int(batch_plan.units_per_bucket[bucket])
-    end = (steps if not repeat else np.iinfo(np.int64).max // per_step) * per_step
-    ds = tf.data.Dataset.range(first * per_step, end)
-    if bucket is None:
-      ds = ds.map(batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-      return ds.prefetch(tf.data.AUTOTUNE)
-    # One of many per-bucket datasets: read ahead one step's batches, not dozens (a
-    # rare bucket's next steps may lie epochs ahead; see plan.EPOCHS_KEPT).
-    ds = ds.map(batch, num_parallel_calls=per_step, deterministic=True)
-    return ds.prefetch(per_step)
+    def slots(epoch, pool, k):  # the unit's batches this pipeline makes
+      return tf.data.Dataset.from_tensor_slices(
+          (tf.fill([per_step], epoch), tf.fill([per_step], pool), tf.fill([per_step], k),
+           tf.range(per_step, dtype=tf.int64)))
+
+    def batches(src, tgt):
+      def batch(epoch, pool, k, slot):
+        rows = tf.gather(starts, pool) + batch_plan.positions(
+            epoch, pool, k, slot, per_step, pipelines, pipeline_id)
+        out = {}
+        for key, ids in (("inputs", src), ("targets", tgt)):
+          padded = _with_eos(tf.gather(ids, rows))
+          if static:
+            width = tf.gather(widths, tf.gather(batch_plan.pool_bucket, pool))
+            out[key] = padded.to_tensor(PAD_ID, shape=tf.stack([tf.size(rows, tf.int64), width]))
+          else:
+            out[key] = padded.to_tensor(PAD_ID)
+          out[key] = tf.ensure_shape(out[key], shape)
+        return out
+
+      ds = tf.data.Dataset.range(first_epoch, last_epoch).flat_map(units).flat_map(slots)
+      # One of many per-bucket datasets reads ahead one step's batches, not dozens.
+      parallel = tf.data.AUTOTUNE if bucket is None else per_step
+      return ds.map(batch, num_parallel_calls=parallel, deterministic=True)
+
+    ds = _loaded(load, batches)
+    return ds.prefetch(tf.data.AUTOTUNE if bucket is None else per_step)
 
 
 def train_dataset(config: DataConfig, tokenizer=None,

@@ -1,53 +1,84 @@
-"""The batch plan: which pairs make up each training step, derived from (seed, step).
+"""The batch plan: which pairs make up each training step, as TensorFlow ops of
+(seed, epoch, position).
 
-Why a plan on the host instead of a tf.data shuffle-and-bucket chain:
-- Resume in constant time. A restart at step s computes the epoch of s (one
-  permutation of the corpus, about a second for millions of pairs) and reads the
-  pairs of step s directly (`cache.TokenizedSplit.gather`). Replaying a stateful
-  pipeline to step s took time proportional to s (14 minutes at 100k batches).
+Why a plan instead of a tf.data shuffle-and-bucket chain:
+- Resume in constant time. A restart at step s finds the epoch of s by division and
+  computes the pairs of step s directly; replaying a stateful pipeline to step s took
+  time proportional to s (14 minutes at 100k batches).
 - One bucket per global step. Each step (unit) is `group` batches of one bucket, where
-  group = replicas in sync x accumulated micro-batches: every replica, on every
-  worker, and every micro-batch of a step gets the same shape, which TPUs need (XLA
-  compiles per shape). Every worker computes the same plan from the seed and takes
-  its own batches of each unit, so no coordination is needed and the pairs of an
-  epoch are partitioned across workers.
+  group = input pipelines x replicas per pipeline x accumulated micro-batches: every
+  replica, on every host, and every micro-batch of a step gets the same shape, which
+  TPUs need (XLA compiles per shape). Every host computes the same unit order from the
+  seed and no coordination is needed.
 - The whole corpus is shuffled, not a window of it: a corpus made by concatenating
   domains (Europarl, Common Crawl, News Commentary) is mixed from the first step.
+- No Python in the dataset graph. Everything per step is a TensorFlow op
+  (`tf.random.experimental.index_shuffle`, a stateless permutation evaluated at any
+  position without materializing it; stateless seeds folded from (seed, epoch, ...)),
+  so a Cloud TPU host or a tf.data service worker runs the input without the client.
+  The host side computes only small tables at construction (counts per bucket).
 
-An epoch: the kept pairs (no empty side, at most max_length ids with EOS) are put in a
-random order (seed, epoch), stably grouped by bucket, and each bucket is cut into
-units of `group` batches of `rows` pairs (batch_size // bucket length, as in t2t).
-A bucket's last unit is completed with pairs from the start of the same bucket, so
-every kept pair is trained on at least once per epoch and at most a unit's worth
-of pairs per bucket is seen twice (no pair is ever dropped, however small the corpus).
-Then the units are shuffled, in runs of up to `run` consecutive units of one bucket (run
-> 1 with static shapes and several steps per compiled call: one loop, one shape; a
-bucket's last run may be shorter, and the trainer's call then runs fewer steps). The
-number of units per epoch depends only on the bucket
-counts, so step s lies in epoch s // units_per_epoch.
+Pools. The kept pairs (no empty side, at most max_length ids with EOS) are counted per
+bucket. A bucket too rare to fill one unit (`group` batches of its rows = batch_size //
+its length, as in t2t) is merged into the next wider bucket: its pairs are padded to the
+wider length rather than repeated to fill a unit (a run of rare long pairs is not
+trained on several times an epoch). If the widest pool is still too small, the one
+below joins it. A pool is named by its widest bucket.
+
+Hosts. Input pipeline h of P holds only its share of each pool: the pool's pairs in
+(length, corpus) order, every P-th from the h-th (a balanced interleave, so each share
+mixes all domains); `pipeline.TrainData` reads just those ids. Its batches of a unit
+come from a permutation of its share, seeded by (seed, epoch, pool, h): an epoch of a
+pool has ceil(pairs / (group x rows)) units, enough for every host's share, and a
+host's last unit is completed with pairs from the start of its permutation (fewer than
+one unit's worth per pool). So every kept pair is trained on once per epoch, and at
+most `group x rows` pairs per pool twice. The pairs of a step depend on the number of
+input pipelines (which share holds them), not on how a pipeline's batches are split
+among its replicas and micro-batches: 2 replicas train on the batches 1 replica
+accumulates in 2 micro-batches.
+
+Order. The units are shuffled, in runs of up to `run` consecutive units of one pool
+(run > 1 with static shapes and several steps per compiled call: one loop, one shape;
+a pool's last run may be shorter, and the trainer's call then runs fewer steps). The
+number of units per epoch depends only on the counts, so step s lies in epoch
+s // units_per_epoch, and its unit is found from one permutation of the epoch's runs
+(thousands of elements, computed once per epoch by the dataset).
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
+import functools
 import threading
-from typing import List, Tuple
+from typing import Callable, List, Sequence, Tuple
 
 import numpy as np
+import tensorflow as tf
+
+EPOCHS_KEPT = 8  # epochs of the unit order the host keeps (bucket_of_step)
 
 
-EPOCHS_KEPT = 8  # epochs of the plan kept in memory (BatchPlan.epoch)
+def _seed(seed: int, *keys) -> tf.Tensor:
+  """A stateless seed [2] for (seed, *keys): each key folded in."""
+  out = tf.constant([seed, 0], tf.int64)
+  for key in keys:
+    out = tf.cast(tf.random.experimental.stateless_fold_in(out, tf.cast(key, tf.int64)),
+                  tf.int64)
+  return out
 
 
-@dataclasses.dataclass(frozen=True)
-class Epoch:
-  """One epoch's units: unit u is `pairs[offsets[u]:offsets[u + 1]]`, `bucket[u]`."""
-
-  pairs: np.ndarray  # pair indices, unit after unit
-  offsets: np.ndarray  # [units + 1]
-  bucket: np.ndarray  # [units]
-  run_end: np.ndarray  # [units]: the unit after the last one of each unit's run
+def _pools(counts: np.ndarray, unit: np.ndarray) -> List[List[int]]:
+  """[widest bucket, pairs] of each pool: rare buckets merged upwards (see above)."""
+  nonempty = np.flatnonzero(counts)
+  pools, carry = [], 0
+  for b in range(int(nonempty[-1]) + 1 if len(nonempty) else 0):
+    carry += int(counts[b])
+    if carry and (carry >= unit[b] or b == nonempty[-1]):
+      pools.append([b, carry])
+      carry = 0
+  while len(pools) > 1 and pools[-1][1] < unit[pools[-1][0]]:
+    pools[-1][1] += pools.pop(-2)[1]
+  return pools
 
 
 class BatchPlan:
@@ -58,139 +89,176 @@ class BatchPlan:
     boundaries: the buckets' padded lengths (`pipeline.bucket_boundaries`), the last
       one max_length.
     batch_size: tokens per batch (per replica).
-    group: batches per step, all replicas and micro-batches together.
-    seed: the run's seed; the same seed gives the same plan on every worker.
-    run: consecutive steps that share a bucket (the steps of one compiled call with
+    group: batches per step, all input pipelines, replicas and micro-batches together.
+    seed: the run's seed; the same seed gives the same plan on every host.
+    run: consecutive steps that share a pool (the steps of one compiled call with
       --steps_per_loop, so that a TPU loop runs on one shape); see `steps_left_in_run`.
   """
 
-  def __init__(self, lengths: np.ndarray, boundaries: List[int], batch_size: int,
+  def __init__(self, lengths: np.ndarray, boundaries: Sequence[int], batch_size: int,
                group: int, seed: int, run: int = 1):
     lengths = np.asarray(lengths).reshape([-1, 2])
-    padded = lengths.max(axis=1) + 1  # with EOS, the longer side
-    keep = (lengths.min(axis=1) > 0) & (padded <= boundaries[-1])
-    # The kept pairs; int32 while it fits (an epoch's plan is 4 bytes a pair).
-    self.indices = np.flatnonzero(keep).astype(
-        np.int32 if len(lengths) < 2**31 else np.int64)
-    self.bucket_of = np.searchsorted(np.asarray(boundaries), padded[keep]).astype(
-        np.int16)  # bucket i holds lengths <= boundaries[i]
+    padded = lengths.max(axis=1) + 1 if len(lengths) else np.zeros([0], np.int64)
+    keep = (lengths.min(axis=1) > 0) & (padded <= boundaries[-1]) if len(lengths) else (
+        padded > 0)
+    self.boundaries = list(boundaries)
     self.rows = [max(1, batch_size // length) for length in boundaries]
-    self.group = group
-    self.seed = seed
-    counts = np.bincount(self.bucket_of, minlength=len(boundaries))
-    per_unit = np.asarray(self.rows) * group
-    self.counts = counts
-    self.run = run
-    self.units_per_bucket = -(-counts // per_unit)
-    self.units_per_epoch = int(self.units_per_bucket.sum())
-    if self.units_per_epoch == 0:
+    self.group, self.seed, self.run = group, seed, run
+    self.counts = np.bincount(np.searchsorted(self.boundaries, padded[keep]),
+                              minlength=len(boundaries))  # kept pairs per bucket
+    pools = _pools(self.counts, np.asarray(self.rows) * group)
+    if not pools:
       raise ValueError("no training pair fits a bucket: every pair is empty or longer "
                        f"than max_length={boundaries[-1]}")
+    self.pool_bucket = [b for b, _ in pools]  # pool -> its (widest) bucket
+    self.pool_pairs = [n for _, n in pools]
+    self.units_per_pool = [-(-n // (group * self.rows[b])) for b, n in pools]
+    self.units_per_epoch = int(sum(self.units_per_pool))
+    # Runs: up to `run` consecutive units of one pool, shuffled as wholes.
+    runs = [(p, k, min(run, units - k)) for p, units in enumerate(self.units_per_pool)
+            for k in range(0, units, run)]
+    self._runs = np.asarray(runs, np.int64).reshape([-1, 3])
+    self._lengths = lengths  # the caller's array (a view, not a copy)
     self._lock = threading.Lock()
-    self._epochs = collections.OrderedDict()  # the epochs used last (LRU)
-    self._making = {}  # epoch number -> lock held by the thread computing it
-    self._positions = {}  # (epoch, bucket) -> the epoch's steps of that bucket
+    self._epochs = collections.OrderedDict()  # epoch -> (pool, k, run_end) numpy
 
-  def epoch(self, number: int) -> Epoch:
-    """The units of epoch `number`.
+  def pool_of_bucket(self, bucket: int) -> int:
+    if bucket not in self.pool_bucket:
+      raise ValueError(f"bucket {bucket} is no pool of this plan ({self.pool_bucket})")
+    return self.pool_bucket.index(bucket)
 
-    The EPOCHS_KEPT epochs used last are kept: per-bucket datasets read ahead by
-    different amounts, so a rare bucket's next steps may lie several epochs ahead of
-    the others'. An epoch is computed outside the shared lock (map threads that need
-    another epoch do not wait), once: threads that need the same epoch wait for the
-    one computing it.
+  def pool_lengths(self, pool: int) -> Tuple[int, int]:
+    """(shortest, longest] padded lengths of a pool's pairs."""
+    below = self.pool_bucket[pool - 1] if pool else -1
+    return (self.boundaries[below] if below >= 0 else 0,
+            self.boundaries[self.pool_bucket[pool]])
+
+  def share(self, pool: int, pipelines: int, pipeline_id: int) -> int:
+    """Pairs of `pool` held by input pipeline `pipeline_id` of `pipelines`."""
+    return len(range(pipeline_id, self.pool_pairs[pool], pipelines))
+
+  # Graph side: TensorFlow ops, used by the dataset and (eagerly) by the host.
+
+  def epoch_order(self, epoch) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """The units of `epoch` in training order: (pool, k, run_end), int64 [units]:
+    position u trains the k-th unit of `pool`; its run ends before run_end[u]."""
+    runs = tf.constant(self._runs)
+    count = tf.shape(runs, out_type=tf.int64)[0]
+    order = tf.random.experimental.index_shuffle(
+        tf.range(count), _seed(self.seed, epoch, 0), count - 1)  # position -> run
+    sizes = tf.gather(runs[:, 2], order)
+    ends = tf.cumsum(sizes)
+    run_of_unit = tf.repeat(order, sizes)
+    offset = tf.range(tf.reduce_sum(sizes)) - tf.repeat(ends - sizes, sizes)
+    return (tf.gather(runs[:, 0], run_of_unit),
+            tf.gather(runs[:, 1], run_of_unit) + offset, tf.repeat(ends, sizes))
+
+  def positions(self, epoch, pool, k, slot, per_step: int, pipelines: int,
+                pipeline_id: int) -> tf.Tensor:
+    """Rows of batch `slot` (of `per_step` per pipeline) of the k-th unit of `pool`:
+    int64 [rows] positions in this pipeline's share of the pool."""
+    rows = tf.gather(tf.constant(self.rows, tf.int64), tf.gather(self.pool_bucket, pool))
+    shares = tf.constant([self.share(p, pipelines, pipeline_id)
+                          for p in range(len(self.pool_bucket))], tf.int64)
+    share = tf.gather(shares, pool)
+    first = (tf.cast(k, tf.int64) * per_step + tf.cast(slot, tf.int64)) * rows
+    wrapped = (first + tf.range(rows)) % share  # a share's last unit: from its start
+    return tf.random.experimental.index_shuffle(
+        wrapped, _seed(self.seed, epoch, pool + 1, pipeline_id), share - 1)
+
+  def share_loader(self, split, pools: Sequence[int], pipelines: int,
+                   pipeline_id: int) -> Callable[[], Tuple[tf.RaggedTensor, ...]]:
+    """TF ops holding input pipeline `pipeline_id`'s share of `pools` (see Hosts):
+    (source, target) ragged ids [pairs, None], pool after pool, in the order
+    `positions` indexes; they read only the files of the pools' lengths.
+
+    Args:
+      split: a `cache.TokenizedSplit` (its `read` ops and `present` lengths).
+      pools: ascending pool indices.
+      pipelines: input pipelines in all.
+      pipeline_id: this one.
     """
+    kept_per_length = self._kept_per_length
+    files, offsets = [], []  # offsets: ranks of each file's first kept pair in its pool
+    for p in pools:
+      lo, hi = self.pool_lengths(p)
+      present = [n for n in split.present if lo < n <= hi]
+      files += present
+      offsets += (np.cumsum(kept_per_length[present]) - kept_per_length[present]).tolist()
+    path = split.path
+
+    def load():
+      # File after file (control dependencies): the peak holds one file, not all.
+      parts, previous = [], []
+      for n, offset in zip(files, offsets):
+        with tf.control_dependencies(previous):
+          src, tgt, counts = split.read([n])
+        kept = tf.where(tf.reduce_min(counts, axis=1) > 0)[:, 0]
+        check = tf.debugging.assert_equal(
+            tf.size(kept, tf.int64), tf.constant(kept_per_length[n], tf.int64),
+            message=f"the cache files of {path} for length {n} disagree with its "
+            "lengths.npy: delete that directory and rerun to tokenize again")
+        with tf.control_dependencies([check]):
+          rank = offset + tf.range(tf.size(kept, tf.int64))
+        mine = tf.boolean_mask(kept, tf.equal(rank % pipelines, pipeline_id))
+        parts.append([tf.gather(tf.RaggedTensor.from_row_lengths(x, counts[:, i]), mine)
+                      for i, x in enumerate((src, tgt))])
+        previous = [parts[-1][1].flat_values]
+      return tuple(tf.concat([part[i] for part in parts], axis=0) for i in range(2))
+
+    return load
+
+  # Host side.
+
+  @functools.cached_property
+  def _kept_per_length(self) -> np.ndarray:
+    """Pairs with no empty side, per padded length (up to max_length)."""
+    lengths = self._lengths
+    return np.bincount(lengths.max(axis=1)[lengths.min(axis=1) > 0] + 1,
+                       minlength=self.boundaries[-1] + 1)
+
+  @functools.cached_property
+  def _kept_order(self) -> np.ndarray:
+    """The kept pairs in the order the input reads them: by padded length, then
+    corpus order (for `unit`)."""
+    padded = self._lengths.max(axis=1) + 1
+    kept = np.flatnonzero((self._lengths.min(axis=1) > 0) & (padded <= self.boundaries[-1]))
+    return kept[np.argsort(padded[kept], kind="stable")]
+
+  def _epoch(self, number: int) -> Tuple[np.ndarray, ...]:
     with self._lock:
       if number in self._epochs:
         self._epochs.move_to_end(number)
         return self._epochs[number]
-      making = self._making.setdefault(number, threading.Lock())
-    with making:
-      with self._lock:
-        if number in self._epochs:  # made by another thread while this one waited
-          self._epochs.move_to_end(number)
-          return self._epochs[number]
-      epoch = self._make_epoch(number)
-      with self._lock:
-        self._epochs[number] = epoch
-        self._making.pop(number, None)
-        while len(self._epochs) > EPOCHS_KEPT:
-          old, _ = self._epochs.popitem(last=False)
-          self._positions = {k: v for k, v in self._positions.items() if k[0] != old}
-        return epoch
+    with tf.device("/cpu:0"):
+      epoch = tuple(t.numpy() for t in self.epoch_order(tf.constant(number, tf.int64)))
+    with self._lock:
+      self._epochs[number] = epoch
+      while len(self._epochs) > EPOCHS_KEPT:
+        self._epochs.popitem(last=False)
+    return epoch
+
+  def bucket_of_step(self, step: int) -> int:
+    """The bucket (of the pool) every batch of global step `step` is padded to."""
+    number, u = divmod(step, self.units_per_epoch)
+    return self.pool_bucket[int(self._epoch(number)[0][u])]
 
   def steps_left_in_run(self, step: int) -> int:
     """Steps from `step` on (itself included) that are sure to share its bucket."""
     number, u = divmod(step, self.units_per_epoch)
-    return int(self.epoch(number).run_end[u]) - u
+    return int(self._epoch(number)[2][u]) - u
 
-  def bucket_of_step(self, step: int) -> int:
+  def unit(self, step: int, pipelines: int = 1) -> Tuple[int, np.ndarray]:
+    """(bucket, corpus pair indices [group, rows]) of global step `step`, the batches
+    of pipeline 0, then 1, ...: what the input reads, for tests and tools."""
     number, u = divmod(step, self.units_per_epoch)
-    return int(self.epoch(number).bucket[u])
-
-  def _bucket_positions(self, number: int, bucket: int) -> np.ndarray:
-    epoch = self.epoch(number)
-    with self._lock:
-      key = (number, bucket)
-      if key not in self._positions:
-        self._positions[key] = np.flatnonzero(epoch.bucket == bucket)
-      return self._positions[key]
-
-  def bucket_steps_before(self, bucket: int, step: int) -> int:
-    """How many steps before `step` (since step 0) use `bucket`."""
-    number, u = divmod(step, self.units_per_epoch)
-    positions = self._bucket_positions(number, bucket)
-    return number * int(self.units_per_bucket[bucket]) + int(
-        np.searchsorted(positions, u))
-
-  def bucket_step(self, bucket: int, k: int) -> int:
-    """The global step of the k-th step (from 0) that uses `bucket`."""
-    number, i = divmod(k, int(self.units_per_bucket[bucket]))
-    return number * self.units_per_epoch + int(self._bucket_positions(number, bucket)[i])
-
-  def _make_epoch(self, number: int) -> Epoch:
-    rng = np.random.default_rng([self.seed, number])
-    shuffled = rng.permutation(len(self.indices))
-    by_bucket = shuffled[np.argsort(self.bucket_of[shuffled], kind="stable")]
-    pairs, sizes, buckets = [], [], []
-    start = 0
-    for b, count in enumerate(self.counts):
-      mine = by_bucket[start:start + count]
-      start += count
-      units = int(self.units_per_bucket[b])
-      if units:
-        unit_size = self.rows[b] * self.group
-        pairs.append(np.resize(mine, units * unit_size))  # repeats from its start
-        sizes += [unit_size] * units
-        buckets += [b] * units
-    # Runs: up to `run` consecutive units of one bucket, shuffled as wholes.
-    run_first, run_size, unit = [], [], 0
-    for units in self.units_per_bucket.tolist():
-      for start in range(0, units, self.run):
-        run_first.append(unit + start)
-        run_size.append(min(self.run, units - start))
-      unit += units
-    run_first, run_size = np.asarray(run_first, np.int64), np.asarray(run_size, np.int64)
-    shuffled_runs = rng.permutation(len(run_first))
-    starts, lengths = run_first[shuffled_runs], run_size[shuffled_runs]
-    order = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(
-        int(lengths.sum()))
-    run_end = np.repeat(np.cumsum(lengths), lengths)
-    unit_pairs = np.concatenate(pairs) if pairs else np.zeros([0], np.int64)
-    offsets = np.concatenate([[0], np.cumsum(sizes)])
-    # Shuffle whole units: reorder the (start, size) segments.
-    starts = offsets[:-1][order]
-    sizes = np.asarray(sizes)[order]
-    index = np.repeat(starts - (np.cumsum(sizes) - sizes), sizes) + np.arange(
-        int(sizes.sum()))
-    return Epoch(pairs=self.indices[unit_pairs[index]].astype(self.indices.dtype),
-                 offsets=np.concatenate([[0], np.cumsum(sizes)]),
-                 bucket=np.asarray(buckets)[order], run_end=run_end)
-
-  def unit(self, step: int) -> Tuple[int, np.ndarray]:
-    """(bucket, pair indices [group, rows]) of global step `step`."""
-    number, u = divmod(step, self.units_per_epoch)
-    epoch = self.epoch(number)
-    bucket = int(epoch.bucket[u])
-    pairs = epoch.pairs[epoch.offsets[u]:epoch.offsets[u + 1]]
-    return bucket, pairs.reshape([self.group, self.rows[bucket]])
+    pools, ks, _ = self._epoch(number)
+    pool, k = int(pools[u]), int(ks[u])
+    start = sum(self.pool_pairs[:pool])
+    per_step = self.group // pipelines
+    batches = []
+    for h in range(pipelines):
+      for slot in range(per_step):
+        x = self.positions(number, pool, k, slot, per_step, pipelines, h).numpy()
+        batches.append(self._kept_order[start + h + pipelines * x])
+    return self.pool_bucket[pool], np.stack(batches)
