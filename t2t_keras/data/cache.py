@@ -91,7 +91,7 @@ def validated_files(config: DataConfig, split: str) -> Optional[dict]:
 
 
 def _write_json_atomic(path: str, obj):
-  tmp = f"{path}.tmp{os.getpid()}"
+  tmp = f"{path}.tmp-{uuid.uuid4().hex[:12]}"  # pids repeat across containers
   with tf.io.gfile.GFile(tmp, "w") as f:
     json.dump(obj, f)
   tf.io.gfile.rename(tmp, path, overwrite=True)
