@@ -25,17 +25,18 @@ wider length rather than repeated to fill a unit (a run of rare long pairs is no
 trained on several times an epoch). If the widest pool is still too small, the one
 below joins it. A pool is named by its widest bucket.
 
-Hosts. Input pipeline h of P holds only its share of each pool: the pool's pairs in
-(length, corpus) order, every P-th from the h-th (a balanced interleave, so each share
-mixes all domains); `pipeline.TrainData` reads just those ids. Its batches of a unit
-come from a permutation of its share, seeded by (seed, epoch, pool, h): an epoch of a
-pool has ceil(pairs / (group x rows)) units, enough for every host's share, and a
-host's last unit is completed with pairs from the start of its permutation (fewer than
-one unit's worth per pool). So every kept pair is trained on once per epoch, and at
-most `group x rows` pairs per pool twice. The pairs of a step depend on the number of
-input pipelines (which share holds them), not on how a pipeline's batches are split
-among its replicas and micro-batches: 2 replicas train on the batches 1 replica
-accumulates in 2 micro-batches.
+Shares and hosts. A pool's pairs, in (length, corpus) order, are dealt into `group`
+shares (ranks g, g + group, ...: a balanced interleave, so each share mixes all
+domains), one per batch slot of a step: the batch in slot g of every unit comes from a
+permutation of share g, seeded by (seed, epoch, pool, g). An epoch of a pool has
+ceil(pairs / (group x rows)) units, enough for every share, and a share's last unit is
+completed with pairs from the start of its permutation (fewer than one unit's worth
+per pool). So every kept pair is trained on once per epoch, and at most `group x rows`
+pairs per pool twice. Input pipeline h of P feeds slots h x group / P onwards and holds
+only those shares (`pipeline.TrainData` reads just those ids): a host holds 1 / P of
+the corpus, and the pairs of a step do not depend on P, nor on how a pipeline's
+batches are split among its replicas and micro-batches: 2 workers train on the batches
+of one process with 2 replicas, and of 1 replica accumulating 2 micro-batches.
 
 Order. The units are shuffled, in runs of up to `run` consecutive units of one pool
 (run > 1 with static shapes and several steps per compiled call: one loop, one shape;
@@ -133,9 +134,24 @@ class BatchPlan:
     return (self.boundaries[below] if below >= 0 else 0,
             self.boundaries[self.pool_bucket[pool]])
 
+  def tiny(self, pool: int) -> bool:
+    """A pool of fewer pairs than `group` (only a corpus smaller than one step makes
+    one): every share is the whole pool, and every pipeline holds it."""
+    return self.pool_pairs[pool] < self.group
+
+  def share_size(self, pool: int, share: int) -> int:
+    """Pairs of `pool` in share `share` (of `group`): ranks share, share + group, ..."""
+    if self.tiny(pool):
+      return self.pool_pairs[pool]
+    return len(range(share, self.pool_pairs[pool], self.group))
+
   def share(self, pool: int, pipelines: int, pipeline_id: int) -> int:
-    """Pairs of `pool` held by input pipeline `pipeline_id` of `pipelines`."""
-    return len(range(pipeline_id, self.pool_pairs[pool], pipelines))
+    """Pairs of `pool` held by input pipeline `pipeline_id` of `pipelines`: the shares
+    of its batch slots."""
+    if self.tiny(pool):
+      return self.pool_pairs[pool]
+    per_step = self.group // pipelines
+    return sum(self.share_size(pool, pipeline_id * per_step + j) for j in range(per_step))
 
   # Graph side: TensorFlow ops, used by the dataset and (eagerly) by the host.
 
@@ -153,18 +169,33 @@ class BatchPlan:
     return (tf.gather(runs[:, 0], run_of_unit),
             tf.gather(runs[:, 1], run_of_unit) + offset, tf.repeat(ends, sizes))
 
+  def share_positions(self, epoch, pool, k, share) -> tf.Tensor:
+    """Rows of the k-th unit of `pool` in share `share` (its batch slot of the step):
+    int64 [rows] positions x in the share (the pool's pairs of rank share + group x)."""
+    rows = tf.gather(tf.constant(self.rows, tf.int64), tf.gather(self.pool_bucket, pool))
+    sizes = tf.constant([[self.share_size(p, v) for v in range(self.group)]
+                         for p in range(len(self.pool_bucket))], tf.int64)
+    size = tf.gather(tf.gather(sizes, pool), share)
+    first = tf.cast(k, tf.int64) * rows
+    wrapped = (first + tf.range(rows)) % size  # a share's last unit: from its start
+    return tf.random.experimental.index_shuffle(
+        wrapped, _seed(self.seed, epoch, pool + 1, share), size - 1)
+
   def positions(self, epoch, pool, k, slot, per_step: int, pipelines: int,
                 pipeline_id: int) -> tf.Tensor:
     """Rows of batch `slot` (of `per_step` per pipeline) of the k-th unit of `pool`:
-    int64 [rows] positions in this pipeline's share of the pool."""
-    rows = tf.gather(tf.constant(self.rows, tf.int64), tf.gather(self.pool_bucket, pool))
-    shares = tf.constant([self.share(p, pipelines, pipeline_id)
-                          for p in range(len(self.pool_bucket))], tf.int64)
-    share = tf.gather(shares, pool)
-    first = (tf.cast(k, tf.int64) * per_step + tf.cast(slot, tf.int64)) * rows
-    wrapped = (first + tf.range(rows)) % share  # a share's last unit: from its start
-    return tf.random.experimental.index_shuffle(
-        wrapped, _seed(self.seed, epoch, pool + 1, pipeline_id), share - 1)
+    int64 [rows] positions in what this pipeline holds of the pool (`share_loader`).
+
+    The batch of global slot g = pipeline_id x per_step + slot comes from share g
+    whatever the number of pipelines: the pipeline holds, in rank order, the pairs whose
+    rank r has (r mod group) // per_step == pipeline_id, so share g's x-th pair (rank
+    g + group x) is its (x per_step + slot)-th.
+    """
+    del pipelines
+    share = pipeline_id * per_step + tf.cast(slot, tf.int64)
+    x = self.share_positions(epoch, pool, k, share)
+    tiny = tf.gather([self.tiny(p) for p in range(len(self.pool_bucket))], pool)
+    return tf.where(tiny, x, x * per_step + tf.cast(slot, tf.int64))
 
   def share_loader(self, split, pools: Sequence[int], pipelines: int,
                    pipeline_id: int) -> Callable[[], Tuple[tf.RaggedTensor, ...]]:
@@ -179,18 +210,19 @@ class BatchPlan:
       pipeline_id: this one.
     """
     kept_per_length = self._kept_per_length
-    files, offsets = [], []  # offsets: ranks of each file's first kept pair in its pool
+    files, offsets, whole = [], [], []  # offsets: ranks of each file's first kept pair
     for p in pools:
       lo, hi = self.pool_lengths(p)
       present = [n for n in split.present if lo < n <= hi]
       files += present
       offsets += (np.cumsum(kept_per_length[present]) - kept_per_length[present]).tolist()
+      whole += [self.tiny(p)] * len(present)  # held by every pipeline
     path = split.path
 
     def load():
       # File after file (control dependencies): the peak holds one file, not all.
       parts, previous = [], []
-      for n, offset in zip(files, offsets):
+      for n, offset, everything in zip(files, offsets, whole):
         with tf.control_dependencies(previous):
           src, tgt, counts = split.read([n])
         kept = tf.where(tf.reduce_min(counts, axis=1) > 0)[:, 0]
@@ -200,7 +232,9 @@ class BatchPlan:
             "lengths.npy: delete that directory and rerun to tokenize again")
         with tf.control_dependencies([check]):
           rank = offset + tf.range(tf.size(kept, tf.int64))
-        mine = tf.boolean_mask(kept, tf.equal(rank % pipelines, pipeline_id))
+        per_step = self.group // pipelines
+        mine = tf.boolean_mask(kept, tf.equal(rank % self.group // per_step, pipeline_id)
+                               | everything)
         parts.append([tf.gather(tf.RaggedTensor.from_row_lengths(x, counts[:, i]), mine)
                       for i, x in enumerate((src, tgt))])
         previous = [parts[-1][1].flat_values]
@@ -249,16 +283,17 @@ class BatchPlan:
     return int(self._epoch(number)[2][u]) - u
 
   def unit(self, step: int, pipelines: int = 1) -> Tuple[int, np.ndarray]:
-    """(bucket, corpus pair indices [group, rows]) of global step `step`, the batches
-    of pipeline 0, then 1, ...: what the input reads, for tests and tools."""
+    """(bucket, corpus pair indices [group, rows]) of global step `step`, batch slot by
+    slot (pipeline 0's slots, then 1's, ...): what the input reads, for tests and tools;
+    the same for any number of `pipelines`."""
     number, u = divmod(step, self.units_per_epoch)
     pools, ks, _ = self._epoch(number)
     pool, k = int(pools[u]), int(ks[u])
     start = sum(self.pool_pairs[:pool])
-    per_step = self.group // pipelines
+    del pipelines  # the same batches for any number of pipelines
     batches = []
-    for h in range(pipelines):
-      for slot in range(per_step):
-        x = self.positions(number, pool, k, slot, per_step, pipelines, h).numpy()
-        batches.append(self._kept_order[start + h + pipelines * x])
+    for share in range(self.group):
+      x = self.share_positions(number, pool, k, share).numpy()
+      rank = x if self.tiny(pool) else share + self.group * x
+      batches.append(self._kept_order[start + rank])
     return self.pool_bucket[pool], np.stack(batches)
