@@ -339,6 +339,22 @@ def test_mixed_precision_trains_with_float32_variables(tmp_path, dtype):
 FP16 = dataclasses.replace(MODEL, dtype="mixed_float16")
 
 
+def overflow_step(trainer):
+  """A step applying gradients of 1e-3, except inf on `overflowing_replica` (-1: none);
+  returns the replicas whose gradients were not finite (`Trainer._apply`'s count)."""
+  @tf.function
+  def step(overflowing_replica):
+    def replica():
+      replica_id = tf.distribute.get_replica_context().replica_id_in_sync_group
+      grads = [tf.ones_like(v) * 1e-3 for v in trainer.model.trainable_variables]
+      inf = tf.fill(tf.shape(grads[0]), float("inf"))
+      grads[0] = tf.where(tf.equal(replica_id, overflowing_replica), inf, grads[0])
+      return trainer._apply(grads)
+    flags = trainer.strategy.run(replica)
+    return trainer.strategy.reduce(tf.distribute.ReduceOp.SUM, flags, axis=None)
+  return step
+
+
 def test_float16_overflow_on_one_replica_is_skipped_by_all(tmp_path):
   """Only replica 1 overflows: every replica skips the step, the scale halves, and the
   skipped step still counts (one counter for logs, checkpoints and resume)."""
@@ -349,15 +365,7 @@ def test_float16_overflow_on_one_replica_is_skipped_by_all(tmp_path):
   assert trainer.strategy.num_replicas_in_sync == 2
   scale = float(trainer.optimizer.dynamic_scale.numpy())
 
-  @tf.function
-  def step(overflowing_replica):
-    def replica():
-      replica_id = tf.distribute.get_replica_context().replica_id_in_sync_group
-      grads = [tf.ones_like(v) * 1e-3 for v in trainer.model.trainable_variables]
-      inf = tf.fill(tf.shape(grads[0]), float("inf"))
-      grads[0] = tf.where(tf.equal(replica_id, overflowing_replica), inf, grads[0])
-      trainer._apply(grads)
-    trainer.strategy.run(replica)
+  step = overflow_step(trainer)
 
   before = weights_of(trainer)
   step(tf.constant(1))
@@ -509,16 +517,7 @@ def test_float32_nonfinite_gradient_on_one_replica_is_skipped_by_all(tmp_path):
   trainer = Trainer(MODEL, config, distribute.create_strategy(config))
   assert trainer.strategy.num_replicas_in_sync == 2
 
-  @tf.function
-  def step(overflowing_replica):
-    def replica():
-      replica_id = tf.distribute.get_replica_context().replica_id_in_sync_group
-      grads = [tf.ones_like(v) * 1e-3 for v in trainer.model.trainable_variables]
-      inf = tf.fill(tf.shape(grads[0]), float("inf"))
-      grads[0] = tf.where(tf.equal(replica_id, overflowing_replica), inf, grads[0])
-      return trainer._apply(grads)
-    flags = trainer.strategy.run(replica)
-    return trainer.strategy.reduce(tf.distribute.ReduceOp.SUM, flags, axis=None)
+  step = overflow_step(trainer)
 
   before = weights_of(trainer)
   assert float(step(tf.constant(1))) == 1.0  # one replica's gradients were not finite
