@@ -591,9 +591,11 @@ def test_flagfiles_follow_the_paper_and_fit_the_sample():
   assert sample.alpha == 0.3 and sample.extra_decode_length == 300
   assert os.path.exists(os.path.join(REPO_ROOT, sample.train_src))
   assert os.path.exists(os.path.join(REPO_ROOT, sample.dev_src))
+  with open(os.path.join(REPO_ROOT, "docs", "parsing.md"), encoding="utf-8") as f:
+    section = f.read()
+  assert section.startswith("# Constituency parsing\n")
   with open(os.path.join(REPO_ROOT, "BUILD.md"), encoding="utf-8") as f:
-    build = f.read()
-  section = build[build.index("## Constituency parsing"):]
+    assert "](docs/parsing.md)" in f.read()  # the map links the page
   for command in ("t2t_keras.train --flagfile=flags/parsing_ptb_sample.cfg",
                   "t2t_keras.decode --flagfile=flags/parsing_ptb_sample.cfg",
                   "t2t_keras.evaluate --task=parsing", "tools/linearize_trees.py"):
