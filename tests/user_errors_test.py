@@ -35,6 +35,7 @@ OTHER_PROGRAMS = {
     "dir", "all", "tag_set", "signature_def", "input_exprs",  # saved_model_cli
     "logdir",  # tensorboard
     "mode", "ffn_dropout",  # bench/peers (OpenNMT-tf's names)
+    "select", "line",  # ruff (CONTRIBUTING.md: --select, --line-length)
 }
 _FLAG_NAME = re.compile(r"(?<![\w-])--([a-z][a-z0-9_]*)")
 
