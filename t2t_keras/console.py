@@ -22,7 +22,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _REPO_DIR = os.path.dirname(_PACKAGE_DIR)
@@ -130,3 +130,57 @@ class Progress:
       eta = (self.total - self.done) / rate if rate > 0 else float("inf")
       print(f"{self.verb} {self.done}/{self.total} {self.unit} ({rate:.1f} {self.unit}/s, "
             f"elapsed {elapsed:.0f}s, eta {eta:.0f}s)", file=self.stream, flush=True)
+
+
+class Command:
+  """The `main(argv)` and `console_main()` every entry point shares.
+
+  `main` sets up logging, refuses positional arguments, requires --model_dir (unless
+  told not to), runs `check` (usage checks before any work: an `app.UsageError` prints the usage;
+  a user error or a flag `ValidationError` prints one `error: ...` line and exits 2, as
+  absl does for a bad flag), then runs `run` through `errors.exit_on_user_error` (a
+  user error: one line and exit 1).
+
+  An entry point writes `command = console.Command(run, ...)`, then
+  `main, console_main = command.main, command.console_main` (setup.py's console
+  scripts name `console_main`).
+  """
+
+  def __init__(self, run: Callable[[], object], *,
+               check: Optional[Callable[[], object]] = None,
+               model_dir: Optional[str] = "--model_dir is required (the directory "
+                                         "training wrote).",
+               extra_errors: Sequence[type] = ()):
+    """Args:
+      run: the command's work.
+      check: usage checks, run first.
+      model_dir: the message when --model_dir is missing; None: not required.
+      extra_errors: further exception types that are the user's to fix
+        (`errors.exit_on_user_error`).
+    """
+    self.run, self.check, self.model_dir = run, check, model_dir
+    self.extra_errors = tuple(extra_errors)
+
+  def main(self, argv) -> None:
+    # pylint: disable=import-outside-toplevel
+    from absl import app
+    from absl import flags
+
+    from t2t_keras import errors
+    setup_logging()
+    if len(argv) > 1:
+      raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
+    if self.model_dir and not flags.FLAGS.model_dir:
+      raise app.UsageError(self.model_dir)
+    if self.check is not None:
+      try:
+        self.check()
+      except (errors.UserError, flags.ValidationError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    errors.exit_on_user_error(self.run, self.extra_errors)
+
+  def console_main(self) -> None:
+    """The `t2t-<name>` console script (setup.py)."""
+    from absl import app  # pylint: disable=import-outside-toplevel
+    app.run(self.main)

@@ -35,11 +35,10 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from t2t_keras import console, errors
+from t2t_keras import console
 
 console.quiet_tensorflow()  # before TensorFlow is imported
 
-from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 from absl import logging  # noqa: E402
 
@@ -220,19 +219,8 @@ def run() -> None:
     print(metrics.format_report(report), file=sys.stderr, flush=True)
 
 
-def main(argv):
-  console.setup_logging()
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
-  if not FLAGS.model_dir:
-    raise app.UsageError("--model_dir is required (the directory training wrote).")
-  errors.exit_on_user_error(run)
-
-
-def console_main():
-  """The `t2t-decode` console script (setup.py)."""
-  app.run(main)
-
+command = console.Command(run)
+main, console_main = command.main, command.console_main  # console_main: t2t-decode
 
 if __name__ == "__main__":
   console_main()

@@ -35,7 +35,7 @@ console.quiet_tensorflow(import_now=False)  # TensorFlow only for remote paths
 
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
-from t2t_keras.errors import InputError, exit_on_user_error  # noqa: E402
+from t2t_keras.errors import InputError  # noqa: E402
 
 flags.DEFINE_string("hypotheses", None, "System output, one segment per line (UTF-8).")
 flags.DEFINE_multi_string("references", None,
@@ -148,13 +148,13 @@ def _first_difference(words: list, expected: list) -> str:
   return f"{len(words)} words, the tree has {len(expected)}"
 
 
-def main(argv):
-  console.setup_logging()
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
+def check_usage() -> None:
   if (FLAGS.sources or FLAGS.output_trees) and FLAGS.task != "parsing":
     raise app.UsageError("--sources and --output_trees are for --task=parsing.")
-  exit_on_user_error(_evaluate_parsing if FLAGS.task == "parsing" else _evaluate_translation)
+
+
+def run() -> None:
+  (_evaluate_parsing if FLAGS.task == "parsing" else _evaluate_translation)()
 
 
 def _evaluate_translation():
@@ -180,10 +180,8 @@ def _evaluate_parsing():
     print(f"rebuilt trees: {FLAGS.output_trees}")
 
 
-def console_main():
-  """The `t2t-evaluate` console script (setup.py)."""
-  app.run(main)
-
+command = console.Command(run, check=check_usage, model_dir=None)
+main, console_main = command.main, command.console_main  # console_main: t2t-evaluate
 
 if __name__ == "__main__":
   console_main()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from t2t_keras import console, errors
+from t2t_keras import console
 
 console.quiet_tensorflow()  # before TensorFlow is imported
 
@@ -96,21 +96,13 @@ def run() -> None:
           flush=True)
 
 
-def main(argv):
-  console.setup_logging()
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
-  if not FLAGS.model_dir:
-    raise app.UsageError("--model_dir is required (the directory training wrote).")
+def check_usage() -> None:
   if not FLAGS.source_file or not FLAGS.target_file:
     raise app.UsageError("--source_file and --target_file are required.")
-  errors.exit_on_user_error(run)
 
 
-def console_main():
-  """The `t2t-score` console script (setup.py)."""
-  app.run(main)
-
+command = console.Command(run, check=check_usage)
+main, console_main = command.main, command.console_main  # console_main: t2t-score
 
 if __name__ == "__main__":
   console_main()
