@@ -41,7 +41,8 @@ def main(argv):
   import ctranslate2
   import sentencepiece
 
-  from t2t_keras import ctranslate2_export, decoding, loading, metrics, modeldir, translate
+  from t2t_keras import decoding, loading, metrics, modeldir, translate
+  from t2t_keras.export import ctranslate2 as ct2_export
   from t2t_keras.configs import DecodeConfig
 
   with open(FLAGS.src, encoding="utf-8") as f:
@@ -84,8 +85,8 @@ def main(argv):
   with tempfile.TemporaryDirectory() as tmp:
     for quantization in ("float32", "int8"):
       path = os.path.join(tmp, quantization)
-      ctranslate2_export.export(loaded.model, loaded.model_config, loaded.tokenizer, path,
-                                quantization=quantization)
+      ct2_export.export(loaded.model, loaded.model_config, loaded.tokenizer, path,
+                        quantization=quantization)
       translator = ctranslate2.Translator(path, device="cpu",
                                           intra_threads=FLAGS.threads)
       translator.translate_batch(tokens[:FLAGS.batch_size], beam_size=FLAGS.beam_size)

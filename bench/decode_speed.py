@@ -7,7 +7,7 @@ choose EOS). Prints sentences/s, target tokens/s and the ratio of the estimated
 matmul FLOP/s to the machine's measured float32 matmul peak, for each config:
   graph        decoding.decode_ids in a tf.function (the decode CLI's default);
   xla          the same compiled with XLA (--decode_jit_compile);
-  saved_model  the model exported (serving.Translator) and loaded as TF Serving loads
+  saved_model  the model exported (export.saved_model.Translator) and loaded as TF Serving loads
                it: the TF1 session loader, the `translate_ids` signature fed and
                fetched by tensor name, no XLA;
   saved_model_xla  the same exported with `--export_jit_compile` (beam search compiled
@@ -76,10 +76,11 @@ def decode_flops(config, batch: int, source: int, steps: int, beam: int) -> floa
 
 def session_decoder(model, decode_config, export_dir: str, jit_compile: bool = False):
   """The model exported and loaded as tensorflow_model_server loads it: ids -> ids."""
-  from t2t_keras import serving  # pylint: disable=import-outside-toplevel
-  translator = serving.Translator(model, IdTokenizer(), decode_config,
-                                  max_input_length=FLAGS.length + 1, jit_compile=jit_compile)
-  path = serving.export(translator, export_dir, version=1)
+  from t2t_keras.export import saved_model  # pylint: disable=import-outside-toplevel
+  translator = saved_model.Translator(model, IdTokenizer(), decode_config,
+                                      max_input_length=FLAGS.length + 1,
+                                      jit_compile=jit_compile)
+  path = saved_model.export(translator, export_dir, version=1)
   translate_ids = session_signature(path, "translate_ids", "input_ids", "output_ids")
   return lambda batch: (translate_ids(batch.numpy()),)
 
@@ -90,10 +91,10 @@ def ctranslate2_decoder(model, config, export_dir: str):
   # pylint: disable=import-outside-toplevel
   import ctranslate2
 
-  from t2t_keras import ctranslate2_export
+  from t2t_keras.export import ctranslate2 as ct2_export
   from t2t_keras.data.tokenizer import IntegerTokenizer
-  path = ctranslate2_export.export(model, config, IntegerTokenizer(FLAGS.vocab_size),
-                                   export_dir)
+  path = ct2_export.export(model, config, IntegerTokenizer(FLAGS.vocab_size),
+                           export_dir)
   translator = ctranslate2.Translator(path, device="cpu", compute_type="float32",
                                       inter_threads=1, intra_threads=os.cpu_count() or 1)
 

@@ -2,7 +2,7 @@
 
 The decode_speed.py workload (Transformer base, random weights, shared 32,000
 vocabulary, beam 4, alpha 0.6, sources of 20 tokens, output limit source + 50) is
-exported as TF Serving runs it (`serving.Translator`, no XLA) and loaded with the TF1
+exported as TF Serving runs it (`export.saved_model.Translator`, no XLA) and loaded with the TF1
 session loader; one `translate_ids` call per batch size is traced
 (`RunOptions.FULL_TRACE`) and the executed kernels are summed by op type. Prints, per
 batch size: the wall time, the number of kernels run and the wall time per kernel, then
@@ -101,7 +101,8 @@ def main(argv):
   import tensorflow as tf
   import tensorflow_text  # noqa: F401
 
-  from t2t_keras import EOS_ID, serving
+  from t2t_keras import EOS_ID
+  from t2t_keras.export import saved_model
   from t2t_keras.configs import DecodeConfig, ModelConfig
   from t2t_keras.model import create_model
 
@@ -114,9 +115,9 @@ def main(argv):
   decode_config = DecodeConfig(beam_size=FLAGS.beam_size, alpha=0.6,
                                extra_decode_length=FLAGS.extra_decode_length)
   with tempfile.TemporaryDirectory() as tmp:
-    translator = serving.Translator(model, IdTokenizer(), decode_config,
-                                    max_input_length=FLAGS.length + 1)
-    path = serving.export(translator, tmp, version=1)
+    translator = saved_model.Translator(model, IdTokenizer(), decode_config,
+                                        max_input_length=FLAGS.length + 1)
+    path = saved_model.export(translator, tmp, version=1)
     graph = tf.Graph()
     session = tf.compat.v1.Session(graph=graph)
     with graph.as_default():

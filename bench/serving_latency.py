@@ -63,7 +63,8 @@ def main(argv):
   import keras
   import numpy as np
 
-  from t2t_keras import ctranslate2_export, serving
+  from t2t_keras.export import ctranslate2 as ct2_export
+  from t2t_keras.export import saved_model
   from t2t_keras.configs import DecodeConfig, ModelConfig
   from t2t_keras.data.tokenizer import IntegerTokenizer
   from t2t_keras.model import create_model
@@ -86,9 +87,9 @@ def main(argv):
   sentence = " ".join(words)
   with tempfile.TemporaryDirectory() as tmp:
     def t2t_engine(jit_compile):
-      translator = serving.Translator(model, tokenizer, decode_config, max_input_length=256,
-                                      jit_compile=jit_compile)
-      path = serving.export(translator, os.path.join(tmp, f"export_{jit_compile}"), version=1)
+      translator = saved_model.Translator(model, tokenizer, decode_config, max_input_length=256,
+                                          jit_compile=jit_compile)
+      path = saved_model.export(translator, os.path.join(tmp, f"export_{jit_compile}"), version=1)
       serve = session_signature(path, "serving_default", "inputs", "outputs")
 
       def t2t_request():
@@ -96,7 +97,7 @@ def main(argv):
         return len(out[0].split())
       return t2t_request
 
-    ct2_dir = ctranslate2_export.export(model, config, tokenizer, os.path.join(tmp, "ct2"))
+    ct2_dir = ct2_export.export(model, config, tokenizer, os.path.join(tmp, "ct2"))
     ct2 = ctranslate2.Translator(ct2_dir, device="cpu", compute_type="float32",
                                  inter_threads=1, intra_threads=threads)
 

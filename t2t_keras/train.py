@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from t2t_keras import console, errors
+from t2t_keras import console
 
 console.quiet_tensorflow()  # before TensorFlow is imported
 
@@ -185,11 +185,11 @@ def train() -> None:
     translate.report_examples(trainer.model, datasets, data_config, decode_config,
                              FLAGS.show_examples)
   if FLAGS.export or FLAGS.export_dir:
-    from t2t_keras import serving
-    translator = serving.Translator(trainer.model, datasets.tokenizer, decode_config,
-                                    FLAGS.max_input_length, vocab_file=vocab)
-    path = serving.export(translator, FLAGS.export_dir or
-                          modeldir.default_export_dir(train_config.model_dir))
+    from t2t_keras.export import saved_model
+    translator = saved_model.Translator(trainer.model, datasets.tokenizer, decode_config,
+                                        FLAGS.max_input_length, vocab_file=vocab)
+    path = saved_model.export(translator, FLAGS.export_dir or
+                              modeldir.default_export_dir(train_config.model_dir))
     limits = translator.limits
     print(f"exported {path} (serving_default: strings in, translations out; per request "
           f"at most {limits.max_rows} rows, {limits.max_string_bytes} bytes per string, "
@@ -197,29 +197,17 @@ def train() -> None:
           "sets others)", flush=True)
 
 
-def main(argv):
-  console.setup_logging()
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
-  try:
-    for warning in t2t_flags.check_train_flags(sys.argv):
-      logging.warning(warning)
-  except flags.ValidationError as error:  # a usage error: exit code 2, as absl's
-    print(f"error: {error}", file=sys.stderr)
-    sys.exit(2)
-  if FLAGS.dry_run:
-    dry_run()
-    return
-  if not FLAGS.model_dir:
+def check_usage() -> None:
+  for warning in t2t_flags.check_train_flags(sys.argv):
+    logging.warning(warning)
+  if not FLAGS.model_dir and not FLAGS.dry_run:
     raise app.UsageError("--model_dir is required: checkpoints, vocabulary and logs go "
                          "there (a local path or gs://bucket/path).")
-  errors.exit_on_user_error(train)
 
 
-def console_main():
-  """The `t2t-train` console script (setup.py)."""
-  app.run(main)
-
+command = console.Command(lambda: dry_run() if FLAGS.dry_run else train(),
+                          check=check_usage, model_dir=None)
+main, console_main = command.main, command.console_main  # console_main: t2t-train
 
 if __name__ == "__main__":
   console_main()

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from t2t_keras import ctranslate2_export, loading, modeldir
+from t2t_keras import loading, modeldir
+from t2t_keras.export import ctranslate2 as ct2_export
 from tests.conftest import REPO_ROOT
 
 ctranslate2 = pytest.importorskip("ctranslate2")
@@ -25,7 +26,7 @@ LIMITS = ["--max_input_length=8", "--extra_decode_length=2", "--beam_size=2"]
 @pytest.fixture(scope="module")
 def ct2_dir(tiny_model_dir, tmp_path_factory):
   loaded = loading.load(tiny_model_dir, dtype="float32")
-  return ctranslate2_export.export(
+  return ct2_export.export(
       loaded.model, loaded.model_config, loaded.tokenizer,
       str(tmp_path_factory.mktemp("ct2") / "model"),
       vocab_file=modeldir.vocab_path(tiny_model_dir))

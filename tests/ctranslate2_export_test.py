@@ -21,7 +21,7 @@ import pytest
 import tensorflow as tf
 
 from t2t_keras import EOS_ID, PAD_ID
-from t2t_keras import ctranslate2_export as ce
+from t2t_keras.export import ctranslate2 as ce
 from t2t_keras import decoding, modeldir
 from t2t_keras.configs import DataConfig, DecodeConfig, ModelConfig, TrainConfig
 from t2t_keras.data import pipeline

@@ -13,7 +13,7 @@ import tensorflow as tf
 from t2t_keras import EOS_ID, PAD_ID, loading
 from t2t_keras.configs import DecodeConfig
 from t2t_keras.data import tokenizer as tokenizer_lib
-from t2t_keras.serving import export_model_dir
+from t2t_keras.export.saved_model import export_model_dir
 from tests.conftest import REPO_ROOT, SessionModel
 
 DECODE = DecodeConfig(beam_size=2, alpha=0.6, extra_decode_length=5, return_beams=True)
@@ -42,9 +42,9 @@ def test_constrain_trees_refuses_a_translation_model(model_dir, tmp_path):
   assert not (tmp_path / "export").exists()
 
 
-def eager_translations(model_dir, sentences):
+def eager_translations(model_dir, sentences, dtype=None):
   from t2t_keras import translate  # pylint: disable=import-outside-toplevel
-  loaded = loading.load(model_dir)
+  loaded = loading.load(model_dir, dtype=dtype)
   return translate.translate(loaded.model, loaded.tokenizer, sentences, DECODE,
                             max_input_length=MAX_INPUT, progress=False)
 
@@ -266,3 +266,28 @@ def test_xla_export_refuses_too_many_rows_before_compiling(xla_export_path):
     xla.run("translate_ids", input_ids=np.full([20000, 2], EOS_ID, np.int32))
   out = xla.run(inputs=np.array(["a dog"], object))
   assert out["outputs"].shape == (1,)
+
+
+def test_decode_dtype_is_carried_into_the_export(model_dir, tmp_path):
+  """--decode_dtype: the export computes in that dtype, as `decode --decode_dtype` does:
+  it equals eager decoding in bfloat16, whose scores are not float32's."""
+  from t2t_keras import export  # pylint: disable=import-outside-toplevel
+  settings = export.ExportSettings(model_dir=model_dir, export_dir=str(tmp_path),
+                                   decode_config=DECODE, max_input_length=MAX_INPUT,
+                                   decode_dtype="bfloat16", version=1)
+  out = SessionModel(export.SAVED_MODEL.export(settings)).run(
+      inputs=np.array(SENTENCES, object))
+  eager = eager_translations(model_dir, SENTENCES, dtype="bfloat16")
+  assert [t.decode() for t in out["outputs"]] == [t.texts[0] for t in eager]
+  np.testing.assert_allclose(out["scores"], [t.scores[0] for t in eager], rtol=1e-3,
+                             atol=1e-3)
+  float32 = [t.scores[0] for t in eager_translations(model_dir, SENTENCES)]
+  assert not np.allclose(out["scores"], float32, rtol=1e-5, atol=1e-5)
+
+
+def test_an_unknown_decode_dtype_is_refused_naming_the_flag(model_dir, tmp_path):
+  from t2t_keras.errors import ExportError  # pylint: disable=import-outside-toplevel
+  with pytest.raises(ExportError, match=r"--decode_dtype=float64 .*float32, bfloat16"):
+    export_model_dir(model_dir, str(tmp_path / "export"), DECODE, MAX_INPUT, version=1,
+                     dtype="float64")
+  assert not (tmp_path / "export").exists()

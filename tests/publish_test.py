@@ -1,4 +1,4 @@
-"""Exports appear whole or not at all (t2t_keras/publish.py), on local disk and on an
+"""Exports appear whole or not at all (t2t_keras/export/publish.py), on local disk and on an
 object store (TensorFlow's `ram://` file system stands in for gs://: Python's open()
 fails there as on gs://), and checkpoint averaging works on such paths too."""
 # pylint: disable=redefined-outer-name  (pytest fixtures)
@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t2t_keras import ctranslate2_export, loading, modeldir, publish, serving
+from t2t_keras import loading, modeldir
+from t2t_keras.export import ctranslate2 as ct2_export
+from t2t_keras.export import publish, saved_model
 from t2t_keras.configs import DecodeConfig
 from t2t_keras import averaging
 from tests.conftest import SessionModel
@@ -21,8 +23,8 @@ DECODE = DecodeConfig(beam_size=2, alpha=0.6, extra_decode_length=3)
 @pytest.fixture(scope="module")
 def translator(tiny_model_dir):
   loaded = loading.load(tiny_model_dir)
-  return serving.Translator(loaded.model, loaded.tokenizer, DECODE, 24,
-                            vocab_file=modeldir.vocab_path(tiny_model_dir))
+  return saved_model.Translator(loaded.model, loaded.tokenizer, DECODE, 24,
+                                vocab_file=modeldir.vocab_path(tiny_model_dir))
 
 
 def ram_dir(name):
@@ -57,16 +59,16 @@ class CopyWatcher:
 
 def test_saved_model_on_an_object_store_appears_with_saved_model_pb_last(
     translator, monkeypatch, tmp_path):
-  local = serving.export(translator, str(tmp_path), version=1)
+  local = saved_model.export(translator, str(tmp_path), version=1)
   expected = files_under(local)
   assert "saved_model.pb" in expected and len(expected) > 3
   base = ram_dir("export")
   watcher = CopyWatcher(monkeypatch, f"{base}/2", "saved_model.pb", expected)
-  path = serving.export(translator, base, version=2)
+  path = saved_model.export(translator, base, version=2)
   assert path == f"{base}/2" and watcher.copies == len(expected)
   assert files_under(path) == expected
   assert tf.io.gfile.listdir(base) == ["2/"] or tf.io.gfile.listdir(base) == ["2"]
-  assert serving.read_limits(path)["max_rows"] == 256
+  assert saved_model.read_limits(path)["max_rows"] == 256
   # What a reader loads from the object store translates like the local export.
   served = tf.saved_model.load(path)
   text = np.array(["a small dog"], object)
@@ -76,18 +78,18 @@ def test_saved_model_on_an_object_store_appears_with_saved_model_pb_last(
 
 def test_a_crash_while_copying_to_an_object_store_leaves_no_loadable_version(
     translator, monkeypatch, tmp_path):
-  expected = files_under(serving.export(translator, str(tmp_path), version=1))
+  expected = files_under(saved_model.export(translator, str(tmp_path), version=1))
   base = ram_dir("crash")
   watcher = CopyWatcher(monkeypatch, f"{base}/3", "saved_model.pb", expected,
                         crash_after=2)
   with pytest.raises(tf.errors.UnavailableError):
-    serving.export(translator, base, version=3)
+    saved_model.export(translator, base, version=3)
   assert watcher.copies == 2
   assert not tf.io.gfile.exists(f"{base}/3/saved_model.pb")  # no reader loads it
   monkeypatch.undo()
   with pytest.raises(FileExistsError, match=rf"{base}/3 exists but has no saved_model.pb: "
                      "it is what an interrupted export left"):
-    serving.export(translator, base, version=3)
+    saved_model.export(translator, base, version=3)
 
 
 @pytest.mark.parametrize("where", ["local", "ram"])
@@ -99,7 +101,7 @@ def test_a_leftover_temporary_directory_is_removed_not_reused(translator, tmp_pa
   for name in ("stale.txt", "variables/variables.data-00000-of-00009"):
     with tf.io.gfile.GFile(os.path.join(stale, name), "w") as f:
       f.write("from a crashed export")
-  path = serving.export(translator, base, version=5)
+  path = saved_model.export(translator, base, version=5)
   assert f"removing {stale}: left by an interrupted export" in capsys.readouterr().err
   assert "stale.txt" not in tf.io.gfile.listdir(path)
   assert "variables.data-00000-of-00009" not in tf.io.gfile.listdir(
@@ -113,7 +115,7 @@ def test_a_local_crash_leaves_only_the_hidden_directory(translator, tmp_path, mo
     raise KeyboardInterrupt  # killed while writing
   monkeypatch.setattr(tf.io.gfile, "rename", crash)
   with pytest.raises(KeyboardInterrupt):
-    serving.export(translator, str(tmp_path), version=6)
+    saved_model.export(translator, str(tmp_path), version=6)
   assert os.listdir(tmp_path) == [".tmp-6"]  # TF Serving ignores non-integer names
 
 
@@ -128,7 +130,7 @@ def test_ctranslate2_export_on_an_object_store_writes_model_bin_last(
     ct2_model, tmp_path, monkeypatch):
   (loaded, vocab) = ct2_model
   args = (loaded.model, loaded.model_config, loaded.tokenizer)
-  local = ctranslate2_export.export(*args, str(tmp_path / "ct2"), vocab_file=vocab)
+  local = ct2_export.export(*args, str(tmp_path / "ct2"), vocab_file=vocab)
   expected = sorted(os.listdir(local))
   assert "model.bin" in expected and "sentencepiece.model" in expected
   assert sorted(os.listdir(tmp_path)) == ["ct2"]  # no temporary left
@@ -136,7 +138,7 @@ def test_ctranslate2_export_on_an_object_store_writes_model_bin_last(
   assert publish.temp_path(target) == "ram://.tmp-" + target[len("ram://"):]
   assert publish.temp_path("gs://bucket/models/ct2/") == "gs://bucket/models/.tmp-ct2"
   watcher = CopyWatcher(monkeypatch, target, "model.bin", expected)
-  assert ctranslate2_export.export(*args, target, vocab_file=vocab) == target
+  assert ct2_export.export(*args, target, vocab_file=vocab) == target
   assert watcher.copies == len(expected) and files_under(target) == expected
   for name in expected:
     with tf.io.gfile.GFile(os.path.join(target, name), "rb") as f, \
@@ -146,11 +148,11 @@ def test_ctranslate2_export_on_an_object_store_writes_model_bin_last(
   crashed = ram_dir("ct2_crash")
   CopyWatcher(monkeypatch, crashed, "model.bin", expected, crash_after=1)
   with pytest.raises(tf.errors.UnavailableError):
-    ctranslate2_export.export(*args, crashed, vocab_file=vocab)
+    ct2_export.export(*args, crashed, vocab_file=vocab)
   assert not tf.io.gfile.exists(os.path.join(crashed, "model.bin"))
   monkeypatch.undo()
   with pytest.raises(FileExistsError, match="has no model.bin: it is what an interrupted"):
-    ctranslate2_export.export(*args, crashed, vocab_file=vocab)
+    ct2_export.export(*args, crashed, vocab_file=vocab)
 
 
 def test_averaging_reads_and_writes_object_store_paths(tiny_model_dir):

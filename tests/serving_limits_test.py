@@ -1,4 +1,4 @@
-"""Per-request limits of the export (serving.RequestLimits), in the session TF Serving
+"""Per-request limits of the export (export.saved_model.RequestLimits), in the session TF Serving
 uses: a request over a limit is refused with INVALID_ARGUMENT naming the limit, its
 flag and the request's value, before any tokenization or decoding, and the session
 answers the next request; ids outside the vocabulary are refused."""
@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from t2t_keras import EOS_ID, modeldir
 from t2t_keras.configs import DecodeConfig
-from t2t_keras.serving import RequestLimits, export_model_dir, read_limits
+from t2t_keras.export.saved_model import RequestLimits, export_model_dir, read_limits
 from tests.conftest import REPO_ROOT, SessionModel
 
 DECODE = DecodeConfig(beam_size=2, alpha=0.6, extra_decode_length=5)

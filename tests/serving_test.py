@@ -29,7 +29,7 @@ import tensorflow as tf
 import tensorflow_text  # noqa: F401  pylint: disable=unused-import  (SentencePiece ops)
 
 from t2t_keras.configs import DecodeConfig
-from t2t_keras.serving import export_model_dir
+from t2t_keras.export.saved_model import export_model_dir
 from tests.conftest import REPO_ROOT, SessionModel
 
 grpc = pytest.importorskip("grpc")

@@ -19,7 +19,7 @@ Parsing models exported with `--constrain_trees` carry the tree constraint
 (`parsing.constraint.TreeConstraint`) in both signatures: every output is a valid
 linearized tree over the request's words.
 
-With `jit_compile` (`t2t_keras.export --export_jit_compile`) the beam search is an
+With `jit_compile` (`python -m t2t_keras.export --export_jit_compile`) the beam search is an
 XLA-compiled function inside the graph (TF Serving on CPU then needs
 `--xla_cpu_compilation_enabled=true`); each batch is padded to a power-of-two number of
 rows and of source columns, so that few shapes are compiled. Same translations.
@@ -53,8 +53,9 @@ from typing import Optional
 import tensorflow as tf
 
 from t2t_keras import EOS_ID, PAD_ID
-from t2t_keras import decoding, publish
+from t2t_keras import decoding
 from t2t_keras.configs import DecodeConfig
+from t2t_keras.export import ExportSettings, publish
 from t2t_keras.translate import MIN_XLA_WIDTH
 
 
@@ -303,17 +304,26 @@ def read_limits(path: str) -> dict:
 def export_model_dir(model_dir: str, export_dir: str, decode_config, max_input_length: int,
                      checkpoint_path=None, average_last_n: int = 0, version: int = 0,
                      constrain_trees: bool = False, jit_compile: bool = False,
-                     limits: Optional[RequestLimits] = None) -> str:
+                     limits: Optional[RequestLimits] = None,
+                     dtype: Optional[str] = None) -> str:
   """Loads model_dir and exports it; returns the versioned export path.
 
   `constrain_trees`: a parsing model's export writes only valid trees (ExportError
   for a model that is not a parsing model). `jit_compile`: beam search compiled with
   XLA (`Translator`). `limits`: per-request limits (default `RequestLimits()`).
+  `dtype`: the compute dtype of the exported graph (`--decode_dtype`; default the
+  model's own), as `python -m t2t_keras.decode --decode_dtype` decodes.
   """
   # pylint: disable=import-outside-toplevel
   from t2t_keras import loading, modeldir
   from t2t_keras.errors import ExportError
-  loaded = loading.load(model_dir, checkpoint_path, average_last_n)
+  if dtype:
+    try:
+      dataclasses.replace(modeldir.load_model_config(model_dir), dtype=dtype).validate()
+    except ValueError as error:
+      raise ExportError(f"--decode_dtype={dtype} sets the exported model's dtype: "
+                        f"{error}") from None
+  loaded = loading.load(model_dir, checkpoint_path, average_last_n, dtype)
   constraint = None
   if constrain_trees:
     from t2t_keras.parsing.constraint import TreeConstraint
@@ -328,3 +338,36 @@ def export_model_dir(model_dir: str, export_dir: str, decode_config, max_input_l
       vocab_file=vocab if getattr(loaded.tokenizer, "model_proto", None) else None,
       tree_constraint=constraint, jit_compile=jit_compile, limits=limits)
   return export(translator, export_dir, version or None)
+
+
+# The format's interface (t2t_keras/export/__init__.py: `Format`).
+def default_dir(model_dir: str) -> str:
+  from t2t_keras import modeldir  # pylint: disable=import-outside-toplevel
+  return modeldir.default_export_dir(model_dir)
+
+
+def limits_of(settings: ExportSettings) -> RequestLimits:
+  return RequestLimits(settings.max_request_rows, settings.max_string_bytes,
+                       settings.max_request_tokens)
+
+
+def export_from_settings(settings: ExportSettings) -> str:
+  """Writes `<export_dir>/<version>/`; returns it."""
+  return export_model_dir(settings.model_dir, settings.export_dir, settings.decode_config,
+                          settings.max_input_length, settings.checkpoint_path,
+                          settings.average_last_n, settings.version,
+                          settings.constrain_trees, jit_compile=settings.jit_compile,
+                          limits=limits_of(settings), dtype=settings.decode_dtype)
+
+
+def describe(path: str, settings: ExportSettings) -> str:
+  limits = limits_of(settings)
+  server_flag = " --xla_cpu_compilation_enabled=true" if settings.jit_compile else ""
+  return (f"exported {path}" + (" (beam search compiled with XLA)" if server_flag else "")
+          + f"\n  limits per request: {limits.max_rows} rows (--max_request_rows), "
+          f"{limits.max_string_bytes} bytes per string (--max_string_bytes), "
+          f"{limits.max_tokens} source tokens (--max_request_tokens); sources cut to "
+          f"{settings.max_input_length} subwords (--max_input_length)"
+          + f"\n  python tools/saved_model_cli.py show --dir {path} --all\n"
+          f"  tensorflow_model_server --rest_api_port=8501 --model_name=transformer "
+          f"--model_base_path={os.path.abspath(settings.export_dir)}{server_flag}")

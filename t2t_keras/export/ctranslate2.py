@@ -35,10 +35,9 @@ import numpy as np
 from t2t_keras import BOS_ID, EOS_ID, NUM_RESERVED_IDS, PAD_ID, UNK_ID
 from t2t_keras.configs import ModelConfig
 from t2t_keras.errors import ExportError
+from t2t_keras.export import QUANTIZATIONS, ExportSettings, publish
 from t2t_keras.layers import position as position_lib
 
-QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
-                 "float16", "bfloat16", "float32")
 INSTALL_HINT = 'pip install -e ".[ctranslate2]"  (or: pip install ctranslate2)'
 MODEL_FILE = "model.bin"  # what ctranslate2.Translator opens first
 RESERVED_TOKENS = {PAD_ID: "<pad>", EOS_ID: "</s>", UNK_ID: "<unk>", BOS_ID: "<s>"}
@@ -209,7 +208,6 @@ def export(model, config: ModelConfig, tokenizer, export_dir: str,
     raise ExportError(f"--quantization={quantization} is not one of "
                       f"{', '.join(QUANTIZATIONS)}")
   import tensorflow as tf  # pylint: disable=import-outside-toplevel  (tf.io.gfile: gs://)
-  from t2t_keras import publish  # pylint: disable=import-outside-toplevel
   if tf.io.gfile.isdir(export_dir) and tf.io.gfile.listdir(export_dir) and not force:
     if not tf.io.gfile.exists(os.path.join(export_dir, MODEL_FILE)):
       publish.prepare(export_dir, MODEL_FILE, "")  # raises: an interrupted export
@@ -220,7 +218,7 @@ def export(model, config: ModelConfig, tokenizer, export_dir: str,
   if force and tf.io.gfile.exists(export_dir):
     tf.io.gfile.rmtree(export_dir)
   # Written whole under a hidden sibling, then published with model.bin last
-  # (t2t_keras/publish.py): CTranslate2 never opens a half-copied directory.
+  # (t2t_keras/export/publish.py): CTranslate2 never opens a half-copied directory.
   tmp = publish.prepare(export_dir, MODEL_FILE, "pick a new --export_dir (or remove it)",
                         allow_empty=True)
   tf.io.gfile.makedirs(tmp)
@@ -231,3 +229,26 @@ def export(model, config: ModelConfig, tokenizer, export_dir: str,
     for name in os.listdir(local):
       tf.io.gfile.copy(os.path.join(local, name), os.path.join(tmp, name), overwrite=True)
   return publish.publish(tmp, export_dir, MODEL_FILE)
+
+
+# The format's interface (t2t_keras/export/__init__.py: `Format`).
+def default_dir(model_dir: str) -> str:
+  from t2t_keras import modeldir  # pylint: disable=import-outside-toplevel
+  return modeldir.default_export_dir(model_dir, ctranslate2=True)
+
+
+def export_from_settings(settings: ExportSettings) -> str:
+  """Restores the model (latest, checkpoint_path or average_last_n) in float32 and
+  writes it as a CTranslate2 model directory (weights of `settings.quantization`)."""
+  from t2t_keras import loading, modeldir  # pylint: disable=import-outside-toplevel
+  loaded = loading.load(settings.model_dir, settings.checkpoint_path,
+                        settings.average_last_n, "float32")
+  vocab = modeldir.vocab_path(settings.model_dir)
+  return export(loaded.model, loaded.model_config, loaded.tokenizer, settings.export_dir,
+                quantization=settings.quantization,
+                vocab_file=vocab if loaded.tokenizer.model_proto is not None else None)
+
+
+def describe(path: str, settings: ExportSettings) -> str:
+  return (f"exported {path} (CTranslate2, {settings.quantization or 'float32'} weights)\n"
+          f"  python tools/ct2_translate.py --model={path} --input_file=in.txt")

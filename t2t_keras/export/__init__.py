@@ -1,0 +1,194 @@
+"""Exports of a trained model: one module per format, and what each format carries.
+
+- `saved_model.py`: a SavedModel for TensorFlow Serving (strings in, translations out;
+  beam search, tokenization and per-request limits in the graph).
+- `ctranslate2.py`: a CTranslate2 model directory (OpenNMT's C++ engine).
+- `publish.py`: how both make an export appear whole or not at all.
+- `__main__.py`: the command, `python -m t2t_keras.export` / `t2t-export`.
+
+A format is declared by a `Format` here: its name, the decoding settings its artifact
+carries (fixed at export: whoever loads it decodes with them), and for every other
+decoding setting where a user sets it instead. The command checks the flags typed on
+its command line against the declaration (`Format.check_flags`), generically: a
+decoding setting an artifact would silently drop is refused, naming the flag and
+where it goes instead. Refused rather than warned: an export is an artifact shipped to
+a server, where a beam size the user believed fixed would differ without a trace; the
+refusal costs one edit of the command line, while a warning scrolls past in an export
+log. Settings a recipe flagfile holds are not refused (one flagfile serves train,
+decode and export). `tests/export_formats_test.py` checks that every format declares
+every decoding flag the command defines, so a new decoding option must say, per
+format, whether the export carries it.
+
+Each format module implements the same three functions, which `Format` calls:
+`default_dir(model_dir)`, `export_from_settings(settings)` (returns the path written)
+and `describe(path, settings)` (what the command prints after writing it).
+
+Nothing here imports TensorFlow: the command checks its flags before loading anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Dict, Mapping, Optional, Tuple
+
+from t2t_keras.errors import ExportError
+
+# CTranslate2's weight types (`--quantization`); its `compute_type` can also convert
+# when the model is loaded.
+QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
+                 "float16", "bfloat16", "float32")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportSettings:
+  """What the export command was asked for; each format reads the fields it declares.
+
+  Attributes:
+    model_dir: the model directory training wrote.
+    export_dir: where the export goes (`Format.default_dir` when not given).
+    decode_config: a `configs.DecodeConfig` (beam size, alpha, extra decode length, ...).
+    max_input_length: sources are cut to this many subwords (EOS included).
+    checkpoint_path, average_last_n: which weights (`flags.checkpoint_choice`).
+    decode_dtype: the compute dtype to export with (None: the model's own).
+    constrain_trees: a parsing model's export writes only valid trees.
+    version: the SavedModel version (0: the Unix time).
+    jit_compile: the SavedModel's beam search compiled with XLA.
+    max_request_rows, max_string_bytes, max_request_tokens: the SavedModel's
+      per-request limits.
+    quantization: CTranslate2's weight type (None: float32).
+  """
+
+  model_dir: str
+  export_dir: str
+  decode_config: object
+  max_input_length: int = 256
+  checkpoint_path: Optional[str] = None
+  average_last_n: int = 0
+  decode_dtype: Optional[str] = None
+  constrain_trees: bool = False
+  version: int = 0
+  jit_compile: bool = False
+  max_request_rows: int = 256
+  max_string_bytes: int = 16384
+  max_request_tokens: int = 16384
+  quantization: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Format:
+  """An export format: what it carries and where the rest goes.
+
+  Attributes:
+    name: the `--format` value.
+    help: one line for `--format`'s help.
+    module: the module that writes it (imported when needed).
+    carries: the decoding flags the artifact carries (fixed at export).
+    instead: every other decoding flag -> where a user sets it instead (an option of
+      the program that loads the artifact, or another export flag).
+    own_flags: flags of the export command only this format reads.
+  """
+
+  name: str
+  help: str
+  module: str
+  carries: Tuple[str, ...]
+  instead: Mapping[str, str]
+  own_flags: Tuple[str, ...] = ()
+
+  def __post_init__(self):
+    both = set(self.carries) & set(self.instead)
+    assert not both, f"{self.name} both carries and drops {sorted(both)}"
+
+  def _impl(self):
+    return importlib.import_module(self.module)
+
+  def default_dir(self, model_dir: str) -> str:
+    return self._impl().default_dir(model_dir)
+
+  def export(self, settings: ExportSettings) -> str:
+    """Writes the export; returns its path."""
+    return self._impl().export_from_settings(settings)
+
+  def describe(self, path: str, settings: ExportSettings) -> str:
+    """What the command prints once `path` is written (how to use it)."""
+    return self._impl().describe(path, settings)
+
+  def check_flags(self, typed: Mapping[str, object]) -> None:
+    """Refuses flags typed on the command line that this format would drop.
+
+    Args:
+      typed: name -> value of the flags typed on the command line
+        (`flags.command_line_flags`), not those of a flagfile. A flag turned off
+        (False, None) asks for nothing and passes.
+
+    Raises:
+      ExportError: naming each such flag and where it goes instead.
+    """
+    typed = [name for name, value in typed.items() if value is not False and value is not None]
+    problems = [f"--{name} ({self.name} does not carry it): {self.instead[name]}"
+                for name in typed if name in self.instead]
+    for other in FORMATS.values():
+      problems += [f"--{name} is for --format={other.name} only: drop it"
+                   for name in typed if name in other.own_flags
+                   and name not in self.own_flags]
+    if problems:
+      raise ExportError(f"--format={self.name} would drop flags typed on the command "
+                        "line: " + "; ".join(problems) + ".")
+
+
+_CT2_TOOL = "tools/ct2_translate.py"
+SAVED_MODEL = Format(
+    name="saved_model",
+    help="TensorFlow Serving (strings in, translations out)",
+    module="t2t_keras.export.saved_model",
+    carries=("beam_size", "alpha", "extra_decode_length", "return_beams",
+             "min_decode_length", "max_input_length", "decode_dtype", "constrain_trees"),
+    instead={
+        "decode_batch_size": "a request is one batch (its rows are the client's, at most "
+                             "--max_request_rows; TF Serving's batching merges requests "
+                             "up to its max_batch_size)",
+        "decode_jit_compile": "use --export_jit_compile to compile the exported beam "
+                              "search with XLA",
+    },
+    own_flags=("export_version", "export_jit_compile", "max_request_rows",
+               "max_string_bytes", "max_request_tokens"))
+
+CTRANSLATE2 = Format(
+    name="ctranslate2",
+    help="a CTranslate2 model directory (pip install ctranslate2)",
+    module="t2t_keras.export.ctranslate2",
+    carries=(),  # CTranslate2 model directories hold weights and vocabulary only
+    instead={
+        "beam_size": f"give it when translating: {_CT2_TOOL} --beam_size, or "
+                     "translate_batch(beam_size=...)",
+        "alpha": f"give a length penalty when translating: {_CT2_TOOL} --length_penalty, "
+                 "or translate_batch(length_penalty=...), which divides by length^p, not by "
+                 "GNMT's ((5 + length) / 6)^alpha (0 ranks as --alpha=0 does)",
+        "extra_decode_length": f"give it when translating: {_CT2_TOOL} "
+                               "--extra_decode_length, or translate_batch("
+                               "max_decoding_length=source length + N)",
+        "max_input_length": f"give it when translating: {_CT2_TOOL} --max_input_length, "
+                            "or translate_batch(max_input_length=...)",
+        "return_beams": "ask for them when translating: translate_batch("
+                        "num_hypotheses=K, return_scores=True)",
+        "min_decode_length": "give it when translating: translate_batch("
+                             "min_decoding_length=...)",
+        "decode_batch_size": f"give it when translating: {_CT2_TOOL} --batch_size, or "
+                             "translate_batch(max_batch_size=...)",
+        "decode_jit_compile": "CTranslate2 runs its own kernels; drop it",
+        "decode_dtype": "use --quantization for the weights' type, or "
+                        f"{_CT2_TOOL} --compute_type (ctranslate2.Translator("
+                        "compute_type=...)) when loading",
+        "constrain_trees": "a CTranslate2 model cannot carry the tree constraint; use "
+                           "--format=saved_model",
+    },
+    own_flags=("quantization",))
+
+FORMATS: Dict[str, Format] = {f.name: f for f in (SAVED_MODEL, CTRANSLATE2)}
+
+
+def console_main() -> None:
+  """The `t2t-export` console script (setup.py): runs the command of `__main__.py`."""
+  from t2t_keras.export import __main__ as command  # pylint: disable=import-outside-toplevel
+  command.console_main()
