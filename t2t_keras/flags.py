@@ -198,7 +198,8 @@ def define_decode_flags(f):
                    "Decode/export the average of the last N checkpoints' weights (paper "
                    "section 6.1: 5 for base, 20 for big); 0 or 1 = the latest only.")
   f.DEFINE_string("decode_dtype", None,
-                  "Override the model's dtype for decoding (e.g. float32).")
+                  "Override the model's dtype for decoding and SavedModel exports (e.g. "
+                  "float32, bfloat16).")
   f.DEFINE_bool("constrain_trees", False,
                 "Parsing models (decode and export): let beam search write only "
                 "linearized trees over exactly the input's words (one POS tag per word, "

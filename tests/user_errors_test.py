@@ -268,3 +268,31 @@ def test_export_refuses_model_flags_that_disagree(tiny_model_dir, tmp_path):
   assert _error(result).startswith("error: --num_heads=8 but the model in --model_dir "
                                    "was trained with 2")
   assert not (tmp_path / "export").exists()
+
+
+def test_the_entry_points_main_exits_1_for_user_errors_and_2_for_usage(monkeypatch, capsys):
+  """console.Command, the main() of train, decode, score, evaluate and export."""
+  from absl import app  # pylint: disable=import-outside-toplevel
+
+  from t2t_keras import console  # pylint: disable=import-outside-toplevel
+  from t2t_keras.errors import InputError  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(console, "setup_logging", lambda: None)
+  runs = []
+  command = console.Command(lambda: runs.append(1), model_dir=None)
+  with pytest.raises(app.UsageError, match="positional"):
+    command.main(["prog", "stray"])
+  command.main(["prog"])
+  assert runs == [1]
+
+  def fail(message):
+    def raise_():
+      raise InputError(message)
+    return raise_
+  with pytest.raises(SystemExit) as exited:
+    console.Command(runs.clear, check=fail("--x is wrong"), model_dir=None).main(["prog"])
+  assert exited.value.code == 2 and runs == [1]  # refused before the work
+  with pytest.raises(SystemExit) as exited:
+    console.Command(fail("in.txt is missing"), model_dir=None).main(["prog"])
+  assert exited.value.code == 1
+  assert capsys.readouterr().err.splitlines() == ["error: --x is wrong",
+                                                  "error: in.txt is missing"]
