@@ -5,7 +5,7 @@ module feeds it: it tokenizes, sorts sentences by length into batches (little
 padding), pads batches to few shapes under XLA (`padded_width`), detokenizes and puts
 the results back in input order. It also decodes a dev set for the exact-match report
 that training prints. The decode and score commands and tools/visualize_attention.py
-use it; the exported SavedModel does the same steps in its graph (t2t_keras.export.saved_model).
+use it; the exported SavedModel does the same steps in its graph (t2t_keras.serving).
 """
 
 from __future__ import annotations
