@@ -182,8 +182,7 @@ def train() -> None:
     return
   if FLAGS.show_examples and datasets.eval_fn is not None:
     from t2t_keras import translate
-    translate.report_examples(trainer.model, datasets, data_config, decode_config,
-                             FLAGS.show_examples)
+    translate.report_examples(trainer.model, datasets, decode_config, FLAGS.show_examples)
   if FLAGS.export or FLAGS.export_dir:
     from t2t_keras import serving
     translator = serving.Translator(trainer.model, datasets.tokenizer, decode_config,

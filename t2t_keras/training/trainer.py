@@ -289,7 +289,8 @@ class Trainer:
       checkpoints.restore(checkpoint, latest)
       progress(f"resumed from {latest} at step {self.current_step()}")
       self._saved_step = self.current_step()
-    batches = self._last_batches = _Batches(self, train_dataset_fn, self.current_step())
+    batches = self._last_batches = _Batches(self, train_dataset_fn, self.current_step(),
+                                            progress)
     # One host call: --steps_per_loop steps. Kept on the trainer so that its traces can
     # be counted (one program per bucket shape, tests/trainer_test.py).
     train_fn = self.train_fn = tf.function(self._train_loop)
@@ -444,8 +445,10 @@ class _Batches:
   (see Trainer._resuming).
   """
 
-  def __init__(self, trainer: Trainer, dataset_fn: DatasetFn, step: int):
+  def __init__(self, trainer: Trainer, dataset_fn: DatasetFn, step: int,
+               progress: Callable[[str], None] = print):
     cfg = trainer.config
+    self.progress = progress
     self.strategy = trainer.strategy
     self.dataset_fn = dataset_fn
     self.per_bucket = (bool(getattr(dataset_fn, "static_shapes", False))
@@ -476,6 +479,10 @@ class _Batches:
                                bucket=bucket, steps_per_run=self.run)
       self.iterators[bucket] = iter(
           self.strategy.distribute_datasets_from_function(dataset_fn))
+      rows, length = self.dataset_fn.bucket_shape(bucket)
+      self.progress(f"static shapes: bucket [{rows}, {length}] first used at step {step} "
+                    f"(program {len(self.iterators)} of {len(self.plan.pool_bucket)}: "
+                    "the train loop is traced and compiled once per bucket)")
     return self.iterators[bucket]
 
 
