@@ -38,7 +38,7 @@ import tensorflow as tf
 from absl import logging
 
 from t2t_keras.configs import DataConfig
-from t2t_keras.data import sources, textfiles
+from t2t_keras.data import leftovers, sources, textfiles
 
 CACHE_VERSION = 4  # 4: files per padded length, read by TF ops (3: one flat file a side)
 VALIDATION_VERSION = 1  # the stored result of validating raw files (unchanged since)
@@ -248,6 +248,7 @@ def tokenized_split(config: DataConfig, split: str, tokenizer,
 
 def _build(config: DataConfig, split: str, tokenizer, path: str, invalid: int):
   """Tokenizes a split into a new build directory of `path`, then commits it."""
+  leftovers.sweep(abandoned_candidates(os.path.dirname(path)), "tokenized-cache build")
   text = sources.data_source(config).text_pairs(split)
   name = f"build-{uuid.uuid4().hex[:12]}"
   build = os.path.join(path, name)
@@ -268,6 +269,21 @@ def _build(config: DataConfig, split: str, tokenizer, path: str, invalid: int):
                seconds, len(lengths) / max(seconds, 1e-9))
   _write_json_atomic(os.path.join(path, "stats.json"),  # The commit.
                      {"build": name, "pairs": int(len(lengths)), "invalid_utf8": invalid})
+
+
+def abandoned_candidates(directory: str) -> List[str]:
+  """What a killed build may have left in the cache directory (data_dir/cache), of
+  every key: build directories that never finished (no lengths.npy, which a build
+  writes last before its commit) and temporary json files. `leftovers.sweep` removes
+  those untouched long enough that no live build can own them.
+
+  A finished build is never a candidate, committed or not: one that lost the race to
+  commit (two workers building at once) may be what the other worker trains from.
+  """
+  builds = [build for build in tf.io.gfile.glob(os.path.join(directory, "*", "build-*"))
+            if not tf.io.gfile.exists(os.path.join(build, "lengths.npy"))]
+  return builds + tf.io.gfile.glob(os.path.join(directory, "*", "stats.json.tmp-*")) + (
+      tf.io.gfile.glob(os.path.join(directory, "*.json.tmp-*")))
 
 
 def _write_ids(flat: tf.data.Dataset, build: str) -> np.ndarray:
