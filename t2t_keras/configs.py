@@ -165,10 +165,10 @@ class DataConfig:
   `bucket_growth`.
   """
 
-  source: str = setting(
-      "synthetic", "files: --train_src/--train_tgt; tfds: --tfds_name; synthetic: an "
-      "offline algorithmic task (--synthetic_task); parsing: .mrg trees.",
-      flag="data_source", choices=("files", "tfds", "synthetic", "parsing"))
+  # The kinds, their help and the flags each reads are the sources' own
+  # (t2t_keras.data.sources); flags.py makes this flag an enum of them.
+  source: str = setting("synthetic", "Where the sentence pairs come from.",
+                        flag="data_source")
   train_src: Optional[str] = setting(
       None, "Training source file, one sentence per line (--data_source=parsing: a .mrg "
       "file of bracketed trees).")
