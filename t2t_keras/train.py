@@ -39,27 +39,20 @@ def dry_run() -> None:
 def dev_bleu_hook(model, tokenizer, data_config, decode_config, n: int):
   """A Trainer eval hook: sacreBLEU of the first `n` dev sentences, decoded as configured.
 
-  Needs the dev set as text (`--dev_src`/`--dev_tgt`); the returned function gives
-  {"bleu": cased sacreBLEU}.
+  The dev sentences and references are the data source's (`Source.dev_pairs`: the
+  --dev_src/--dev_tgt files, a TFDS validation split, the synthetic held-out set);
+  the returned function gives {"bleu": cased sacreBLEU}.
   """
   # pylint: disable=import-outside-toplevel
-  import tensorflow as tf
-
   from t2t_keras import decoding, metrics, translate
+  from t2t_keras.data import sources as sources_lib
   from t2t_keras.errors import DataError
-  if not (data_config.dev_src and data_config.dev_tgt):
-    raise DataError("--eval_bleu_sentences needs the dev set as text files: set --dev_src "
-                    "and --dev_tgt (or --eval_bleu_sentences=0).")
-  sources, references = [], []
-  for path, lines in ((data_config.dev_src, sources), (data_config.dev_tgt, references)):
-    with tf.io.gfile.GFile(path, "rb") as f:  # gs:// too
-      for line in f:
-        if len(lines) == n:
-          break
-        lines.append(line.decode("utf-8", errors="replace").rstrip("\r\n"))
-  if len(sources) != len(references):
-    raise DataError(f"--dev_src {data_config.dev_src} has {len(sources)} lines but --dev_tgt "
-                    f"{data_config.dev_tgt} has {len(references)} within the first {n}.")
+  source = sources_lib.data_source(data_config)
+  pairs = source.dev_pairs(n)
+  if pairs is None:
+    raise DataError(f"--eval_bleu_sentences needs a dev split: {source.dev_help} (or "
+                    "--eval_bleu_sentences=0).")
+  sources, references = pairs
   decode_fn = decoding.make_decode_fn(model, decode_config)
 
   def hook(step):
@@ -125,6 +118,7 @@ def train() -> None:
   import tensorflow as tf
 
   from t2t_keras import modeldir
+  from t2t_keras.data import sources
   from t2t_keras.errors import DataError
   from t2t_keras.training import distribute
   from t2t_keras.training.trainer import PREEMPTED_EXIT_CODE, Trainer, format_duration
@@ -148,8 +142,8 @@ def train() -> None:
   if ((train_config.keep_best_checkpoint or train_config.early_stopping_patience)
       and datasets.eval_fn is None):
     raise DataError("--keep_best_checkpoint and --early_stopping_patience judge the dev "
-                    "set, and this run has none: set --dev_src/--dev_tgt (files; TFDS and "
-                    "synthetic data bring their own), or drop those flags.")
+                    "set, and this run has none: "
+                    f"{sources.data_source(data_config).dev_help}, or drop those flags.")
   plan_key = modeldir.plan_key(data_config, train_config, strategy.num_replicas_in_sync)
   change = modeldir.check_plan(train_config.model_dir, plan_key)
   if change:

@@ -18,7 +18,7 @@ from t2t_keras import console, errors  # noqa: E402
 console.quiet_tensorflow()  # before TensorFlow is imported
 
 from t2t_keras import flags as t2t_flags  # noqa: E402
-from t2t_keras.data import build_vocab, make_datasets  # noqa: E402
+from t2t_keras.data import build_vocab, make_datasets, sources  # noqa: E402
 
 flags.DEFINE_boolean("overwrite_vocab", False,
                      "Rebuild the vocabulary even if it exists (invalidates caches and "
@@ -37,8 +37,8 @@ def main(argv):
 
 def _build(config):
   """Builds (or finds) the vocabulary, then the caches; prints what was found."""
-  if config.source == "synthetic":
-    print("Synthetic tasks need no vocabulary (ids are the symbols).")
+  if not sources.data_source(config).is_text:
+    print(f"--data_source={config.source} needs no vocabulary (ids are the symbols).")
     return
   path = build_vocab(config, overwrite=FLAGS.overwrite_vocab, verbose=FLAGS.spm_verbose)
   print(f"Vocabulary: {path}")

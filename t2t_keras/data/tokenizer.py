@@ -315,8 +315,7 @@ def build_vocab(config: DataConfig,
                      "(unigram is the word-piece-like choice)")
   source = sources.data_source(config)
   if pairs is None:
-    if source.scanned_before_reading:
-      cache.validated_files(config, "train")  # Clear errors before reading.
+    cache.validated_files(config, "train")  # Clear errors before reading.
     pairs = lambda: source.python_pairs("train")  # noqa: E731
   sample = sample_sentences(pairs(), config.vocab_sample_sentences, config.seed)
   return train_sentencepiece(sample, path, config.vocab_size, config.vocab_type,

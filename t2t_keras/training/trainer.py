@@ -76,8 +76,7 @@ class Trainer:
 
   def __init__(self, model_config: ModelConfig, train_config: TrainConfig,
                strategy: Optional[tf.distribute.Strategy] = None):
-    if train_config.accum_steps < 1:
-      raise TrainingError(f"--accum_steps={train_config.accum_steps} must be >= 1.")
+    train_config.validate()
     self.model_config = model_config
     self.config = train_config
     self.strategy = strategy or tf.distribute.get_strategy()
