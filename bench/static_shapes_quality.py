@@ -62,15 +62,18 @@ def train(name: str, extra) -> dict:
              "--learning_rate_warmup_steps=500", "--save_checkpoint_minutes=1000",
              "--average_last_n=1", "--max_length=64", *FLAGS.model, *extra]
   start = time.time()
-  out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+  log_path = model_dir + ".log"  # followed while it runs
+  with open(log_path, "w", encoding="utf-8") as log:
+    code = subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                          check=False).returncode
   seconds = time.time() - start
-  with open(os.path.join(model_dir, "train.log"), "w", encoding="utf-8") as log:
-    log.write(out.stdout + out.stderr)
-  if out.returncode:
-    print(out.stdout[-3000:], out.stderr[-3000:])
-    raise SystemExit(f"{name} failed ({out.returncode})")
-  losses = {int(s): float(v) for s, v in EVAL.findall(out.stdout + out.stderr)}
-  programs = len(re.findall(r"static shapes: bucket \[", out.stdout + out.stderr))
+  with open(log_path, encoding="utf-8") as log:
+    text = log.read()
+  if code:
+    print(text[-3000:])
+    raise SystemExit(f"{name} failed ({code}); see {log_path}")
+  losses = {int(s): float(v) for s, v in EVAL.findall(text)}
+  programs = len(re.findall(r"static shapes: bucket \[", text))
   return {"losses": losses, "seconds": seconds, "programs": programs}
 
 
