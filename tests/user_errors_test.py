@@ -36,6 +36,8 @@ OTHER_PROGRAMS = {
     "logdir",  # tensorboard
     "mode", "ffn_dropout",  # bench/peers (OpenNMT-tf's names)
     "select", "line",  # ruff (CONTRIBUTING.md: --select, --line-length)
+    "tf_xla_persistent_cache_directory", "tf_xla_persistent_cache_read_only",
+    "tf_xla_persistent_cache_prefix",  # TensorFlow's TF_XLA_FLAGS (docs/training.md)
 }
 _FLAG_NAME = re.compile(r"(?<![\w-])--([a-z][a-z0-9_]*)")
 
