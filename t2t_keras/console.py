@@ -79,8 +79,8 @@ def quiet_tensorflow(argv: Optional[Sequence[str]] = None, import_now: bool = Tr
 
 
 def own_help(module_name: str) -> None:
-  """`--help` shows `module_name`'s docstring and flags, for a command launched from
-  another `__main__` (a console script's wrapper or a `tools/` launcher).
+  """absl's help shows `module_name`'s docstring and flags, for a command launched
+  from another `__main__` (a console script's wrapper or a `tools/` launcher).
 
   absl's help prints `__main__`'s docstring and the flags defined by `sys.argv[0]`;
   a launcher defines none, so without this the help of `t2t-average-checkpoints`
