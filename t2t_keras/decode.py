@@ -231,6 +231,7 @@ def main(argv):
 
 def console_main():
   """The `t2t-decode` console script (setup.py)."""
+  console.own_help(__name__)
   app.run(main)
 
 

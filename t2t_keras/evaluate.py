@@ -182,6 +182,7 @@ def _evaluate_parsing():
 
 def console_main():
   """The `t2t-evaluate` console script (setup.py)."""
+  console.own_help(__name__)
   app.run(main)
 
 

@@ -141,6 +141,7 @@ def run(export_dir: str, ctranslate2: bool) -> None:
 
 def console_main():
   """The `t2t-export` console script (setup.py)."""
+  console.own_help(__name__)
   app.run(main)
 
 

@@ -109,6 +109,7 @@ def main(argv):
 
 def console_main():
   """The `t2t-score` console script (setup.py)."""
+  console.own_help(__name__)
   app.run(main)
 
 

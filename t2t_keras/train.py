@@ -36,12 +36,15 @@ def dry_run() -> None:
   print(f"parameters: {model.count_params()}")
 
 
-def dev_bleu_hook(model, tokenizer, data_config, decode_config, n: int):
+def dev_bleu_hook(model, tokenizer, data_config, decode_config, n: int,
+                  model_dir=None):
   """A Trainer eval hook: sacreBLEU of the first `n` dev sentences, decoded as configured.
 
   The dev sentences and references are the data source's (`Source.dev_pairs`: the
   --dev_src/--dev_tgt files, a TFDS validation split, the synthetic held-out set);
-  the returned function gives {"bleu": cased sacreBLEU}.
+  the returned function gives {"bleu": cased sacreBLEU}. With `model_dir`, each score
+  is also recorded with its step and sacreBLEU's signature (`modeldir.record_dev_bleu`,
+  read by the model card).
   """
   # pylint: disable=import-outside-toplevel
   from t2t_keras import decoding, metrics, translate
@@ -56,10 +59,15 @@ def dev_bleu_hook(model, tokenizer, data_config, decode_config, n: int):
   decode_fn = decoding.make_decode_fn(model, decode_config)
 
   def hook(step):
-    del step
     outputs = translate.translate(model, tokenizer, sources, decode_config,
                                  decode_fn=decode_fn, progress=False)
     report = metrics.bleu_report([o.texts[0] for o in outputs], [references])
+    if model_dir:
+      from t2t_keras import modeldir
+      modeldir.record_dev_bleu(model_dir, {
+          "bleu": report["bleu"], "step": int(step), "signature": report["bleu_signature"],
+          "sentences": len(sources), "dev_src": data_config.dev_src,
+          "dev_tgt": data_config.dev_tgt})
     return {"bleu": report["bleu"]}
   return hook
 
@@ -157,7 +165,7 @@ def train() -> None:
     # Every worker reads the dev text (a bad file stops them all here); only the chief
     # decodes it (training.evaluator).
     eval_hook = dev_bleu_hook(trainer.model, datasets.tokenizer, data_config, decode_config,
-                              FLAGS.eval_bleu_sentences)
+                              FLAGS.eval_bleu_sentences, train_config.model_dir)
   result = trainer.train(datasets.train_fn, datasets.eval_fn,
                          progress=lambda line: print(line, flush=True), eval_hook=eval_hook)
   if result.already_finished:
@@ -179,10 +187,13 @@ def train() -> None:
     translate.report_examples(trainer.model, datasets, decode_config, FLAGS.show_examples)
   if FLAGS.export or FLAGS.export_dir:
     from t2t_keras import serving
+    from t2t_keras.checkpoints import listed_checkpoints
     translator = serving.Translator(trainer.model, datasets.tokenizer, decode_config,
                                     FLAGS.max_input_length, vocab_file=vocab)
     path = serving.export(translator, FLAGS.export_dir or
-                          modeldir.default_export_dir(train_config.model_dir))
+                          modeldir.default_export_dir(train_config.model_dir),
+                          model_dir=train_config.model_dir,  # for the model card
+                          checkpoints=listed_checkpoints(train_config.model_dir)[-1:])
     limits = translator.limits
     print(f"exported {path} (serving_default: strings in, translations out; per request "
           f"at most {limits.max_rows} rows, {limits.max_string_bytes} bytes per string, "
@@ -211,6 +222,7 @@ def main(argv):
 
 def console_main():
   """The `t2t-train` console script (setup.py)."""
+  console.own_help(__name__)
   app.run(main)
 
 
