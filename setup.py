@@ -2,6 +2,22 @@
 
 from setuptools import find_packages, setup
 
+# tensor2tensor had t2t-trainer and t2t-decoder; `python -m t2t_keras.X` runs the same.
+ENTRY_POINTS = ("train", "decode", "export", "evaluate", "score")
+# The tools a user needs after `pip install` (t2t_keras/tools/; `python tools/X.py` in a
+# checkout). tools/run_recipe.py stays a repository tool: it reproduces the
+# repository's recipes (flags/*.cfg) and figures, which a wheel does not carry.
+TOOLS = {
+    "average_checkpoints": "t2t-average-checkpoints",
+    "build_vocab": "t2t-build-vocab",  # tensor2tensor's t2t-datagen
+    "ct2_translate": "t2t-ct2-translate",
+    "linearize_trees": "t2t-linearize-trees",
+    "plot_learning_curve": "t2t-plot-learning-curve",
+    "query_serving": "t2t-query-server",  # tensor2tensor's name for its serving client
+    "saved_model_cli": "t2t-saved-model-cli",
+    "visualize_attention": "t2t-visualize-attention",
+}
+
 setup(
     name="t2t_keras",
     version="0.1.0",
@@ -9,6 +25,20 @@ setup(
                 "TensorFlow 2 / Keras 3",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
+    # Apache-2.0, as tensor2tensor. An SPDX identifier; no "License ::" classifier:
+    # setuptools >= 77 deprecates those in favour of the SPDX expression.
+    license="Apache-2.0",
+    license_files=["LICENSE"],
+    classifiers=[
+        "Development Status :: 4 - Beta",
+        "Intended Audience :: Science/Research",
+        "Intended Audience :: Developers",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3 :: Only",
+        "Operating System :: OS Independent",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "Topic :: Text Processing :: Linguistic",
+    ],
     packages=find_packages(include=["t2t_keras", "t2t_keras.*"]),
     python_requires=">=3.10",
     install_requires=[
@@ -26,17 +56,18 @@ setup(
         "matplotlib>=3.8",  # attention maps and learning curves
         "tensorboard>=2.20",  # tf.summary and the learning-curve tool
     ],
-    # tensor2tensor had t2t-trainer and t2t-decoder; `python -m t2t_keras.X` runs the same.
     entry_points={"console_scripts": [
-        f"t2t-{name}=t2t_keras.{name}:console_main"
-        for name in ("train", "decode", "export", "evaluate", "score")]},
+        f"t2t-{name}=t2t_keras.{name}:console_main" for name in ENTRY_POINTS] + [
+        f"{command}=t2t_keras.tools.{module}:console_main"
+        for module, command in TOOLS.items()]},
     extras_require={
         # tensorflow-serving-api: tests/serving_test.py runs the gRPC client.
         # ctranslate2: tests/ctranslate2_export_test.py checks the export against it.
         "test": ["pytest>=8", "pytest-timeout", "tensorflow-serving-api>=2.21,<2.22",
                  "ctranslate2>=4.5"],
+        # t2t-query-server --protocol=grpc (tools/query_serving.py)
         "serving": ["tensorflow-serving-api>=2.21,<2.22"],
-        # `python -m t2t_keras.export --format=ctranslate2` and tools/ct2_translate.py
+        # `python -m t2t_keras.export --format=ctranslate2` and t2t-ct2-translate
         "ctranslate2": ["ctranslate2>=4.5"],
     },
 )

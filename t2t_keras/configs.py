@@ -7,14 +7,25 @@ num_heads, num_hidden_layers, attention_dropout, relu_dropout, label_smoothing, 
 
 Each setting is written once, here: its default, its help text, the values its flag
 accepts and its check sit beside the field (`setting`). flags.py generates the flags
-from these fields and builds the configs back from the flags, and `validate()` runs
-the same checks for configs built in code.
+from these fields and builds the configs back from the flags.
+
+Validation has one home per config: each class's `validate()` runs the fields' checks
+and the checks that span its fields (hidden_size and num_heads, batch_size and
+max_length, strategy and tpu, ...) and raises `errors.ConfigError` naming the flags.
+The flags layer calls it once (as flag validators, so a bad command line fails while
+it is parsed), and library entry points call it for configs built in code
+(`create_model`, `make_datasets`, `Trainer`). The settings of one data source (which
+files, which TFDS name, the synthetic task) are that source's to check:
+`t2t_keras.data.sources` (each source validates them when it is made). Checks that
+span configs (a TPU needs static shapes) are the train command's (flags.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Callable, List, Optional, Tuple
+
+from t2t_keras.errors import ConfigError
 
 Check = Tuple[Callable[[Any], bool], str]
 POSITIVE: Check = (lambda v: v > 0, "must be positive")
@@ -54,6 +65,12 @@ def check_fields(config) -> List[str]:
     if check and value is not None and not check[0](value):
       problems.append(f"--{flag_name(field)}={value} {check[1]}")
   return problems
+
+
+def raise_problems(problems: List[str], what: str) -> None:
+  """Raises ConfigError("Invalid <what>: <problem>; <problem>.") when there are any."""
+  if problems:
+    raise ConfigError(f"Invalid {what}: " + "; ".join(problems) + ".")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +136,7 @@ class ModelConfig:
     return self.value_size or self.hidden_size // self.num_heads
 
   def validate(self) -> "ModelConfig":
-    """Raises ValueError naming the offending values; returns self."""
+    """Raises ConfigError naming the offending flags and values; returns self."""
     problems = check_fields(self)
     if self.num_heads > 0 and (not self.key_size or not self.value_size):
       if self.hidden_size % self.num_heads:
@@ -133,8 +150,7 @@ class ModelConfig:
     if self.dtype not in ("float32", "bfloat16", "mixed_float16", "mixed_bfloat16"):
       problems.append(f"--dtype={self.dtype!r} must be float32, bfloat16 or "
                       "mixed_float16")
-    if problems:
-      raise ValueError("Invalid model configuration: " + "; ".join(problems))
+    raise_problems(problems, "model configuration")
     return self
 
 
@@ -149,10 +165,10 @@ class DataConfig:
   `bucket_growth`.
   """
 
-  source: str = setting(
-      "synthetic", "files: --train_src/--train_tgt; tfds: --tfds_name; synthetic: an "
-      "offline algorithmic task (--synthetic_task); parsing: .mrg trees.",
-      flag="data_source", choices=("files", "tfds", "synthetic", "parsing"))
+  # The kinds, their help and the flags each reads are the sources' own
+  # (t2t_keras.data.sources); flags.py makes this flag an enum of them.
+  source: str = setting("synthetic", "Where the sentence pairs come from.",
+                        flag="data_source")
   train_src: Optional[str] = setting(
       None, "Training source file, one sentence per line (--data_source=parsing: a .mrg "
       "file of bracketed trees).")
@@ -207,6 +223,23 @@ class DataConfig:
       False, "Skip and count lines with invalid UTF-8 instead of failing.")
   accum_steps: int = setting(1, flag="accum_steps")
 
+  def validate(self) -> "DataConfig":
+    """Raises ConfigError naming the offending flags and values; returns self.
+
+    The settings of the chosen source are checked by the source
+    (`t2t_keras.data.sources.data_source`).
+    """
+    problems = check_fields(self)
+    if self.batch_size < self.max_length:
+      problems.append(
+          f"--batch_size={self.batch_size} tokens cannot hold one sentence of "
+          f"--max_length={self.max_length}; raise --batch_size or lower --max_length")
+    raise_problems(problems, "data settings")
+    return self
+
+
+_STRATEGIES = ("default", "mirrored", "multi_worker_mirrored", "tpu")
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
@@ -229,8 +262,7 @@ class TrainConfig:
   adam_beta2: float = setting(0.98, "Adam beta2 (paper 0.98, t2t 0.997).")
   adam_epsilon: float = setting(1e-9, "Adam epsilon.")
   label_smoothing: float = setting(0.1, "eps_ls.", check=DROPOUT)
-  strategy: str = setting("default", "tf.distribute strategy.",
-                          choices=("default", "mirrored", "multi_worker_mirrored", "tpu"))
+  strategy: str = setting("default", "tf.distribute strategy.", choices=_STRATEGIES)
   tpu: Optional[str] = setting(None, "Cloud TPU name or address (--strategy=tpu).")
   num_logical_devices: int = setting(
       0, "Split the CPU into N logical devices (testing distribution).")
@@ -260,6 +292,18 @@ class TrainConfig:
   continue_after_early_stop: bool = setting(
       False, "Train on after a run that stopped early (--early_stopping_patience): the "
       "count of evaluations without improvement starts again from 0.")
+
+  def validate(self) -> "TrainConfig":
+    """Raises ConfigError naming the offending flags and values; returns self."""
+    problems = check_fields(self)
+    if self.strategy not in _STRATEGIES:
+      problems.append(f"--strategy={self.strategy!r} must be one of "
+                      f"{', '.join(_STRATEGIES)}")
+    if self.strategy == "tpu" and self.tpu is None:
+      problems.append("--strategy=tpu needs --tpu (a Cloud TPU name, 'local' on a TPU "
+                      "VM, or grpc://host:port)")
+    raise_problems(problems, "training settings")
+    return self
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,11 +362,10 @@ class DecodeConfig:
     return self.sampling_topk != 1 or self.sampling_topp < 1.0
 
   def validate(self) -> "DecodeConfig":
-    """Raises ValueError naming the offending flags; returns self."""
+    """Raises ConfigError naming the offending flags; returns self."""
     problems = check_fields(self)
     if self.num_samples > 1 and not self.sampling:
       problems.append(f"--num_samples={self.num_samples} needs sampling: set "
                       "--sampling_topk (0 = whole vocabulary) or --sampling_topp < 1")
-    if problems:
-      raise ValueError("Invalid decoding settings: " + "; ".join(problems) + ".")
+    raise_problems(problems, "decoding settings")
     return self

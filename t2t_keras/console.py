@@ -12,7 +12,8 @@ a failing op still raises a Python exception with its message, and a run that fa
 in a way the message does not explain is worth repeating with `--verbosity=0`.
 
 Entry points call `quiet_tensorflow()` before TensorFlow is imported (the C++ level is
-read once, at import) and `setup_logging()` once flags are parsed.
+read once, at import) and `setup_logging()` once flags are parsed; a command whose code
+is not its `__main__` (a console script, or a `tools/` launcher) calls `own_help()`.
 """
 
 from __future__ import annotations
@@ -75,6 +76,24 @@ def quiet_tensorflow(argv: Optional[Sequence[str]] = None, import_now: bool = Tr
     finally:
       os.dup2(saved, 2)
       os.close(saved)
+
+
+def own_help(module_name: str) -> None:
+  """absl's help shows `module_name`'s docstring and flags, for a command launched
+  from another `__main__` (a console script's wrapper or a `tools/` launcher).
+
+  absl's help prints `__main__`'s docstring and the flags defined by `sys.argv[0]`;
+  a launcher defines none, so without this the help of `t2t-average-checkpoints`
+  would list no flags at all.
+  """
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  module = sys.modules[module_name]
+  main = sys.modules.get("__main__")
+  if main is None or main is module:
+    return
+  main.__doc__ = module.__doc__
+  for flag in flags.FLAGS.get_key_flags_for_module(module_name):
+    flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
 
 
 class _OwnInfoOnly(logging.Filter):
@@ -181,6 +200,8 @@ class Command:
     errors.exit_on_user_error(self.run, self.extra_errors)
 
   def console_main(self) -> None:
-    """The `t2t-<name>` console script (setup.py)."""
+    """The `t2t-<name>` console script (setup.py); its help is the entry point's
+    (`own_help` of the module that defines `run`)."""
     from absl import app  # pylint: disable=import-outside-toplevel
+    own_help(self.run.__module__)
     app.run(self.main)

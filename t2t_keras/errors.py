@@ -20,6 +20,11 @@ class UserError(Exception):
   """A problem the user can fix; the message says what it is and what to do."""
 
 
+class ConfigError(UserError, ValueError):
+  """A setting, or a combination of settings, that cannot work; the message names the
+  flags and their values and says what to do (raised by the configs' `validate()`)."""
+
+
 class DataError(UserError, ValueError):
   """Training or evaluation data: a file, line or dataset and what to do about it."""
 

@@ -9,7 +9,7 @@ line-aligned UTF-8 text, one detokenized segment per line (sacreBLEU tokenizes);
 several --references files score against multiple references.
 
 Parsing prints labeled bracketing F1, recall and precision as EVALB computes them with
-COLLINS.prm (t2t_keras.evalb), for all sentences and those of <= 40 words, and how many
+COLLINS.prm (t2t_keras.parsing.evalb), for all sentences and those of <= 40 words, and how many
 hypotheses had to be repaired into a tree. --hypotheses holds the decoder's linearized
 trees, one per line (`(S (NP NNP ) (VP VBZ ) . )`, as t2t_keras.decode writes them);
 --references is ONE treebank file of bracketed trees (.mrg, one tree per line or
@@ -21,7 +21,7 @@ must then be the same words. --output_trees writes the rebuilt trees (Penn Treeb
 brackets) for other tools. Trees from another parser can be scored by linearizing them
 first (tools/linearize_trees.py).
 
-A thin entry point over t2t_keras.metrics.bleu_report and t2t_keras.evalb. It does not
+A thin entry point over t2t_keras.metrics.bleu_report and t2t_keras.parsing.evalb. It does not
 import TensorFlow (only for gs:// and other remote paths), so it starts in about a
 second.
 """

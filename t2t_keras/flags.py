@@ -3,11 +3,16 @@
 The flags of ModelConfig, DataConfig, TrainConfig and DecodeConfig are generated from
 their fields (configs.py holds each setting's default, help, choices and check); this
 module adds the few shared flags that are not config fields (--model_dir, --export,
---checkpoint_path, ...) and the checks that span several flags. Entry points call
-`define_*` for the groups they use and turn FLAGS into configs with the `*_config`
-functions below: library code never reads FLAGS. A command's own flags (decode's
---input_file, evaluate's --hypotheses, ...) live in its entry point. Names follow
-tensor2tensor's hparams so its users recognise them.
+--checkpoint_path, ...). The settings' checks are not written here: each config group
+gets one flag validator that builds the config and calls its `validate()`, and the
+data group's also asks the chosen data source (t2t_keras.data.sources) to check its
+own flags; which data flags a source reads, and so which ones train refuses, is the
+source's answer. This module's own checks are of the command line: flags typed for a
+run that ignores them, and the few checks across configs (a TPU needs static shapes).
+Entry points call `define_*` for the groups they use and turn FLAGS into configs with
+the `*_config` functions below: library code never reads FLAGS. A command's own flags
+(decode's --input_file, evaluate's --hypotheses, ...) live in its entry point. Names
+follow tensor2tensor's hparams so its users recognise them.
 
 Every entry point that reads a model directory defines the model, data, training and
 decoding groups, so one recipe flagfile serves train, decode and export; a flag typed
@@ -27,7 +32,9 @@ import itertools
 
 from absl import flags
 
+from t2t_keras import errors
 from t2t_keras.configs import DataConfig, DecodeConfig, ModelConfig, TrainConfig, flag_name
+from t2t_keras.data import sources
 
 FLAGS = flags.FLAGS
 
@@ -57,12 +64,14 @@ _DEFINERS = {"int": "DEFINE_integer", "float": "DEFINE_float", "bool": "DEFINE_b
              "str": "DEFINE_string", "Optional[str]": "DEFINE_string"}
 
 
-def define_settings(config_class, names=None, flag_values=FLAGS) -> None:
+def define_settings(config_class, names=None, flag_values=FLAGS, choices=None,
+                    helps=None) -> None:
   """Defines the flags of `config_class`'s fields that have help (or only `names`),
   skipping flags `flag_values` already has.
 
   Each flag gets the field's default and help, an enum of its choices, and a
-  validator of its check (`configs.setting`).
+  validator of its check (`configs.setting`); `choices` and `helps` ({field name:
+  value}) give those of fields whose values another module owns (the data sources).
   """
   f = _Definer(flag_values)
   for field in dataclasses.fields(config_class):
@@ -72,10 +81,12 @@ def define_settings(config_class, names=None, flag_values=FLAGS) -> None:
     name = flag_name(field)
     if name in flag_values:  # defined by an earlier call (entry points share groups)
       continue
-    if meta["choices"]:
-      f.DEFINE_enum(name, field.default, list(meta["choices"]), meta["help"])
+    enum = (choices or {}).get(field.name, meta["choices"])
+    text = (helps or {}).get(field.name, meta["help"])
+    if enum:
+      f.DEFINE_enum(name, field.default, list(enum), text)
     else:
-      getattr(f, _DEFINERS[field.type])(name, field.default, meta["help"])
+      getattr(f, _DEFINERS[field.type])(name, field.default, text)
     if meta["check"]:
       ok, text = meta["check"]
       f.register_validator(name, lambda v, ok=ok: v is None or ok(v),
@@ -96,55 +107,45 @@ def settings_from_flags(config_class, fv=FLAGS, **values):
   return config_class(**values)
 
 
+def _validate_group(f, config_class, check) -> None:
+  """Registers one validator over the flags of `config_class` defined so far: it
+  builds the config from them and runs `check(config)` (its `validate()`, ...), so a
+  command line that breaks a config's checks fails while it is parsed."""
+  names = {flag_name(field): field.name for field in dataclasses.fields(config_class)
+           if flag_name(field) in f.flag_values and (field.metadata.get("help")
+                                                     or field.metadata.get("flag"))}
+
+  def valid(values):
+    try:
+      check(config_class(**{names[name]: value for name, value in values.items()}))
+    except errors.UserError as error:
+      raise flags.ValidationError(str(error)) from None
+    return True
+  f.register_multi_flags_validator(sorted(names), valid)
+
+
+def _check_data(config: DataConfig) -> None:
+  sources.data_source(config.validate()).validate()  # the source checks its own flags
+
+
 @_once("vocab_size")
 def define_model_flags(f):
   """Architecture flags (paper section 3 and Table 3)."""
   define_settings(ModelConfig, flag_values=f.flag_values)
-
-  @f.multi_flags_validator(["hidden_size", "num_heads", "key_size", "value_size"])
-  def _heads_divide(v):
-    if v["key_size"] and v["value_size"]:
-      return True
-    if v["num_heads"] > 0 and v["hidden_size"] % v["num_heads"]:
-      raise flags.ValidationError(
-          f"--hidden_size={v['hidden_size']} is not divisible by --num_heads="
-          f"{v['num_heads']}: choose sizes that divide, or set --key_size and "
-          "--value_size (d_k, d_v per head) explicitly.")
-    return True
+  _validate_group(f, ModelConfig, ModelConfig.validate)
 
 
 @_once("data_source")
 def define_data_flags(f):
-  """Where the sentence pairs come from and how they are batched."""
-  define_settings(DataConfig, flag_values=f.flag_values)
+  """Where the sentence pairs come from (the sources of t2t_keras.data.sources) and how
+  they are batched."""
+  define_settings(DataConfig, flag_values=f.flag_values,
+                  choices={"source": sources.SOURCES},
+                  helps={"source": sources.flag_help()})
   f.DEFINE_integer("shuffle_buffer", None, "Deprecated and ignored: training shuffles "
                        "the whole corpus (t2t_keras.data.plan). Kept so that old "
                        "flagfiles run; setting it logs a warning.")
-
-  @f.multi_flags_validator(["data_source", "train_src", "train_tgt"])
-  def _files_given(v):
-    if v["data_source"] in ("files", "parsing") and not v["train_src"]:
-      raise flags.ValidationError(
-          f"--data_source={v['data_source']} needs --train_src (and --train_tgt for "
-          "files): name the training files, or use --data_source=synthetic.")
-    if v["data_source"] == "files" and not v["train_tgt"]:
-      raise flags.ValidationError("--data_source=files needs --train_tgt.")
-    return True
-
-  @f.multi_flags_validator(["data_source", "dev_src", "dev_tgt"])
-  def _dev_pair(v):
-    if v["data_source"] != "parsing" and bool(v["dev_src"]) != bool(v["dev_tgt"]):
-      raise flags.ValidationError("--dev_src and --dev_tgt go together: give both or "
-                                  "neither.")
-    return True
-
-  @f.multi_flags_validator(["batch_size", "max_length"])
-  def _batch_fits(v):
-    if v["batch_size"] < v["max_length"]:
-      raise flags.ValidationError(
-          f"--batch_size={v['batch_size']} tokens cannot hold one sentence of "
-          f"--max_length={v['max_length']}; raise --batch_size or lower --max_length.")
-    return True
+  _validate_group(f, DataConfig, _check_data)
 
 
 @_once("model_dir")
@@ -154,7 +155,9 @@ def define_train_flags(f):
   f.DEFINE_string("model_dir", None, "Checkpoints, summaries, vocabulary, flags.")
   f.DEFINE_integer("eval_bleu_sentences", 0,
                    "At each dev evaluation, also decode the first N dev sentences with the "
-                   "decode flags and log sacreBLEU (files data source; 0 = off).")
+                   "decode flags and log sacreBLEU (the data source's dev pairs: "
+                   "--dev_src/--dev_tgt, the TFDS validation split, the synthetic "
+                   "held-out set; 0 = off).")
   f.DEFINE_boolean("export", False,
                    "After training, export a SavedModel for TensorFlow Serving to "
                    "--export_dir (decoding settings from the decode flags).")
@@ -168,13 +171,7 @@ def define_train_flags(f):
                    "many examples and the exact-match accuracy (0 = skip).")
   f.register_validator("eval_bleu_sentences", lambda v: v >= 0,
                        message="--eval_bleu_sentences must be >= 0 (0 = off).")
-
-  @f.multi_flags_validator(["strategy", "tpu"])
-  def _tpu_named(v):
-    if v["strategy"] == "tpu" and v["tpu"] is None:
-      raise flags.ValidationError("--strategy=tpu needs --tpu (a Cloud TPU name, "
-                                  "'local' on a TPU VM, or grpc://host:port).")
-    return True
+  _validate_group(f, TrainConfig, TrainConfig.validate)
 
 
 # Decoding settings every command that decodes reads; sampling is decode's own.
@@ -226,18 +223,22 @@ def model_config(vocab_size=None, fv=FLAGS) -> ModelConfig:
 
 
 def data_config(fv=FLAGS) -> DataConfig:
-  """DataConfig from FLAGS; the data directory defaults to --model_dir."""
-  return settings_from_flags(
+  """DataConfig from FLAGS, validated with its source's checks; the data directory
+  defaults to --model_dir."""
+  config = settings_from_flags(
       DataConfig, fv, data_dir=fv.data_dir or (fv.model_dir if "model_dir" in fv else None))
+  _check_data(config)
+  return config
 
 
 def train_config(fv=FLAGS) -> TrainConfig:
-  return settings_from_flags(TrainConfig, fv)
+  return settings_from_flags(TrainConfig, fv).validate()
 
 
 def decode_config(fv=FLAGS) -> DecodeConfig:
-  """DecodeConfig from FLAGS (the sampling fields too where the command defines them)."""
-  return settings_from_flags(DecodeConfig, fv)
+  """DecodeConfig from FLAGS (the sampling fields too where the command defines them),
+  validated."""
+  return settings_from_flags(DecodeConfig, fv).validate()
 
 
 def model_dirs(fv=FLAGS) -> list:
@@ -268,16 +269,12 @@ _DECODE_FLAGS = tuple(flag_name(field) for field in dataclasses.fields(DecodeCon
                       if field.name in _SHARED_DECODE_FIELDS) + (
                           "max_input_length", "checkpoint_path", "average_last_n",
                           "decode_dtype", "constrain_trees")
-# Data flags each --data_source reads (the others are ignored by it).
-_SOURCE_FLAGS = {
-    "files": ("train_src", "train_tgt", "dev_src", "dev_tgt"),
-    "parsing": ("train_src", "dev_src", "parsing_linearization"),
-    "tfds": ("tfds_name", "tfds_data_dir", "source_lang", "target_lang"),
-    "synthetic": ("synthetic_task", "synthetic_min_length", "synthetic_max_length",
-                  "synthetic_vocab_size", "synthetic_train_size", "synthetic_eval_size"),
-}
-_TEXT_ONLY_FLAGS = ("vocab_size", "vocab_type", "vocab_file", "vocab_sample_sentences",
-                    "data_dir", "skip_invalid_utf8")
+
+
+def _data_flags(fields) -> tuple:
+  """The flags of DataConfig fields (a source's `reads`, `sources.TEXT_FIELDS`)."""
+  by_field = {field.name: flag_name(field) for field in dataclasses.fields(DataConfig)}
+  return tuple(by_field[name] for name in fields)
 
 
 def command_line_flags(argv, fv=FLAGS) -> list:
@@ -320,48 +317,45 @@ def check_train_flags(argv, fv=FLAGS) -> list:
                     "every epoch (no buffer); drop the flag")
   if "dry_run" in fv and fv.dry_run:
     return warnings  # builds the model from the model flags (including --vocab_size) only
-  source = fv.data_source
+  source = sources.SOURCE_CLASSES[fv.data_source]
   ignored = set(itertools.chain.from_iterable(
-      names for kind, names in _SOURCE_FLAGS.items() if kind != source))
-  ignored -= set(_SOURCE_FLAGS.get(source, ()))
-  if source == "synthetic":
-    ignored |= set(_TEXT_ONLY_FLAGS)
+      _data_flags(cls.reads) for cls in sources.SOURCE_CLASSES.values()))
+  ignored -= set(_data_flags(source.reads))
+  if not source.is_text:
+    ignored |= set(_data_flags(sources.TEXT_FIELDS))
   if fv.strategy != "tpu":
     ignored.add("tpu")
   problems = []
   for name in command_line_flags(argv, fv):
     if name in ignored:
-      reads = ", ".join(f"--{n}" for n in _SOURCE_FLAGS.get(source, ()))
+      reads = ", ".join(f"--{n}" for n in _data_flags(source.reads))
       if name == "tpu":
         problems.append(f"--tpu is set but --strategy={fv.strategy} does not use it: "
                         "add --strategy=tpu, or drop --tpu")
       else:
         problems.append(
-            f"--{name}={_value(fv, name)} is set but --data_source={source} does not "
-            f"read it (it reads {reads or 'no file flags'}"
-            f"{'; its vocabulary is its symbols' if source == 'synthetic' else ''}): "
+            f"--{name}={_value(fv, name)} is set but --data_source={source.kind} does "
+            f"not read it (it reads {reads or 'no file flags'}"
+            f"{'' if source.is_text else '; its vocabulary is its symbols'}): "
             f"{_fix_for(name)}, or drop --{name}")
   if fv.strategy == "tpu" and not fv.static_shapes:
     problems.append(
         "--strategy=tpu needs --static_shapes: XLA compiles one TPU program per batch "
         "shape, and only static shapes give every core and host of a step the same, "
         "fully known shape (one per bucket); add --static_shapes")
-  if (fv.source_pointer and source == "parsing"
-      and fv.parsing_linearization != "words"):
-    problems.append(
-        "--source_pointer points at the next source word the target copies, and "
-        f"--parsing_linearization={fv.parsing_linearization} copies none: use "
-        "--parsing_linearization=words, or drop --source_pointer")
+  problems += sources.data_source(data_config(fv)).check_model(
+      settings_from_flags(ModelConfig, fv))
   if problems:
     raise flags.ValidationError("; ".join(problems) + ".")
   return warnings
 
 
 def _fix_for(name: str) -> str:
-  for kind, names in _SOURCE_FLAGS.items():
-    if name in names:
+  for kind, cls in sources.SOURCE_CLASSES.items():
+    if name in _data_flags(cls.reads):
       return f"add --data_source={kind} to use it"
-  return "add --data_source=files (or tfds) to train on text"
+  text = [kind for kind, cls in sources.SOURCE_CLASSES.items() if cls.is_text]
+  return f"add --data_source={text[0]} (or {', '.join(text[1:])}) to train on text"
 
 
 # Model flags that only training reads: decoding runs without dropout.

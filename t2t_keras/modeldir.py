@@ -17,6 +17,8 @@ the directory holds, so that a new file (or a renamed one) is one edit:
                        `checkpoint` (`checkpoint_paths`, `choose_checkpoints`)
   train/, eval/        TensorBoard logs (`logs_dir`)
   best/, best_eval.json  the best checkpoint by dev BLEU or loss and its record
+  dev_bleu.json        the last dev BLEU with sacreBLEU's signature (`record_dev_bleu`),
+                       for the model card of an export
   .worker-<i>/         scratch checkpoints of the non-chief workers
   export/, ctranslate2/  default export directories
 
@@ -53,6 +55,7 @@ VOCAB_PATTERNS = ("*.model", "*.vocab")  # SentencePiece files copied with a mod
 CHECKPOINT_PREFIX = "ckpt"
 BEST_DIR = "best"
 BEST_STATE_FILE = "best_eval.json"
+DEV_BLEU_FILE = "dev_bleu.json"
 EXPORT_DIR = "export"
 CTRANSLATE2_DIR = "ctranslate2"
 # ModelConfig fields that change variable shapes or the computation a checkpoint encodes.
@@ -82,6 +85,34 @@ def best_dir(model_dir: str) -> str:
 
 def best_state_path(model_dir: str) -> str:
   return os.path.join(model_dir, BEST_STATE_FILE)
+
+
+def _read_json(path: str) -> Optional[dict]:
+  """A small JSON record, or None when it is missing or unreadable (it only informs)."""
+  if not tf.io.gfile.exists(path):
+    return None
+  try:
+    with tf.io.gfile.GFile(path) as f:
+      return json.load(f)
+  except (json.JSONDecodeError, tf.errors.OpError, UnicodeDecodeError) as error:
+    logging.warning("cannot read %s (%s); going on without it", path, error)
+    return None
+
+
+def best_eval(model_dir: str) -> Optional[dict]:
+  """The record of the best checkpoint (best_eval.json), or None."""
+  return _read_json(best_state_path(model_dir))
+
+
+def record_dev_bleu(model_dir: str, record: dict) -> None:
+  """Replaces the record of the last dev BLEU (the chief's eval hook writes it)."""
+  _write_atomic(os.path.join(model_dir, DEV_BLEU_FILE),
+                json.dumps(record, indent=2, sort_keys=True))
+
+
+def last_dev_bleu(model_dir: str) -> Optional[dict]:
+  """The last dev BLEU recorded by `record_dev_bleu` (bleu, step, signature, ...), or None."""
+  return _read_json(os.path.join(model_dir, DEV_BLEU_FILE))
 
 
 def worker_dir(model_dir: str, worker_id: int) -> str:

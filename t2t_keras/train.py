@@ -36,37 +36,38 @@ def dry_run() -> None:
   print(f"parameters: {model.count_params()}")
 
 
-def dev_bleu_hook(model, tokenizer, data_config, decode_config, n: int):
+def dev_bleu_hook(model, tokenizer, data_config, decode_config, n: int,
+                  model_dir=None):
   """A Trainer eval hook: sacreBLEU of the first `n` dev sentences, decoded as configured.
 
-  Needs the dev set as text (`--dev_src`/`--dev_tgt`); the returned function gives
-  {"bleu": cased sacreBLEU}.
+  The dev sentences and references are the data source's (`Source.dev_pairs`: the
+  --dev_src/--dev_tgt files, a TFDS validation split, the synthetic held-out set);
+  the returned function gives {"bleu": cased sacreBLEU}. With `model_dir`, each score
+  is also recorded with its step and sacreBLEU's signature (`modeldir.record_dev_bleu`,
+  read by the model card).
   """
   # pylint: disable=import-outside-toplevel
-  import tensorflow as tf
-
   from t2t_keras import decoding, metrics, translate
+  from t2t_keras.data import sources as sources_lib
   from t2t_keras.errors import DataError
-  if not (data_config.dev_src and data_config.dev_tgt):
-    raise DataError("--eval_bleu_sentences needs the dev set as text files: set --dev_src "
-                    "and --dev_tgt (or --eval_bleu_sentences=0).")
-  sources, references = [], []
-  for path, lines in ((data_config.dev_src, sources), (data_config.dev_tgt, references)):
-    with tf.io.gfile.GFile(path, "rb") as f:  # gs:// too
-      for line in f:
-        if len(lines) == n:
-          break
-        lines.append(line.decode("utf-8", errors="replace").rstrip("\r\n"))
-  if len(sources) != len(references):
-    raise DataError(f"--dev_src {data_config.dev_src} has {len(sources)} lines but --dev_tgt "
-                    f"{data_config.dev_tgt} has {len(references)} within the first {n}.")
+  source = sources_lib.data_source(data_config)
+  pairs = source.dev_pairs(n)
+  if pairs is None:
+    raise DataError(f"--eval_bleu_sentences needs a dev split: {source.dev_help} (or "
+                    "--eval_bleu_sentences=0).")
+  sources, references = pairs
   decode_fn = decoding.make_decode_fn(model, decode_config)
 
   def hook(step):
-    del step
     outputs = translate.translate(model, tokenizer, sources, decode_config,
                                  decode_fn=decode_fn, progress=False)
     report = metrics.bleu_report([o.texts[0] for o in outputs], [references])
+    if model_dir:
+      from t2t_keras import modeldir
+      modeldir.record_dev_bleu(model_dir, {
+          "bleu": report["bleu"], "step": int(step), "signature": report["bleu_signature"],
+          "sentences": len(sources), "dev_src": data_config.dev_src,
+          "dev_tgt": data_config.dev_tgt})
     return {"bleu": report["bleu"]}
   return hook
 
@@ -125,6 +126,7 @@ def train() -> None:
   import tensorflow as tf
 
   from t2t_keras import modeldir
+  from t2t_keras.data import sources
   from t2t_keras.errors import DataError
   from t2t_keras.training import distribute
   from t2t_keras.training.trainer import PREEMPTED_EXIT_CODE, Trainer, format_duration
@@ -148,8 +150,8 @@ def train() -> None:
   if ((train_config.keep_best_checkpoint or train_config.early_stopping_patience)
       and datasets.eval_fn is None):
     raise DataError("--keep_best_checkpoint and --early_stopping_patience judge the dev "
-                    "set, and this run has none: set --dev_src/--dev_tgt (files; TFDS and "
-                    "synthetic data bring their own), or drop those flags.")
+                    "set, and this run has none: "
+                    f"{sources.data_source(data_config).dev_help}, or drop those flags.")
   plan_key = modeldir.plan_key(data_config, train_config, strategy.num_replicas_in_sync)
   change = modeldir.check_plan(train_config.model_dir, plan_key)
   if change:
@@ -163,7 +165,7 @@ def train() -> None:
     # Every worker reads the dev text (a bad file stops them all here); only the chief
     # decodes it (training.evaluator).
     eval_hook = dev_bleu_hook(trainer.model, datasets.tokenizer, data_config, decode_config,
-                              FLAGS.eval_bleu_sentences)
+                              FLAGS.eval_bleu_sentences, train_config.model_dir)
   result = trainer.train(datasets.train_fn, datasets.eval_fn,
                          progress=lambda line: print(line, flush=True), eval_hook=eval_hook)
   if result.already_finished:
@@ -182,14 +184,16 @@ def train() -> None:
     return
   if FLAGS.show_examples and datasets.eval_fn is not None:
     from t2t_keras import translate
-    translate.report_examples(trainer.model, datasets, data_config, decode_config,
-                             FLAGS.show_examples)
+    translate.report_examples(trainer.model, datasets, decode_config, FLAGS.show_examples)
   if FLAGS.export or FLAGS.export_dir:
+    from t2t_keras.checkpoints import listed_checkpoints
     from t2t_keras.export import saved_model
     translator = saved_model.Translator(trainer.model, datasets.tokenizer, decode_config,
                                         FLAGS.max_input_length, vocab_file=vocab)
     path = saved_model.export(translator, FLAGS.export_dir or
-                              modeldir.default_export_dir(train_config.model_dir))
+                              modeldir.default_export_dir(train_config.model_dir),
+                              model_dir=train_config.model_dir,  # for the model card
+                              checkpoints=listed_checkpoints(train_config.model_dir)[-1:])
     limits = translator.limits
     print(f"exported {path} (serving_default: strings in, translations out; per request "
           f"at most {limits.max_rows} rows, {limits.max_string_bytes} bytes per string, "

@@ -4,8 +4,8 @@
 module feeds it: it tokenizes, sorts sentences by length into batches (little
 padding), pads batches to few shapes under XLA (`padded_width`), detokenizes and puts
 the results back in input order. It also decodes a dev set for the exact-match report
-that training prints. The decode and score commands and tools/visualize_attention.py
-use it; the exported SavedModel does the same steps in its graph (t2t_keras.serving).
+that training prints. The decode command uses it (the score command only its truncation
+note); the exported SavedModel does the same steps in its graph.
 """
 
 from __future__ import annotations
@@ -170,14 +170,13 @@ def exact_match(model, dataset: tf.data.Dataset, config: DecodeConfig,
   return correct / max(total, 1), total, examples
 
 
-def report_examples(model, datasets, data_config, decode_config: DecodeConfig, n: int,
+def report_examples(model, datasets, decode_config: DecodeConfig, n: int,
                     stream=None) -> float:
   """Decodes the dev set, prints `n` examples and the exact-match accuracy.
 
   Returns:
     The sequence exact-match accuracy.
   """
-  del data_config
   stream = stream or sys.stdout
   start = time.time()
   accuracy, total, examples = exact_match(model, datasets.eval_fn(None), decode_config)

@@ -58,7 +58,7 @@ def _split_cpu(num_devices=2):
   from t2t_keras.training import distribute  # pylint: disable=import-outside-toplevel
   try:
     distribute.split_cpu(num_devices)
-  except RuntimeError:  # already initialised (e.g. a plugin imported TF first)
+  except distribute.StrategyError:  # already initialised (e.g. a plugin imported TF first)
     pass
 
 

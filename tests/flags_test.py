@@ -134,3 +134,24 @@ def test_dry_run_parameter_counts(cfg, d, dff, paper):
   count = dry_run(f"--flagfile=flags/{cfg}.cfg", "--vocab_size=37000")
   assert count == expected_parameters(37000, d, dff, 6)
   assert abs(count - paper) / paper < 0.04  # the paper reports ~65M and 213M
+
+
+def test_each_config_validates_itself_and_the_flags_ask_it():
+  """One home per check: the config's validate(), which the flag validators call."""
+  from t2t_keras import errors  # pylint: disable=import-outside-toplevel
+  from t2t_keras.configs import (DataConfig,  # pylint: disable=import-outside-toplevel
+                                 DecodeConfig, ModelConfig, TrainConfig)
+  cases = [(TrainConfig(strategy="tpu"), "--strategy=tpu needs --tpu"),
+           (TrainConfig(strategy="horovod"), "--strategy='horovod' must be one of"),
+           (TrainConfig(accum_steps=0), "--accum_steps=0 must be positive"),
+           (DataConfig(batch_size=100, max_length=200), "--batch_size=100 tokens"),
+           (ModelConfig(hidden_size=10, num_heads=3), "--hidden_size=10 is not divisible"),
+           (DecodeConfig(num_samples=2), "--num_samples=2 needs sampling")]
+  for config, message in cases:
+    with pytest.raises(errors.ConfigError, match=message) as error:
+      config.validate()
+    assert isinstance(error.value, errors.UserError)
+  with pytest.raises(flags.IllegalFlagValueError, match="--strategy=tpu needs --tpu"):
+    parse("--strategy=tpu")
+  with pytest.raises(flags.IllegalFlagValueError, match="--batch_size=100 tokens"):
+    parse("--batch_size=100", "--max_length=200")

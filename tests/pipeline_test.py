@@ -216,7 +216,7 @@ def test_cache_is_reused_and_invalidated(corpus, monkeypatch):
   build = cache._build
   calls = []
   monkeypatch.setattr(cache, "_build", lambda *a: calls.append(a[1]) or build(*a))
-  monkeypatch.setattr(cache.textfiles, "validate_parallel_files",
+  monkeypatch.setattr(sources.textfiles, "validate_parallel_files",
                       lambda *a: pytest.fail("files validated twice"))
   again = pipeline.make_datasets(dataclasses.replace(config, max_length=64))
   assert calls == [] and again.train_stats.too_long == 0  # Same cache, new filter.

@@ -10,6 +10,7 @@ Two stand-ins for Cloud Storage, each failing wherever a Python `open()`, `os.pa
   processes, train -> average -> decode -> score -> export (SavedModel and CTranslate2).
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -81,6 +82,12 @@ def test_training_entry_point_on_ram_filesystem(tmp_path, shared_data):
   assert not os.listdir(work)  # nothing went to a local "ram:" folder
 
 
+def tf_latest(directory):
+  """The checkpoint a directory's `checkpoint` file names (read as text: no TensorFlow)."""
+  text = (directory / "checkpoint").read_text(encoding="utf-8")
+  return text.split('model_checkpoint_path: "', 1)[1].split('"', 1)[0]
+
+
 def run(args, cwd):
   result = subprocess.run([sys.executable] + args, cwd=cwd, env=ENV, capture_output=True,
                           text=True, timeout=600)
@@ -109,6 +116,14 @@ def test_whole_path_on_file_urls(tmp_path, shared_data):
       + TRAIN_FLAGS, work)
   assert (m / "flags.txt").exists() and (m / "best_eval.json").exists()
   assert len(os.listdir(m / "export")) == 1
+  # The export's model card names the run's data and its last dev BLEU with the signature.
+  (trained_export,) = os.listdir(m / "export")
+  card = json.loads((m / "export" / trained_export / "assets.extra" / "model_card.json")
+                    .read_text(encoding="utf-8"))
+  assert card["training_data"]["train_src"] == url(data / "train.en")
+  assert card["dev_bleu"]["step"] == 12 and card["dev_bleu"]["sentences"] == 8
+  assert card["checkpoints"] == ["ckpt-12"] and card["step"] == 12
+  assert card["dev_bleu"]["signature"].startswith("nrefs:1|case:mixed|")
   run([os.path.join(REPO_ROOT, "tools", "average_checkpoints.py"), f"--model_dir={url(m)}",
        f"--output_dir={url(tmp_path / 'avg')}", "--last_n=2"], work)
   assert (tmp_path / "avg" / "checkpoint").exists()
@@ -126,6 +141,11 @@ def test_whole_path_on_file_urls(tmp_path, shared_data):
        f"--export_dir={url(tmp_path / 'exported')}"], work)
   (version,) = os.listdir(tmp_path / "exported")
   assert (tmp_path / "exported" / version / "saved_model.pb").exists()
+  shown = run([os.path.join(REPO_ROOT, "tools", "saved_model_cli.py"), "card", "--dir",
+               url(tmp_path / "exported" / version)], work)
+  card = json.loads(shown.stdout)
+  assert card["checkpoints"] == [os.path.basename(tf_latest(m / "best"))]
+  assert card["dev_bleu"] == json.loads((m / "dev_bleu.json").read_text(encoding="utf-8"))
   run(["-m", "t2t_keras.export", f"--model_dir={url(m)}", "--format=ctranslate2",
        f"--export_dir={url(tmp_path / 'ct2')}"], work)
   assert (tmp_path / "ct2" / "model.bin").exists()

@@ -1,5 +1,6 @@
 """Tests of t2t_keras.data.sources: file validation, bad input, TFDS, synthetic tasks."""
 
+import dataclasses
 import os
 
 import numpy as np
@@ -179,3 +180,104 @@ def test_fingerprint_follows_content_not_size_or_time(tmp_path):
   assert after["size"] == before["size"] and after != before
   os.utime(path)  # touch: same content, same key
   assert textfiles.file_fingerprint(str(path)) == after
+
+
+# ------------------------------------------------- a source owns its flags and dev pairs
+def test_every_source_declares_fields_that_exist_and_a_help_line():
+  fields = {f.name for f in dataclasses.fields(DataConfig)}
+  for kind, cls in sources.SOURCE_CLASSES.items():
+    assert cls.kind == kind and cls.summary and kind in sources.flag_help()
+    assert set(cls.reads) <= fields, kind
+  assert set(sources.TEXT_FIELDS) <= fields
+
+
+class _TsvSource(sources.Source):
+  """A source a contributor might add: one tab-separated file (--train_src)."""
+
+  kind = "tsv"
+  summary = "one tab-separated file of pairs (--train_src)"
+  reads = ("train_src", "dev_src")
+  dev_help = "set --dev_src"
+
+  def problems(self):
+    return super().problems() + ([] if self.config.train_src else
+                                 ["--data_source=tsv needs --train_src"])
+
+
+def test_a_new_source_is_one_class_and_one_registration(monkeypatch):
+  """The flags offer it, validate it through it, and refuse flags it does not read."""
+  from absl import flags  # pylint: disable=import-outside-toplevel
+
+  from t2t_keras import flags as t2t_flags  # pylint: disable=import-outside-toplevel
+  monkeypatch.setitem(sources.SOURCE_CLASSES, "tsv", _TsvSource)
+  monkeypatch.setattr(sources, "SOURCES", tuple(sources.SOURCE_CLASSES))
+  fv = flags.FlagValues()
+  t2t_flags.define_all(fv)
+  assert "tsv" in fv["data_source"].help
+  with pytest.raises(flags.IllegalFlagValueError, match="--data_source=tsv needs "
+                     "--train_src"):
+    fv(["train", "--data_source=tsv"])
+  argv = ["train", "--data_source=tsv", "--train_src=a.tsv", "--dev_src=b.tsv",
+          "--train_tgt=x"]
+  fv = flags.FlagValues()
+  t2t_flags.define_all(fv)
+  fv(argv)  # --dev_src alone is fine: the source reads it without --dev_tgt
+  with pytest.raises(flags.ValidationError, match="--train_tgt=x is set but "
+                     "--data_source=tsv does not read it.*add --data_source=files"):
+    t2t_flags.check_train_flags(argv, fv)
+  assert isinstance(t2t_flags.data_config(fv), DataConfig)
+
+
+def test_synthetic_dev_pairs_are_the_held_out_examples_as_text():
+  from t2t_keras.data import tokenizer  # pylint: disable=import-outside-toplevel
+  config = DataConfig(synthetic_task="reverse", synthetic_eval_size=7)
+  source = sources.data_source(config)
+  srcs, refs = source.dev_pairs(5)
+  assert len(srcs) == len(refs) == 5
+  ids = tokenizer.IntegerTokenizer(source.vocab_size).tokenize(
+      tf.constant(srcs)).to_list()
+  src, _, lengths = source.examples("dev")
+  assert ids[0] == src[:lengths[0]].tolist()
+  assert all(s.split()[::-1] == r.split() for s, r in zip(srcs, refs))
+  assert len(source.dev_pairs(100)[0]) == 7
+
+
+def test_file_dev_pairs_are_the_first_lines_and_need_the_dev_files(tmp_path):
+  config = _files_config(tmp_path, b"a\n", b"b\n")
+  assert sources.data_source(config).dev_pairs(3) is None
+  config = dataclasses.replace(
+      config, dev_src=_write(tmp_path / "dev.en", b"x 1\nx 2\nx \xff\n"),
+      dev_tgt=_write(tmp_path / "dev.de", b"y 1\ny 2\ny 3\n"))
+  assert sources.data_source(config).dev_pairs(2) == (["x 1", "x 2"], ["y 1", "y 2"])
+  assert sources.data_source(config).dev_pairs(9)[0][2] == "x \ufffd"
+  short = dataclasses.replace(config, dev_tgt=_write(tmp_path / "d2.de", b"y\n"))
+  with pytest.raises(DataError, match="has 3 lines but --dev_tgt .* has 1"):
+    sources.data_source(short).dev_pairs(5)
+
+
+def test_file_checks_are_the_sources_and_stored_once(tmp_path, monkeypatch):
+  config = _files_config(tmp_path, b"a\nb\n", b"c\nd\n")
+  assert pipeline.cache.validated_files(config, "train") == {"num_lines": 2,
+                                                              "invalid_pairs": 0}
+  monkeypatch.setattr(sources.FileSource, "check_files",
+                      lambda self, split: pytest.fail("checked twice"))
+  assert pipeline.cache.validated_files(config, "train")["num_lines"] == 2
+  assert pipeline.cache.validated_files(config, "dev") is None
+  assert pipeline.cache.validated_files(DataConfig(), "train") is None  # synthetic
+
+
+@pytest.mark.parametrize("config,message", [
+    (DataConfig(source="files", train_src="a"), "--data_source=files needs --train_tgt"),
+    (DataConfig(source="parsing"), "--data_source=parsing needs --train_src"),
+    (DataConfig(source="tfds", source_lang="de", target_lang="de"),
+     "--source_lang and --target_lang are both 'de'"),
+    (DataConfig(synthetic_min_length=5, synthetic_max_length=3),
+     "--synthetic_min_length=5 and --synthetic_max_length=3"),
+    (DataConfig(synthetic_eval_size=0), "--synthetic_eval_size=0 must be >= 1"),
+    (DataConfig(source="tfds", dev_tgt="d.de"), "--dev_src and --dev_tgt go together"),
+])
+def test_a_source_names_the_flag_of_each_problem(config, message):
+  with pytest.raises(DataError, match=message):
+    sources.data_source(config).validate()
+  with pytest.raises(DataError, match=message):
+    pipeline.make_datasets(config)

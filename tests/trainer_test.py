@@ -593,3 +593,25 @@ def test_every_interval_is_honoured(tmp_path):
   assert logged == [3, 6, 9, 12]
   assert evaluated == [5, 10, 12]
   assert saved == [4, 8, 12]
+
+
+def test_dev_bleu_reads_the_dev_pairs_of_any_source(monkeypatch):
+  """Dev BLEU asks the data source for its dev pairs: the synthetic task's held-out
+  set works as the --dev_src/--dev_tgt files do."""
+  from t2t_keras import train  # pylint: disable=import-outside-toplevel
+  from t2t_keras.configs import DataConfig, DecodeConfig  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data import sources, tokenizer  # pylint: disable=import-outside-toplevel
+  from t2t_keras.model import create_model  # pylint: disable=import-outside-toplevel
+  data = DataConfig(synthetic_task="copy", synthetic_vocab_size=8, synthetic_eval_size=6)
+  source = sources.data_source(data)
+  model = create_model(dataclasses.replace(MODEL, vocab_size=source.vocab_size))
+  hook = train.dev_bleu_hook(model, tokenizer.IntegerTokenizer(source.vocab_size), data,
+                             DecodeConfig(beam_size=1, extra_decode_length=2), 4)
+  from t2t_keras import metrics  # pylint: disable=import-outside-toplevel
+  calls, real = [], metrics.bleu_report
+  monkeypatch.setattr(metrics, "bleu_report",
+                      lambda hyps, refs: calls.append((hyps, refs)) or real(hyps, refs))
+  result = hook(0)
+  (hypotheses, references), = calls
+  assert references == [source.dev_pairs(4)[1]] and len(hypotheses) == 4
+  assert 0.0 <= result["bleu"] <= 100.0

@@ -34,8 +34,11 @@ OTHER_PROGRAMS = {
     "tensorflow_session_parallelism", "xla_cpu_compilation_enabled",  # tensorflow_model_server
     "dir", "all", "tag_set", "signature_def", "input_exprs",  # saved_model_cli
     "logdir",  # tensorboard
+    "no",  # pip's --no-deps (the hyphen ends the match)
     "mode", "ffn_dropout",  # bench/peers (OpenNMT-tf's names)
     "select", "line",  # ruff (CONTRIBUTING.md: --select, --line-length)
+    "tf_xla_persistent_cache_directory", "tf_xla_persistent_cache_read_only",
+    "tf_xla_persistent_cache_prefix",  # TensorFlow's TF_XLA_FLAGS (docs/training.md)
 }
 _FLAG_NAME = re.compile(r"(?<![\w-])--([a-z][a-z0-9_]*)")
 

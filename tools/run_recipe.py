@@ -14,6 +14,16 @@
    machine, scores, the commands run).
 
 Extra flags after `--` go to both training and decoding, e.g. `-- --seed=2`.
+
+Signals: each command runs in its own session, so a terminal's Ctrl-C reaches this
+script only, and this script passes it on once (with the terminal's SIGINT also reaching
+the trainer, the trainer would count two Ctrl-Cs and stop without saving). The first
+SIGTERM or SIGINT is forwarded to the running command: training saves a checkpoint at
+the current step and exits with code 42; its output is still relayed, no further
+command starts, and this script exits with the command's code (rerun the same command
+to resume). A second Ctrl-C kills the command's process group (SIGKILL; training
+resumes from its last saved checkpoint, as after any kill). Further SIGTERMs are
+ignored: a supervisor that wants the job gone sends SIGKILL after its grace period.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ import os
 import platform
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -42,23 +53,119 @@ flags.mark_flags_as_required(["recipe", "model_dir", "test_src", "test_ref"])
 FLAGS = flags.FLAGS
 
 
-def run(command, log_path: str) -> float:
-  """Runs `command`, teeing its output to `log_path`; returns the wall seconds."""
+class ForwardSignals:
+  """Passes SIGTERM and SIGINT on to the child process group it is given.
+
+  The first signal is forwarded once; a later SIGINT (Ctrl-C again) sends SIGKILL;
+  later SIGTERMs are ignored. A signal that arrives while a child is being started is
+  forwarded as soon as it exists (see `start`), so none is lost.
+  """
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+  def __init__(self):
+    self.first = None  # the first signal received (signal.Signals), or None
+    self.child = None
+    self._forwarded = False  # the first signal reached a child
+    self._previous = {}
+
+  def __enter__(self):
+    for signum in self.SIGNALS:
+      self._previous[signum] = signal.signal(signum, self._handle)
+    return self
+
+  def __exit__(self, *exc):
+    for signum, previous in self._previous.items():
+      signal.signal(signum, previous)
+
+  def start(self, command, **kwargs) -> subprocess.Popen:
+    """Starts `command` in its own session and forwards signals to it from then on; a
+    signal that came earlier is forwarded at once, so none is lost.
+
+    (Not by blocking the signals around Popen: the child would inherit the mask.
+    Python runs the handler between bytecodes of this thread, so either it sees the
+    child and forwards, or the check below does; never both.)
+    """
+    child = subprocess.Popen(command, start_new_session=True, **kwargs)
+    self.child = child
+    if self.first is not None and not self._forwarded:
+      self._forward_first()
+    return child
+
+  def release(self):
+    self.child = None
+
+  def send(self, signum) -> bool:
+    """Sends `signum` to the child's process group; False when there is none."""
+    if self.child is None or self.child.poll() is not None:
+      return False
+    try:
+      os.killpg(self.child.pid, signum)  # its own session: process group id == pid
+    except ProcessLookupError:  # exited since poll()
+      return False
+    return True
+
+  def _forward_first(self):
+    self._forwarded = self.send(self.first) or self._forwarded
+
+  def _handle(self, signum, frame):
+    del frame
+    signum = signal.Signals(signum)
+    if self.first is None:
+      self.first = signum
+      print(f"\n{signum.name} received: passing it on to the running command once (it "
+            "saves a checkpoint and stops); Ctrl-C again kills it", file=sys.stderr,
+            flush=True)
+      self._forward_first()
+    elif signum == signal.SIGINT:
+      print("\nSIGINT again: killing the running command (SIGKILL); the same command "
+            "resumes from its last checkpoint", file=sys.stderr, flush=True)
+      self.send(signal.SIGKILL)
+
+
+def exit_code(returncode: int) -> int:
+  """A child's return code as a shell reports it (killed by signal N: 128 + N)."""
+  return 128 - returncode if returncode < 0 else returncode
+
+
+def run(command, log_path: str, signals: ForwardSignals) -> float:
+  """Runs `command`, teeing its output to `log_path`; returns the wall seconds.
+
+  Exits (with the command's code) when the command fails or a stop signal came.
+  """
+  if signals.first is not None:  # stopped before this command started
+    sys.exit(128 + signals.first)
   print("+ " + " ".join(shlex.quote(c) for c in command), flush=True)
   start = time.time()
-  with open(log_path, "a", encoding="utf-8") as log, subprocess.Popen(
-      command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-      cwd=os.getcwd()) as process:
-    for line in process.stdout:
-      log.write(line)
-      # TF's C++ start-up chatter stays in the log only.
-      if not re.match(r"^[IWE]\d{4} |^WARNING: All log messages|^To enable the", line):
-        sys.stdout.write(line)
-        sys.stdout.flush()
+  with open(log_path, "a", encoding="utf-8") as log, signals.start(
+      command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+      text=True, cwd=os.getcwd()) as process:
+    try:
+      for line in process.stdout:
+        log.write(line)
+        # TF's C++ start-up chatter stays in the log only.
+        if not re.match(r"^[IWE]\d{4} |^WARNING: All log messages|^To enable the", line):
+          sys.stdout.write(line)
+          sys.stdout.flush()
+    except BaseException:  # never leave the command running unattended
+      signals.send(signal.SIGKILL)
+      raise
+    finally:
+      process.wait()
+      signals.release()
+  name = command[2] if command[1:2] == ["-m"] else os.path.basename(command[-1])
+  if process.returncode and signals.first is not None:
+    print(f"{name} stopped on {signals.first.name} with exit code {process.returncode}; "
+          f"its output is in {log_path}", file=sys.stderr)
+    sys.exit(exit_code(process.returncode))
   if process.returncode:
-    print(f"error: {command[2]} failed with exit code {process.returncode}; its output is "
+    print(f"error: {name} failed with exit code {process.returncode}; its output is "
           f"in {log_path}", file=sys.stderr)
-    sys.exit(process.returncode)
+    sys.exit(exit_code(process.returncode))
+  if signals.first is not None:  # it finished anyway; start nothing more
+    print(f"{signals.first.name} received: {name} finished; stopping here",
+          file=sys.stderr, flush=True)
+    sys.exit(128 + signals.first)
   return time.time() - start
 
 
@@ -80,9 +187,10 @@ def main(argv):
       f"--average_last_n={FLAGS.average_last_n}", f"--input_file={FLAGS.test_src}",
       f"--output_file={hypotheses}", f"--reference_file={FLAGS.test_ref}"]
   train_wall = 0.0
-  if not FLAGS.skip_training:
-    train_wall = run(train_cmd, os.path.join(FLAGS.model_dir, "train.log"))
-  decode_wall = run(decode_cmd, os.path.join(FLAGS.model_dir, "decode.log"))
+  with ForwardSignals() as signals:
+    if not FLAGS.skip_training:
+      train_wall = run(train_cmd, os.path.join(FLAGS.model_dir, "train.log"), signals)
+    decode_wall = run(decode_cmd, os.path.join(FLAGS.model_dir, "decode.log"), signals)
 
   # pylint: disable=import-outside-toplevel
   from t2t_keras import metrics, modeldir

@@ -1,20 +1,10 @@
-"""TensorFlow's saved_model_cli with TensorFlow Text's ops registered.
+"""TensorFlow's saved_model_cli with TensorFlow Text's ops registered, and the model card.
 
-The stock `saved_model_cli run` cannot execute t2t_keras exports: their graphs use
-TensorFlow Text's SentencePiece ops, which only exist in a process that imported
-tensorflow_text (TensorFlow Serving has them built in). Same arguments as
-saved_model_cli, e.g.
-
-  python tools/saved_model_cli.py show --dir /tmp/export/1 --all
-  python tools/saved_model_cli.py run --dir /tmp/export/1 --tag_set serve \
-      --signature_def serving_default --input_exprs "inputs=['A dog runs.']"
+The code is t2t_keras/tools/saved_model_cli.py (its docstring has the usage); after
+`pip install`, `t2t-saved-model-cli` runs the same with the same flags.
 """
 
-import sys
-
-import tensorflow_text  # noqa: F401  pylint: disable=unused-import
-from tensorflow.python.tools import saved_model_cli
+from t2t_keras.tools.saved_model_cli import console_main
 
 if __name__ == "__main__":
-  sys.argv[0] = "saved_model_cli"
-  sys.exit(saved_model_cli.main())
+  console_main()

@@ -38,7 +38,7 @@ import tensorflow as tf
 from absl import logging
 
 from t2t_keras.configs import DataConfig
-from t2t_keras.data import sources, textfiles
+from t2t_keras.data import leftovers, sources
 
 CACHE_VERSION = 4  # 4: files per padded length, read by TF ops (3: one flat file a side)
 VALIDATION_VERSION = 1  # the stored result of validating raw files (unchanged since)
@@ -56,34 +56,27 @@ def _cache_dir(config: DataConfig) -> Optional[str]:
 
 
 def validated_files(config: DataConfig, split: str) -> Optional[dict]:
-  """Validates a split's parallel files once; later calls reuse the stored result.
+  """The source's check of a split's raw files (`Source.check_files`), run once per
+  content: later calls reuse the stored result.
 
   Returns:
-    {"num_lines": int, "invalid_pairs": int} or None when the split has no files.
+    {"num_lines": int, "invalid_pairs": int}, or None when the source reads no raw
+    files (`scanned_before_reading`) or the split is unset.
 
   Raises:
     sources.DataError: missing files, different line counts, invalid UTF-8.
   """
-  paths = sources.split_files(config, split)
-  if paths is None:
+  source = sources.data_source(config)
+  if not source.scanned_before_reading or not source.has_split(split):
     return None
-  key = digest({"v": VALIDATION_VERSION, "fp": sources.FileSource(config).fingerprint(split),
+  key = digest({"v": VALIDATION_VERSION, "fp": source.fingerprint(split),
                 "skip": config.skip_invalid_utf8})
   directory = _cache_dir(config)
   path = directory and os.path.join(directory, f"validation-{key}.json")
   if path and tf.io.gfile.exists(path):
     with tf.io.gfile.GFile(path) as f:
       return json.load(f)
-  start = time.time()
-  src, tgt = textfiles.validate_parallel_files(*paths, config.skip_invalid_utf8)
-  invalid = sorted(set(src.invalid_lines) | set(tgt.invalid_lines))
-  for scan in (src, tgt):
-    if scan.invalid_lines:
-      logging.warning("%s: %d lines of invalid UTF-8 will be skipped (first: line %d)",
-                      scan.path, len(scan.invalid_lines), scan.invalid_lines[0])
-  result = {"num_lines": src.num_lines, "invalid_pairs": len(invalid)}
-  logging.info("Validated %s and %s: %d lines each in %.1fs", *paths, src.num_lines,
-               time.time() - start)
+  result = source.check_files(split)
   if path:
     tf.io.gfile.makedirs(directory)
     _write_json_atomic(path, result)
@@ -223,9 +216,8 @@ def tokenized_split(config: DataConfig, split: str, tokenizer,
   source = sources.data_source(config)
   if not source.has_split(split):
     return None
-  invalid = 0
-  if source.scanned_before_reading:
-    invalid = validated_files(config, split)["invalid_pairs"]
+  checked = validated_files(config, split)  # raw files, before they are read
+  invalid = checked["invalid_pairs"] if checked else 0
   directory = _cache_dir(config)
   if directory is None:
     raise sources.DataError(f"source={config.source!r} needs --data_dir for the "
@@ -248,6 +240,7 @@ def tokenized_split(config: DataConfig, split: str, tokenizer,
 
 def _build(config: DataConfig, split: str, tokenizer, path: str, invalid: int):
   """Tokenizes a split into a new build directory of `path`, then commits it."""
+  leftovers.sweep(abandoned_candidates(os.path.dirname(path)), "tokenized-cache build")
   text = sources.data_source(config).text_pairs(split)
   name = f"build-{uuid.uuid4().hex[:12]}"
   build = os.path.join(path, name)
@@ -268,6 +261,21 @@ def _build(config: DataConfig, split: str, tokenizer, path: str, invalid: int):
                seconds, len(lengths) / max(seconds, 1e-9))
   _write_json_atomic(os.path.join(path, "stats.json"),  # The commit.
                      {"build": name, "pairs": int(len(lengths)), "invalid_utf8": invalid})
+
+
+def abandoned_candidates(directory: str) -> List[str]:
+  """What a killed build may have left in the cache directory (data_dir/cache), of
+  every key: build directories that never finished (no lengths.npy, which a build
+  writes last before its commit) and temporary json files. `leftovers.sweep` removes
+  those untouched long enough that no live build can own them.
+
+  A finished build is never a candidate, committed or not: one that lost the race to
+  commit (two workers building at once) may be what the other worker trains from.
+  """
+  builds = [build for build in tf.io.gfile.glob(os.path.join(directory, "*", "build-*"))
+            if not tf.io.gfile.exists(os.path.join(build, "lengths.npy"))]
+  return builds + tf.io.gfile.glob(os.path.join(directory, "*", "stats.json.tmp-*")) + (
+      tf.io.gfile.glob(os.path.join(directory, "*.json.tmp-*")))
 
 
 def _write_ids(flat: tf.data.Dataset, build: str) -> np.ndarray:

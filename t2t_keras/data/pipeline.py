@@ -203,13 +203,6 @@ def _bucket(ds: tf.data.Dataset, lengths: List[int], batch_size: int, static: bo
                 num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def _check_budget(config: DataConfig):
-  if config.batch_size < config.max_length:
-    raise ValueError(f"batch_size={config.batch_size} tokens cannot hold one pair of "
-                     f"max_length={config.max_length}; raise --batch_size or lower "
-                     "--max_length")
-
-
 class TrainData:
   """The training split as the trainer reads it: batches of any step, at once.
 
@@ -227,7 +220,7 @@ class TrainData:
   """
 
   def __init__(self, config: DataConfig, split: cache.TokenizedSplit):
-    _check_budget(config)
+    config.validate()
     self.config = config
     self.split = split
     self.static_shapes = config.static_shapes
@@ -415,10 +408,12 @@ def make_datasets(config: DataConfig) -> Datasets:
   Everything that can fail on bad data fails here, before a model is built.
 
   Raises:
-    sources.DataError: missing/misaligned/invalid files, or no training pair left.
+    ConfigError: settings that do not go together (`DataConfig.validate`).
+    sources.DataError: a source's bad settings, missing/misaligned/invalid files, or
+      no training pair left.
   """
-  sources.data_source(config)  # an unknown kind fails here, naming the ones there are
-  _check_budget(config)
+  config.validate()
+  sources.data_source(config).validate()  # an unknown kind or its bad settings
   tokenizer = tokenizer_lib.load_or_build_tokenizer(config)
   train = load_split(config, "train", tokenizer)
   dev = load_split(config, "dev", tokenizer)

@@ -2,12 +2,22 @@
 tasks, and treebanks for parsing.
 
 Each kind is one object behind a small protocol (`Source`, made by `data_source`):
-whether a split is configured, a fingerprint of its content (the cache key and the
-vocabulary's name), and the pairs, as
-  * a `tf.data.Dataset` of (source, target) scalar strings for one split, and
-  * a Python iterator over the same pairs (for sampling the vocabulary).
-The vocabulary builder, the tokenized cache, the pipeline and the model directory ask
-these objects and never which kind they hold. Synthetic tasks (copy, reverse:
+  * its settings: the DataConfig fields (flags) it reads (`reads`) and their checks
+    (`problems`, raised by `validate()`; `check_model` for model flags that depend
+    on the data), so the flags module refuses flags of other sources and validates
+    a command line by asking the source;
+  * its files: `check_files` scans raw files once before they are read (the cache
+    stores the result, cache.validated_files);
+  * its splits: whether a split is configured, a fingerprint of its content (the
+    cache key and the vocabulary's name), and the pairs, as a `tf.data.Dataset` of
+    (source, target) scalar strings, a Python iterator (vocabulary sampling), and
+    `dev_pairs`, the dev sentences and references as text (dev BLEU in training).
+The flags, the vocabulary builder, the tokenized cache, the pipeline, the model
+directory and train.py ask these objects and never which kind they hold.
+
+Adding a source is a subclass here and its line in `SOURCE_CLASSES` (the flag
+--data_source accepts it from then on); settings of its own are DataConfig fields
+(configs.py), named in its `reads`. Synthetic tasks (copy, reverse:
 tensor2tensor's algorithmic problems) skip text and yield id sequences directly, so
 demos and tests run with no data and no vocabulary.
 The parsing source reads bracketed trees (.mrg: --train_src, --dev_src) and pairs each
@@ -20,14 +30,17 @@ offline-first is t2t_keras.data.tfds_reader's.
 
 from __future__ import annotations
 
+import itertools
 import json
-from typing import Iterator, List, Optional, Tuple
+import time
+from typing import Dict, Iterator, List, Optional, Tuple, Type
 
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from t2t_keras import NUM_RESERVED_IDS, parsing
-from t2t_keras.configs import DataConfig
+from t2t_keras.configs import DataConfig, ModelConfig
 from t2t_keras.data import textfiles, tfds_reader
 from t2t_keras.errors import DataError
 
@@ -36,27 +49,17 @@ SPLITS = ("train", "dev")
 
 
 def split_files(config: DataConfig, split: str) -> Optional[Tuple[str, str]]:
-  """(source, target) paths of a split of the "files" source, None if unset."""
-  src, tgt = ((config.train_src, config.train_tgt) if split == "train"
-              else (config.dev_src, config.dev_tgt))
-  if not src and not tgt:
-    if split == "train":
-      raise DataError("source='files' needs --train_src and --train_tgt "
-                      "(line-aligned source and target files).")
-    return None
-  if not src or not tgt:
-    raise DataError(f"Set both source and target files for the {split} split "
-                    f"(got source={src!r}, target={tgt!r}).")
-  return src, tgt
+  """(source, target) paths of a split of the "files" source, None if unset.
+
+  Raises:
+    DataError: the files are not both given (`FileSource.problems`).
+  """
+  return FileSource(config).paths(split)
 
 
 def treebank_file(config: DataConfig, split: str) -> Optional[str]:
   """The .mrg file of a split of the "parsing" source, None if the split is unset."""
-  path = config.train_src if split == "train" else config.dev_src
-  if not path and split == "train":
-    raise DataError("source='parsing' needs --train_src: a file of bracketed trees "
-                    "(.mrg, e.g. ../shared/data/ptb_wsj_sample/train.mrg).")
-  return path or None
+  return TreebankSource(config).path(split)
 
 
 def parsing_pairs(path: str, linearization: str = "tags") -> List[Tuple[str, str]]:
@@ -96,27 +99,12 @@ def synthetic_vocab_size(config: DataConfig) -> int:
   return NUM_RESERVED_IDS + config.synthetic_vocab_size
 
 
-def synthetic_examples(config: DataConfig, split: str
-                       ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """Generates the copy/reverse task deterministically (seeded per split).
-
-  Returns:
-    (sources, targets, lengths): flat int32 symbol arrays of all examples
-    concatenated (no EOS; symbols in [NUM_RESERVED_IDS, NUM_RESERVED_IDS +
-    synthetic_vocab_size)) and the length of each example (same for both sides).
-  """
+def _synthetic_examples(config: DataConfig, split: str
+                        ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """The copy/reverse task of a validated config, deterministic (seeded per split)."""
   _check_split(split)
-  if config.synthetic_task not in SYNTHETIC_TASKS:
-    raise ValueError(f"synthetic_task={config.synthetic_task!r} must be one of "
-                     f"{SYNTHETIC_TASKS}")
   lo, hi = config.synthetic_min_length, config.synthetic_max_length
-  if not 1 <= lo <= hi or config.synthetic_vocab_size < 1:
-    raise ValueError(f"synthetic lengths must satisfy 1 <= min ({lo}) <= max ({hi}) "
-                     f"and synthetic_vocab_size ({config.synthetic_vocab_size}) >= 1")
   size = config.synthetic_train_size if split == "train" else config.synthetic_eval_size
-  if size < 1:
-    raise DataError(f"synthetic_{split.replace('dev', 'eval')}_size={size} must be "
-                    ">= 1")
   rng = np.random.default_rng([config.seed, 0 if split == "train" else 1])
   lengths = rng.integers(lo, hi + 1, size=size).astype(np.int64)
   sources = rng.integers(NUM_RESERVED_IDS, synthetic_vocab_size(config),
@@ -131,23 +119,80 @@ def synthetic_examples(config: DataConfig, split: str
 
 # ---------------------------------------------------------------- one object per kind
 class Source:
-  """What the pipeline, the cache, the vocabulary and the model directory ask of a data
-  source. `data_source(config)` makes the object of `config.source`; no other module
-  asks which kind it holds.
+  """What the flags, the pipeline, the cache, the vocabulary, the model directory and
+  training's dev BLEU ask of a data source. `data_source(config)` makes the object of
+  `config.source`; no other module asks which kind it holds.
 
   Text sources give (source, target) string pairs, which a SentencePiece vocabulary
   and the tokenized cache turn into ids; the synthetic source gives ids directly.
+
+  `validate()` checks its settings (the flags layer and `make_datasets` call it; a
+  model directory's source is made without its training files, to know its kind).
   """
 
   kind = ""
+  summary = ""  # what it reads, one line of --data_source's help
+  # The DataConfig fields (each its flag) this source reads; train refuses a flag of
+  # another source typed on its command line (flags.check_train_flags).
+  reads: Tuple[str, ...] = ()
+  dev_help = ""  # how to configure a dev split, for messages ("": it always has one)
   is_text = True  # string pairs under a SentencePiece vocabulary (else ids: `examples`)
-  # Raw files that are scanned once (line counts, UTF-8) before they are read; the
-  # cache stores the scan's result (cache.validated_files).
+  # Raw files that are scanned once (line counts, UTF-8: `check_files`) before they
+  # are read; the cache stores the scan's result (cache.validated_files).
   scanned_before_reading = False
   split_by_unicode_script = True  # the SentencePiece option of its vocabulary
 
   def __init__(self, config: DataConfig):
     self.config = config
+
+  def validate(self) -> "Source":
+    """Raises DataError naming each of `problems`; returns self."""
+    problems = self.problems()
+    if problems:
+      raise DataError("; ".join(problems) + ".")
+    return self
+
+  def problems(self) -> List[str]:
+    """What is wrong with this source's settings, each naming the flag and what to do
+    (no file is read: `check_files` does that).
+
+    Subclasses extend the base's check: a dev file pair given by halves is a mistake
+    whichever source the flags serve (a recipe may hold another source's files, not
+    half of them), except for a source that reads --dev_src alone.
+    """
+    config = self.config
+    if "dev_src" in self.reads and "dev_tgt" not in self.reads:
+      return []
+    if bool(config.dev_src) != bool(config.dev_tgt):
+      return [f"--dev_src and --dev_tgt go together: set both source and target files "
+              f"of the dev split, or neither (got --dev_src={config.dev_src}, "
+              f"--dev_tgt={config.dev_tgt})"]
+    return []
+
+  def check_model(self, model_config: ModelConfig) -> List[str]:
+    """Model settings that cannot work with this source's data, as `problems`."""
+    del model_config
+    return []
+
+  def check_files(self, split: str) -> dict:
+    """Scans the split's raw files before they are read (only sources with
+    `scanned_before_reading`; call `cache.validated_files`, which stores the result).
+
+    Returns:
+      {"num_lines": int, "invalid_pairs": int (skipped with skip_invalid_utf8)}.
+
+    Raises:
+      DataError: missing files, different line counts, invalid UTF-8.
+    """
+    raise NotImplementedError
+
+  def dev_pairs(self, n: int) -> Optional[Tuple[List[str], List[str]]]:
+    """(sources, references): the first `n` dev pairs as text this source's tokenizer
+    reads (dev BLEU while training); None when no dev split is configured."""
+    if not self.has_split("dev"):
+      return None
+    pairs = list(itertools.islice(self.python_pairs("dev"), n))
+    return [src for src, _ in pairs], [tgt for _, tgt in pairs]
 
   def has_split(self, split: str) -> bool:
     """Whether the split is configured (dev is optional); raises DataError when it is
@@ -194,27 +239,82 @@ class FileSource(Source):
   """Line-aligned parallel text files (--train_src/--train_tgt, --dev_src/--dev_tgt)."""
 
   kind = "files"
+  summary = "line-aligned text files (--train_src/--train_tgt, --dev_src/--dev_tgt)"
+  reads = ("train_src", "train_tgt", "dev_src", "dev_tgt")
+  dev_help = "set --dev_src and --dev_tgt"
   scanned_before_reading = True
 
+  def problems(self):
+    config, problems = self.config, super().problems()
+    if not config.train_src:
+      problems.insert(0, "--data_source=files needs --train_src and --train_tgt (line-"
+                      "aligned source and target files): name the training files, or "
+                      "use --data_source=synthetic")
+    elif not config.train_tgt:
+      problems.insert(0, f"--data_source=files needs --train_tgt (the target file, "
+                      f"line-aligned with --train_src={config.train_src})")
+    return problems
+
+  def paths(self, split: str) -> Optional[Tuple[str, str]]:
+    """(source, target) paths of a split, None if it is unset.
+
+    Raises:
+      DataError: the files are not both given (`problems`).
+    """
+    _check_split(split)
+    config = self.validate().config
+    src, tgt = ((config.train_src, config.train_tgt) if split == "train"
+                else (config.dev_src, config.dev_tgt))
+    return (src, tgt) if src else None
+
   def has_split(self, split):
-    return split_files(self.config, split) is not None
+    return self.paths(split) is not None
+
+  def check_files(self, split):
+    paths = self.paths(split)
+    start = time.time()
+    src, tgt = textfiles.validate_parallel_files(*paths, self.config.skip_invalid_utf8)
+    invalid = sorted(set(src.invalid_lines) | set(tgt.invalid_lines))
+    for scan in (src, tgt):
+      if scan.invalid_lines:
+        logging.warning("%s: %d lines of invalid UTF-8 will be skipped (first: line %d)",
+                        scan.path, len(scan.invalid_lines), scan.invalid_lines[0])
+    logging.info("Validated %s and %s: %d lines each in %.1fs", *paths, src.num_lines,
+                 time.time() - start)
+    return {"num_lines": src.num_lines, "invalid_pairs": len(invalid)}
+
+  def dev_pairs(self, n):
+    """The first `n` lines of --dev_src and --dev_tgt (undecodable bytes replaced)."""
+    paths = self.paths("dev")
+    if paths is None:
+      return None
+    sources, references = [], []
+    for path, lines in zip(paths, (sources, references)):
+      with tf.io.gfile.GFile(path, "rb") as f:  # gs:// too
+        for line in f:
+          if len(lines) == n:
+            break
+          lines.append(line.decode("utf-8", errors="replace").rstrip("\r\n"))
+    if len(sources) != len(references):
+      raise DataError(f"--dev_src {paths[0]} has {len(sources)} lines but --dev_tgt "
+                      f"{paths[1]} has {len(references)} within the first {n}.")
+    return sources, references
 
   def fingerprint(self, split, shared_vocab=False):
-    paths = split_files(self.config, split)
+    paths = self.paths(split)
     if paths is None:
       return None
     fps = [textfiles.file_fingerprint(p) for p in paths]
     return {"files": sorted(fps, key=json.dumps) if shared_vocab else fps}
 
   def _raw_pairs(self, split):
-    paths = split_files(self.config, split)
+    paths = self.paths(split)
     if paths is None:
       return None
     return tf.data.Dataset.zip(tuple(tf.data.TextLineDataset(p) for p in paths))
 
   def python_pairs(self, split="train"):
-    _check_split(split)
-    paths = split_files(self.config, split)
+    paths = self.paths(split)
     if paths is None:
       return
     with textfiles.open_binary(paths[0]) as fs, textfiles.open_binary(paths[1]) as ft:
@@ -228,17 +328,46 @@ class FileSource(Source):
 
 
 class TreebankSource(Source):
-  """Bracketed trees (.mrg) for parsing: each sentence paired with its linearized tree."""
+  """Bracketed trees (.mrg) for parsing: each sentence paired with its linearized tree
+  (dev BLEU scores linearized trees; `evaluate --task=parsing` gives F1)."""
 
   kind = "parsing"
+  summary = "bracketed trees for parsing (.mrg files: --train_src, --dev_src)"
+  reads = ("train_src", "dev_src", "parsing_linearization")
+  dev_help = "set --dev_src (a .mrg file of bracketed trees)"
   # Tree tokens such as "(NP" must be able to become single pieces (tokenizer.py).
   split_by_unicode_script = False
 
+  def problems(self):
+    problems = super().problems()
+    if not self.config.train_src:
+      problems.append("--data_source=parsing needs --train_src: a file of bracketed "
+                      "trees (.mrg, e.g. ../shared/data/ptb_wsj_sample/train.mrg)")
+    return problems
+
+  def check_model(self, model_config):
+    linearization = self.config.parsing_linearization
+    if model_config.source_pointer and linearization != "words":
+      return ["--source_pointer points at the next source word the target copies, and "
+              f"--parsing_linearization={linearization} copies none: use "
+              "--parsing_linearization=words, or drop --source_pointer"]
+    return []
+
+  def path(self, split: str) -> Optional[str]:
+    """The .mrg file of a split, None if it is unset.
+
+    Raises:
+      DataError: no training file (`problems`).
+    """
+    _check_split(split)
+    self.validate()
+    return (self.config.train_src if split == "train" else self.config.dev_src) or None
+
   def has_split(self, split):
-    return treebank_file(self.config, split) is not None
+    return self.path(split) is not None
 
   def fingerprint(self, split, shared_vocab=False):
-    path = treebank_file(self.config, split)
+    path = self.path(split)
     if path is None:
       return None
     # The linearization: a new target format must not reuse old caches ("tags" keeps
@@ -250,7 +379,7 @@ class TreebankSource(Source):
     return fp
 
   def _raw_pairs(self, split):
-    path = treebank_file(self.config, split)
+    path = self.path(split)
     if path is None:
       return None
     sentences, trees = zip(*parsing_pairs(path, self.config.parsing_linearization))
@@ -262,15 +391,27 @@ class TreebankSource(Source):
 
   def python_pairs(self, split="train"):
     _check_split(split)
-    path = treebank_file(self.config, split)
+    path = self.path(split)
     if path is not None:
       yield from parsing_pairs(path, self.config.parsing_linearization)
 
 
 class TfdsSource(Source):
-  """A tensorflow-datasets translation dataset (--tfds_name), in one direction."""
+  """A tensorflow-datasets translation dataset (--tfds_name), in one direction; its
+  validation split is the dev set."""
 
   kind = "tfds"
+  summary = ("a tensorflow-datasets translation dataset (--tfds_name, --source_lang, "
+             "--target_lang; its validation split is the dev set)")
+  reads = ("tfds_name", "tfds_data_dir", "source_lang", "target_lang")
+
+  def problems(self):
+    problems = super().problems()
+    if self.config.source_lang == self.config.target_lang:
+      problems.append(f"--source_lang and --target_lang are both "
+                      f"{self.config.source_lang!r}: name the two languages of the pair, "
+                      "one each")
+    return problems
 
   def has_split(self, split):
     return True
@@ -289,10 +430,28 @@ class TfdsSource(Source):
 
 
 class SyntheticSource(Source):
-  """tensor2tensor's algorithmic tasks (copy, reverse): ids, no text, no vocabulary."""
+  """tensor2tensor's algorithmic tasks (copy, reverse): ids, no text, no vocabulary;
+  the dev set is held-out examples of another seed."""
 
   kind = "synthetic"
+  summary = "an offline algorithmic task (--synthetic_task: copy or reverse), ids only"
+  reads = ("synthetic_task", "synthetic_min_length", "synthetic_max_length",
+           "synthetic_vocab_size", "synthetic_train_size", "synthetic_eval_size")
   is_text = False
+
+  def problems(self):
+    config, problems = self.config, super().problems()
+    if config.synthetic_task not in SYNTHETIC_TASKS:
+      problems.append(f"--synthetic_task={config.synthetic_task!r} must be one of "
+                      f"{', '.join(SYNTHETIC_TASKS)}")
+    lo, hi = config.synthetic_min_length, config.synthetic_max_length
+    if not 1 <= lo <= hi:
+      problems.append(f"--synthetic_min_length={lo} and --synthetic_max_length={hi} "
+                      "must satisfy 1 <= min <= max")
+    for name in ("synthetic_vocab_size", "synthetic_train_size", "synthetic_eval_size"):
+      if getattr(config, name) < 1:
+        problems.append(f"--{name}={getattr(config, name)} must be >= 1")
+    return problems
 
   @property
   def vocab_size(self) -> int:
@@ -303,7 +462,22 @@ class SyntheticSource(Source):
     return True
 
   def examples(self, split: str) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return synthetic_examples(self.config, split)
+    """Generates the split deterministically (seeded per split).
+
+    Returns:
+      (sources, targets, lengths): flat int32 symbol arrays of all examples
+      concatenated (no EOS; symbols in [NUM_RESERVED_IDS, NUM_RESERVED_IDS +
+      synthetic_vocab_size)) and the length of each example (same for both sides).
+    """
+    return _synthetic_examples(self.validate().config, split)
+
+  def dev_pairs(self, n):
+    """The first `n` held-out examples as space-separated ids (IntegerTokenizer text)."""
+    src, tgt, lengths = self.examples("dev")
+    cuts = np.cumsum(lengths)[:-1]
+    texts = [[" ".join(map(str, ids)) for ids in np.split(side, cuts)[:n]]
+             for side in (src, tgt)]
+    return texts[0], texts[1]
 
   def fingerprint(self, split, shared_vocab=False):
     raise ValueError("source='synthetic' has no text to fingerprint")
@@ -313,9 +487,21 @@ class SyntheticSource(Source):
                      "'parsing'")
 
 
-_KINDS = {cls.kind: cls for cls in (FileSource, TreebankSource, TfdsSource,
-                                    SyntheticSource)}
-SOURCES = tuple(_KINDS)
+# The registry: --data_source's choices, in this order (the first source that reads a
+# flag is the one train's message proposes for it).
+SOURCE_CLASSES: Dict[str, Type[Source]] = {
+    cls.kind: cls for cls in (FileSource, TfdsSource, TreebankSource, SyntheticSource)}
+SOURCES = tuple(SOURCE_CLASSES)
+# Fields read by the sources of text (the vocabulary and the caches); a source of ids
+# ignores them.
+TEXT_FIELDS = ("vocab_size", "vocab_type", "vocab_file", "vocab_sample_sentences",
+               "data_dir", "skip_invalid_utf8")
+
+
+def flag_help() -> str:
+  """--data_source's help: each source and what it reads."""
+  return "Where the sentence pairs come from. " + "; ".join(
+      f"{kind}: {cls.summary}" for kind, cls in SOURCE_CLASSES.items()) + "."
 
 
 def data_source(config: DataConfig) -> Source:
@@ -324,11 +510,11 @@ def data_source(config: DataConfig) -> Source:
   Raises:
     DataError: an unknown kind, naming the ones there are.
   """
-  if config.source not in _KINDS:
+  if config.source not in SOURCE_CLASSES:
     raise DataError(
         f"source={config.source!r} is not supported by t2t_keras.data (one of "
         f"{SOURCES}); convert the data to line-aligned files and use 'files'.")
-  return _KINDS[config.source](config)
+  return SOURCE_CLASSES[config.source](config)
 
 
 def text_pairs(config: DataConfig, split: str) -> Optional[tf.data.Dataset]:

@@ -35,7 +35,7 @@ from absl import logging
 
 from t2t_keras import BOS_ID, EOS_ID, NUM_RESERVED_IDS, PAD_ID, UNK_ID
 from t2t_keras.configs import DataConfig
-from t2t_keras.data import cache, sources
+from t2t_keras.data import cache, leftovers, sources
 
 VOCAB_TYPES = ("bpe", "unigram")
 _PROGRESS_SECONDS = 10.0
@@ -194,6 +194,7 @@ def train_sentencepiece(sentences: List[str], vocab_file: str, vocab_size: int,
                             "check the training data.")
   if os.path.dirname(vocab_file):
     tf.io.gfile.makedirs(os.path.dirname(vocab_file))
+  leftovers.sweep(abandoned_candidates(vocab_file), "vocabulary temporary")
   logging.info("Training a %s vocabulary of %d pieces on %d sentences -> %s",
                vocab_type, vocab_size, len(sentences), vocab_file)
   model = _ProtoWriter()
@@ -229,6 +230,22 @@ def train_sentencepiece(sentences: List[str], vocab_file: str, vocab_size: int,
   tf.io.gfile.rename(tmp, vocab_file, overwrite=True)
   logging.info("Wrote vocabulary %s (%d pieces)", vocab_file, processor.get_piece_size())
   return vocab_file
+
+
+def abandoned_candidates(vocab_file: str) -> List[str]:
+  """Temporaries a killed `train_sentencepiece` may have left beside `vocab_file`:
+  `<name>.tmp-<id>` and `<name>.tmp-<id>.vocab`, where <name> is this vocabulary's file
+  name or any other `.model` (the vocabularies of other data or sizes in data_dir).
+  `leftovers.sweep` removes those untouched long enough that no live build owns them."""
+  directory = os.path.dirname(vocab_file) or "."
+  own = os.path.basename(vocab_file)
+  pattern = re.compile(r"(.+)\.tmp-[0-9a-f]{12}(\.vocab)?")
+  found = []
+  for path in tf.io.gfile.glob(os.path.join(directory, "*.tmp-*")):
+    match = pattern.fullmatch(os.path.basename(path))
+    if match and (match.group(1) == own or match.group(1).endswith(".model")):
+      found.append(path)
+  return found
 
 
 class _ProtoWriter:
@@ -298,8 +315,7 @@ def build_vocab(config: DataConfig,
                      "(unigram is the word-piece-like choice)")
   source = sources.data_source(config)
   if pairs is None:
-    if source.scanned_before_reading:
-      cache.validated_files(config, "train")  # Clear errors before reading.
+    cache.validated_files(config, "train")  # Clear errors before reading.
     pairs = lambda: source.python_pairs("train")  # noqa: E731
   sample = sample_sentences(pairs(), config.vocab_sample_sentences, config.seed)
   return train_sentencepiece(sample, path, config.vocab_size, config.vocab_type,

@@ -53,7 +53,7 @@ from typing import Optional
 import tensorflow as tf
 
 from t2t_keras import EOS_ID, PAD_ID
-from t2t_keras import decoding
+from t2t_keras import decoding, model_card
 from t2t_keras.configs import DecodeConfig
 from t2t_keras.export import ExportSettings, publish
 from t2t_keras.translate import MIN_XLA_WIDTH
@@ -262,13 +262,15 @@ class Translator(tf.Module):
     return outputs
 
 
-def export(translator: Translator, export_dir: str, version: Optional[int] = None) -> str:
+def export(translator: Translator, export_dir: str, version: Optional[int] = None,
+           model_dir: Optional[str] = None, checkpoints=()) -> str:
   """Writes the SavedModel to export_dir/<version>/ (TF Serving's layout).
 
   The version is written whole under `export_dir/.tmp-<version>` and then made visible
   (`publish`: a rename on local disk; on object stores a copy with saved_model.pb
   last), so TF Serving polling export_dir never loads half an export. The request
-  limits go to `<version>/assets.extra/t2t_keras.json`.
+  limits go to `<version>/assets.extra/t2t_keras.json`, the model card (of
+  `model_dir` and `checkpoints`, t2t_keras.model_card) to `assets.extra/model_card.json`.
 
   Args:
     translator: the module to export.
@@ -292,6 +294,7 @@ def export(translator: Translator, export_dir: str, version: Optional[int] = Non
   with tf.io.gfile.GFile(os.path.join(tmp, LIMITS_FILE), "w") as f:
     json.dump({"max_input_length": translator.max_input_length,
                **dataclasses.asdict(translator.limits)}, f, indent=2)
+  model_card.write(tmp, model_card.build(translator, model_dir, checkpoints))
   return publish.publish(tmp, path, SAVED_MODEL_FILE)
 
 
@@ -337,7 +340,8 @@ def export_model_dir(model_dir: str, export_dir: str, decode_config, max_input_l
       loaded.model, loaded.tokenizer, decode_config, max_input_length,
       vocab_file=vocab if getattr(loaded.tokenizer, "model_proto", None) else None,
       tree_constraint=constraint, jit_compile=jit_compile, limits=limits)
-  return export(translator, export_dir, version or None)
+  return export(translator, export_dir, version or None, model_dir,
+                loaded.checkpoints)
 
 
 # The format's interface (t2t_keras/export/__init__.py: `Format`).

@@ -426,7 +426,7 @@ def token_kind(token: str) -> Optional[str]:
   """What a whole output token is in a linearized tree: "open" (`(NP`), "close" (`)`),
   "leaf" (a Penn Treebank POS tag), or None (anything else, e.g. a word).
 
-  Used by tree-constrained decoding (`t2t_keras.constraint.TreeConstraint`).
+  Used by tree-constrained decoding (`t2t_keras.parsing.constraint.TreeConstraint`).
   """
   if token == CLOSE:
     return "close"

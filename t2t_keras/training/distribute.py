@@ -30,14 +30,20 @@ def split_cpu(num_devices: int) -> None:
     tf.config.set_logical_device_configuration(
         cpus[0], [tf.config.LogicalDeviceConfiguration()] * num_devices)
   except RuntimeError as error:
-    raise RuntimeError(
+    raise StrategyError(
         f"--num_logical_devices={num_devices}: TensorFlow was already initialised with "
         f"{len(tf.config.list_logical_devices('CPU'))} CPU device(s); split the CPU "
         "before any TensorFlow op runs.") from error
 
 
 def create_strategy(config: TrainConfig) -> tf.distribute.Strategy:
-  """Creates the strategy; raises StrategyError with what to do when it cannot."""
+  """Creates the strategy; raises StrategyError with what to do when it cannot.
+
+  Raises:
+    ConfigError: the settings do not go together (`TrainConfig.validate`).
+    StrategyError: the strategy cannot be made here (no TF_CONFIG, ...).
+  """
+  config.validate()
   if config.num_logical_devices > 1:
     split_cpu(config.num_logical_devices)
   if config.strategy == "default":
@@ -65,8 +71,7 @@ def create_strategy(config: TrainConfig) -> tf.distribute.Strategy:
     tf.config.experimental_connect_to_cluster(resolver)
     tf.tpu.experimental.initialize_tpu_system(resolver)
     return tf.distribute.TPUStrategy(resolver)
-  raise StrategyError(f"--strategy={config.strategy!r}: expected default, mirrored, "
-                      "multi_worker_mirrored or tpu")
+  raise AssertionError(f"--strategy={config.strategy!r}")  # TrainConfig.validate refuses it
 
 
 def chief_and_worker_id(strategy: tf.distribute.Strategy):

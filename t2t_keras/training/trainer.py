@@ -76,8 +76,7 @@ class Trainer:
 
   def __init__(self, model_config: ModelConfig, train_config: TrainConfig,
                strategy: Optional[tf.distribute.Strategy] = None):
-    if train_config.accum_steps < 1:
-      raise TrainingError(f"--accum_steps={train_config.accum_steps} must be >= 1.")
+    train_config.validate()
     self.model_config = model_config
     self.config = train_config
     self.strategy = strategy or tf.distribute.get_strategy()
@@ -289,7 +288,8 @@ class Trainer:
       checkpoints.restore(checkpoint, latest)
       progress(f"resumed from {latest} at step {self.current_step()}")
       self._saved_step = self.current_step()
-    batches = self._last_batches = _Batches(self, train_dataset_fn, self.current_step())
+    batches = self._last_batches = _Batches(self, train_dataset_fn, self.current_step(),
+                                            progress)
     # One host call: --steps_per_loop steps. Kept on the trainer so that its traces can
     # be counted (one program per bucket shape, tests/trainer_test.py).
     train_fn = self.train_fn = tf.function(self._train_loop)
@@ -444,8 +444,10 @@ class _Batches:
   (see Trainer._resuming).
   """
 
-  def __init__(self, trainer: Trainer, dataset_fn: DatasetFn, step: int):
+  def __init__(self, trainer: Trainer, dataset_fn: DatasetFn, step: int,
+               progress: Callable[[str], None] = print):
     cfg = trainer.config
+    self.progress = progress
     self.strategy = trainer.strategy
     self.dataset_fn = dataset_fn
     self.per_bucket = (bool(getattr(dataset_fn, "static_shapes", False))
@@ -476,6 +478,10 @@ class _Batches:
                                bucket=bucket, steps_per_run=self.run)
       self.iterators[bucket] = iter(
           self.strategy.distribute_datasets_from_function(dataset_fn))
+      rows, length = self.dataset_fn.bucket_shape(bucket)
+      self.progress(f"static shapes: bucket [{rows}, {length}] first used at step {step} "
+                    f"(program {len(self.iterators)} of {len(self.plan.pool_bucket)}: "
+                    "the train loop is traced and compiled once per bucket)")
     return self.iterators[bucket]
 
 

@@ -1,0 +1,154 @@
+"""What `pip install` gives a user: a wheel with the tools as commands, the license and
+its metadata; every command resolves to a function that runs; `python tools/X.py` in
+the repository runs the same code."""
+
+import ast
+import configparser
+import glob
+import importlib
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from concurrent import futures
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO_ROOT)
+# Repository tools that are not commands, and why: setup.py says so too.
+REPOSITORY_ONLY_TOOLS = {"run_recipe"}  # reproduces flags/*.cfg recipes, not in the wheel
+
+
+def setup_literals():
+  """setup.py's ENTRY_POINTS and TOOLS, read without running setup()."""
+  with open(os.path.join(REPO_ROOT, "setup.py"), encoding="utf-8") as f:
+    tree = ast.parse(f.read())
+  values = {}
+  for node in tree.body:
+    if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+      values[node.targets[0].id] = ast.literal_eval(node.value)
+  return values["ENTRY_POINTS"], values["TOOLS"]
+
+
+def declared_commands():
+  """command -> "module:function", as setup.py declares them."""
+  entry_points, tools = setup_literals()
+  commands = {f"t2t-{name}": f"t2t_keras.{name}:console_main" for name in entry_points}
+  commands.update({command: f"t2t_keras.tools.{module}:console_main"
+                   for module, command in tools.items()})
+  return commands
+
+
+def test_every_tool_is_a_command_and_its_launcher_is_thin():
+  _, tools = setup_literals()
+  packaged = {os.path.basename(p)[:-3] for p in glob.glob(
+      os.path.join(REPO_ROOT, "t2t_keras", "tools", "*.py"))} - {"__init__"}
+  assert packaged == set(tools)
+  launchers = {os.path.basename(p)[:-3] for p in glob.glob(
+      os.path.join(REPO_ROOT, "tools", "*.py"))}
+  assert launchers == set(tools) | REPOSITORY_ONLY_TOOLS
+  for module in tools:
+    with open(os.path.join(REPO_ROOT, "tools", f"{module}.py"), encoding="utf-8") as f:
+      tree = ast.parse(f.read())
+    imports = [node for node in tree.body if isinstance(node, ast.ImportFrom)]
+    assert [(node.module, [a.name for a in node.names]) for node in imports] == [
+        (f"t2t_keras.tools.{module}", ["console_main"])], module
+    # Only the docstring, the import and the __main__ guard: the code is in the package.
+    assert len(tree.body) == 3, module
+  assert len(set(declared_commands().values())) == len(declared_commands())
+
+
+def _run_help(command, target):
+  """Runs the target of `command` with --help in a fresh process, as the console
+  script's wrapper does (import the module, call the function)."""
+  module, function = target.split(":")
+  script = ("import importlib, sys\n"
+            f"sys.argv = [{command!r}, '--help']\n"
+            f"sys.exit(getattr(importlib.import_module({module!r}), {function!r})())\n")
+  return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                        cwd=REPO_ROOT, env=ENV, timeout=600, check=False)
+
+
+# A flag of each command that --help must list (its own flags, not only absl's); the
+# entry points' shared flags are generated in t2t_keras.flags (--helpfull lists them).
+OWN_FLAG = {"t2t-train": "", "t2t-decode": "--input_file",
+            "t2t-export": "--export_version", "t2t-evaluate": "--hypotheses",
+            "t2t-score": "--source_file", "t2t-average-checkpoints": "--last_n",
+            "t2t-build-vocab": "overwrite_vocab", "t2t-ct2-translate": "--compute_type",
+            "t2t-linearize-trees": "--trees", "t2t-plot-learning-curve": "--labels",
+            "t2t-query-server": "--signature_name", "t2t-saved-model-cli": "show",
+            "t2t-visualize-attention": "--sentence"}
+
+
+def test_every_command_resolves_and_shows_its_own_help():
+  """Each declared `module:function` imports, is callable and prints its usage with its
+  own flags; four at a time, each process imports TensorFlow."""
+  commands = declared_commands()
+  assert set(commands) == set(OWN_FLAG)
+  for target in commands.values():  # resolvable without running anything
+    module, function = target.split(":")
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin.startswith(REPO_ROOT), target
+    with open(spec.origin, encoding="utf-8") as f:
+      assert f"\ndef {function}():" in f.read(), target
+  with futures.ThreadPoolExecutor(4) as pool:
+    results = dict(zip(commands, pool.map(lambda item: _run_help(*item), commands.items())))
+  for command, result in results.items():
+    output = result.stdout + result.stderr
+    # absl's --help exits with 1 after the usage; TensorFlow's saved_model_cli with 0.
+    assert result.returncode in (0, 1) and "Traceback" not in output, (command, output)
+    # The usage is the command's module docstring (a console script's wrapper has none).
+    spec = importlib.util.find_spec(commands[command].split(":")[0])
+    with open(spec.origin, encoding="utf-8") as f:
+      first_line = ast.get_docstring(ast.parse(f.read())).splitlines()[0]
+    assert output.startswith(first_line), (command, output[:500])
+    assert OWN_FLAG[command] in output, (command, output[-2000:])
+
+
+def _source_copy(destination):
+  """The repository's files as a checkout has them (git's tracked and new files)."""
+  listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                           "--exclude-standard"], cwd=REPO_ROOT, capture_output=True,
+                          check=False)
+  if listed.returncode != 0:
+    pytest.skip("not a git checkout")
+  for name in listed.stdout.decode().split("\0"):
+    if name and os.path.isfile(os.path.join(REPO_ROOT, name)):
+      os.makedirs(os.path.dirname(os.path.join(destination, name)), exist_ok=True)
+      shutil.copy2(os.path.join(REPO_ROOT, name), os.path.join(destination, name))
+
+
+def test_wheel_carries_the_tools_commands_and_license(tmp_path):
+  source, wheels = tmp_path / "src", tmp_path / "wheels"
+  _source_copy(source)
+  built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                          "--no-build-isolation", "-q", "-w", str(wheels), str(source)],
+                         capture_output=True, text=True, timeout=600, check=False,
+                         env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1"))
+  assert built.returncode == 0, built.stderr[-3000:]
+  (wheel,) = glob.glob(str(wheels / "t2t_keras-*.whl"))
+  with zipfile.ZipFile(wheel) as archive:
+    names = set(archive.namelist())
+    dist_info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
+    metadata = archive.read(f"{dist_info}/METADATA").decode()
+    entry_points = archive.read(f"{dist_info}/entry_points.txt").decode()
+    license_text = archive.read(next(n for n in names if n.startswith(dist_info)
+                                     and os.path.basename(n) == "LICENSE")).decode()
+  _, tools = setup_literals()
+  for module in tools:
+    assert f"t2t_keras/tools/{module}.py" in names, module
+  assert "t2t_keras/model_card.py" in names and "t2t_keras/tools/__init__.py" in names
+  assert not any(n.startswith(("tools/", "tests/", "bench/")) for n in names)
+  parser = configparser.ConfigParser()
+  parser.read_string(entry_points)
+  assert {k: v.replace(" ", "") for k, v in parser["console_scripts"].items()} == \
+      declared_commands()
+  with open(os.path.join(REPO_ROOT, "LICENSE"), encoding="utf-8") as f:
+    assert license_text == f.read()
+  assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
+  assert "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION" in license_text
+  assert "\nLicense: Apache-2.0\n" in metadata
+  assert "Classifier: Topic :: Scientific/Engineering :: Artificial Intelligence" in metadata
