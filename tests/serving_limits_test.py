@@ -68,21 +68,22 @@ def test_defaults_are_written_into_the_export(default_export):
 
 def test_too_many_rows_is_refused_before_tokenization(default_export):
   _, session = default_export
-  # 20,000 rows would take minutes to decode; refused before tokenization, it takes
-  # a few milliseconds (the bound is loose on purpose: shared CPUs).
-  seconds = refused(session, r"request of 20000 rows: this export takes at most 256 rows "
-                    r"per request \(export flag --max_request_rows\)",
-                    inputs=np.array(["a dog"] * 20000, object))
-  assert seconds < 2, seconds
+  # No time bound: feeding 20,000 strings into the session takes over a second on a
+  # loaded host, more than this tiny model needs to decode them; the message shows
+  # the row limit refused the request.
+  refused(session, r"request of 20000 rows: this export takes at most 256 rows "
+          r"per request \(export flag --max_request_rows\)",
+          inputs=np.array(["a dog"] * 20000, object))
   answered(session)
 
 
 def test_a_2mb_string_is_refused_before_tokenization(default_export):
   _, session = default_export
-  seconds = refused(session, r"request with a row of 2000000 bytes: this export takes at "
-                    r"most 16384 bytes per row \(export flag --max_string_bytes\)",
-                    inputs=np.array(["a dog", "w" * 2_000_000], object))
-  assert seconds < 2, seconds
+  # No time bound here: feeding 2 MB into the session alone takes about a second on a
+  # loaded host; the message shows the byte limit refused it.
+  refused(session, r"request with a row of 2000000 bytes: this export takes at "
+          r"most 16384 bytes per row \(export flag --max_string_bytes\)",
+          inputs=np.array(["a dog", "w" * 2_000_000], object))
   answered(session)
   # Within the byte limit, long strings are still cut to max_input_length pieces.
   out = session.run(inputs=np.array(["a man " * 2000], object))
