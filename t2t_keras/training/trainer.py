@@ -1,10 +1,13 @@
 """One strategy-agnostic training loop: a host loop around compiled device steps.
 
 The host loop logs progress, writes TensorBoard summaries, evaluates and checkpoints;
-the device function runs `steps_per_loop` steps per call (a `tf.range` loop, as TPUs
-need) with `strategy.run`. Each replica returns SUMS (loss, target tokens) and divides
-its loss by the GLOBAL token count, so 1 and N replicas make the same update for the
-same global batch; Keras' optimizer then sums the replicas' gradients.
+what it decides between calls lives beside it, so that `Trainer.train` reads as a short
+loop: `loop_state` (its clock, the progress log, when to save and when to stop) and
+`evaluator` (dev evaluation, the best checkpoint, early stopping). The device function
+runs `steps_per_loop` steps per call (a `tf.range` loop, as TPUs need) with
+`strategy.run`. Each replica returns SUMS (loss, target tokens) and divides its loss by
+the GLOBAL token count, so 1 and N replicas make the same update for the same global
+batch; Keras' optimizer then sums the replicas' gradients.
 
 The step counter is `optimizer.iterations`; a `tf.train.CheckpointManager` keeps model
 and optimizer state, and the data position follows from the step count (the data
@@ -18,8 +21,6 @@ import dataclasses
 import inspect
 import logging as logging_lib
 import math
-import signal
-import threading
 import time
 from typing import Callable, Optional
 
@@ -35,6 +36,8 @@ from t2t_keras.model import create_model
 from t2t_keras import checkpoints
 from t2t_keras.training import distribute, flops, losses
 from t2t_keras.training.evaluator import BestEval, Evaluator  # noqa: F401 (re-export)
+from t2t_keras.training.loop_state import (  # noqa: F401 (format_duration: re-export)
+    ProgressLog, RunClock, SavePolicy, format_duration)
 from t2t_keras.training.schedules import TransformerSchedule
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
@@ -45,11 +48,6 @@ SUM = tf.distribute.ReduceOp.SUM
 # code TensorFlow's PreemptionCheckpointHandler uses, so that cluster managers restart
 # the job and the same command resumes.
 PREEMPTED_EXIT_CODE = 42
-
-
-def format_duration(seconds: float) -> str:
-  seconds = int(max(seconds, 0))
-  return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 @dataclasses.dataclass
@@ -97,8 +95,7 @@ class Trainer:
                                           jit_compile=train_config.jit_compile or None)
     # Dev batches come in a few bucket shapes; relax shapes instead of one trace each.
     self._eval_fn = tf.function(self._eval_step, reduce_retracing=True)
-    self._weights_finite_fn = None  # see _save
-    self._saved_step = None  # the step of this run's last checkpoint
+    self._weights_finite_fn = None  # see _weights_finite
     # Called on the chief after each checkpoint (train.py records the batch plan's key
     # with the first one, so that the key describes what the checkpoints were trained on).
     self.on_save: Optional[Callable[[int], None]] = None
@@ -268,122 +265,79 @@ class Trainer:
     (`_agree`), so that the workers never leave the loop at different steps.
     """
     cfg = self.config
-    checkpoint = self.checkpoint()
-    chief = self.chief
-    # Every worker of a multi-worker run takes part in saving (variables may need a
-    # collective read), but only the chief writes into model_dir; the others write to
-    # a scratch directory of their own, as TensorFlow's multi-worker guide prescribes.
-    save_dir = cfg.model_dir if chief else modeldir.worker_dir(cfg.model_dir, self.worker_id)
-    # The state file may name paths outside model_dir (a downloaded directory), which the
-    # manager would read and, rotating, delete: refused before the manager reads it.
-    checkpoints.check_checkpoint_state(cfg.model_dir)
-    checkpoints.check_checkpoint_state(modeldir.best_dir(cfg.model_dir))
-    manager = tf.train.CheckpointManager(checkpoint, save_dir,
-                                         checkpoint_name=modeldir.CHECKPOINT_PREFIX,
-                                         max_to_keep=1 if not chief else
-                                         cfg.keep_checkpoint_max,
-                                         step_counter=self.optimizer.iterations)
-    latest = tf.train.latest_checkpoint(cfg.model_dir)  # all workers resume the chief's
-    if latest:
-      checkpoints.restore(checkpoint, latest)
-      progress(f"resumed from {latest} at step {self.current_step()}")
-      self._saved_step = self.current_step()
+    saver = _Checkpoints(self, progress)  # resumes from the latest checkpoint
     batches = self._last_batches = _Batches(self, train_dataset_fn, self.current_step(),
                                             progress)
     # One host call: --steps_per_loop steps. Kept on the trainer so that its traces can
     # be counted (one program per bucket shape, tests/trainer_test.py).
-    train_fn = self.train_fn = tf.function(self._train_loop)
-    if chief:
-      writer = tf.summary.create_file_writer(modeldir.logs_dir(cfg.model_dir, "train"))
-      eval_writer = tf.summary.create_file_writer(modeldir.logs_dir(cfg.model_dir, "eval"))
-    else:
-      writer = eval_writer = tf.summary.create_noop_writer()
-
-    evaluator = Evaluator(self, eval_dataset_fn, eval_hook, save_dir, eval_writer, progress)
+    self.train_fn = tf.function(self._train_loop)
+    writer, eval_writer = self._summary_writers()
+    evaluator = Evaluator(self, eval_dataset_fn, eval_hook, saver.save_dir, eval_writer, progress)
     step = start_step = self.current_step()
     if evaluator.finished(step):
       return TrainResult(steps=step, wall_seconds=0.0, target_tokens=0.0, flops=0.0,
                          final_loss=float("nan"), eval_metrics={}, stopped_early=True,
                          already_finished=True)
-    stopped_early = False
-    start = last_log = last_save = self.clock()
-    window = np.zeros(3)  # loss_sum, tokens, flops since the last progress line
-    total_tokens = total_flops = 0.0
-    loss = float("nan")
-    eval_metrics = {}
-    eval_seconds = 0.0  # not counted against --train_minutes
-    budget = 60 * cfg.train_minutes if cfg.train_minutes > 0 else float("inf")
-    out_of_time = preempted = False
-    intervals = (cfg.log_every, cfg.save_checkpoint_steps, cfg.eval_every)
-    stop_signals = _SignalFlag(signal.SIGTERM, signal.SIGINT)
-    stop_signals.install()
-    try:
+    clock = RunClock(self.clock, cfg.train_minutes)
+    log = ProgressLog(cfg, self.learning_rate, writer, progress, clock, start_step)
+    eval_metrics, stopped_early = {}, False
+    with SavePolicy(cfg, self._agree, clock, progress) as policy:
       while step < cfg.train_steps:
-        # Up to the next multiple of each interval, so every interval is honoured.
-        n = min([cfg.steps_per_loop, cfg.train_steps - step,
-                 batches.steps_left_in_run(step)] + [k - step % k for k in intervals])
-        try:
-          sums = np.array([float(v) for v in train_fn(batches.iterator(step),
-                                                       tf.constant(n))])
-        except tf.errors.OutOfRangeError:
-          raise TrainingError("the training dataset ran out of batches: it is empty or every "
-                              "pair was filtered (see the data log above).") from None
-        step = self.current_step()  # the one counter (skipped float16 steps count)
-        self._check_finite(sums, step, n)
-        window += sums[:3]
-        total_tokens += sums[1]
-        total_flops += sums[2]
-        now = self.clock()
-        preempted, out_of_time, save_for_time = self._agree(
-            any_worker=[stop_signals.received],
-            chief_decides=[now - start - eval_seconds >= budget,
-                           now - last_save > 60 * cfg.save_checkpoint_minutes])
-        last = step == cfg.train_steps or out_of_time or preempted
-        if out_of_time:
-          progress(f"stopping at step {step}: the --train_minutes={cfg.train_minutes:g} "
-                   "budget is spent")
-        if step % cfg.log_every == 0 or last:
-          loss = window[0] / max(window[1], 1.0)
-          rate = window[1] / max(now - last_log, 1e-9)
-          steps_per_sec = (step - start_step) / max(now - start, 1e-9)
-          eta = min((cfg.train_steps - step) / max(steps_per_sec, 1e-9),
-                    max(budget - (now - start - eval_seconds), 0.0))
-          lr = float(self.learning_rate(step - 1))
-          progress(f"step {step}/{cfg.train_steps} | loss {loss:.4f} | lr {lr:.3g} | "
-                   f"{rate:,.0f} tok/s | elapsed {format_duration(now - start)} | "
-                   f"eta {format_duration(eta)}")
-          with writer.as_default(step=step):
-            tf.summary.scalar("loss", loss)
-            tf.summary.scalar("learning_rate", lr)
-            tf.summary.scalar("target_tokens_per_sec", rate)
-            tf.summary.scalar("flops_per_sec", window[2] / max(now - last_log, 1e-9))
-          window[:] = 0
-          last_log = now
-        if step % cfg.save_checkpoint_steps == 0 or last or save_for_time:
-          self._save(manager, step)
-          last_save = self.clock()
-        if evaluator.due(step, last) and not preempted:
-          eval_start = self.clock()
+        sums, step = self._run(batches, step)
+        log.add(sums)
+        now = clock.now()
+        decision = policy.decide(step, now)
+        if step % cfg.log_every == 0 or decision.last:
+          log.write(step, now)
+        if decision.save:
+          saver.save(step)
+          policy.saved()
+        if evaluator.due(step, decision.last) and not decision.preempted:
+          eval_start = clock.now()
           eval_metrics, stopped_early = evaluator(
-              step, last, train_minutes=(eval_start - start - eval_seconds) / 60)
-          eval_seconds += self.clock() - eval_start
-          last_log += self.clock() - eval_start  # keep eval time out of the next tok/s
-        if last or stopped_early:
+              step, decision.last, train_minutes=clock.trained(eval_start) / 60)
+          clock.exclude_since(eval_start)
+          log.exclude_since(eval_start)
+        if decision.last or stopped_early:
           break
-    finally:
-      stop_signals.uninstall()
-    if preempted:
-      progress(f"{stop_signals.name or 'a stop signal on another worker'} received: saving "
-               f"a checkpoint at step {step} and stopping; rerun the same command to resume")
-    if self._saved_step != step:  # the same on every worker (not its own directory's)
-      self._save(manager, step)
+    if policy.preempted:
+      progress(policy.preemption_line(step))
+    saver.save_unless_saved(step)
     writer.flush()
     eval_writer.flush()
-    wall = self.clock() - start
+    wall = clock.elapsed(clock.now())
     logging.info("trained %d steps in %.1fs", step - start_step, wall)
-    return TrainResult(steps=step, wall_seconds=wall, target_tokens=total_tokens,
-                       flops=total_flops, final_loss=loss, eval_metrics=eval_metrics,
-                       preempted=preempted, stopped_early=stopped_early)
+    return TrainResult(steps=step, wall_seconds=wall, target_tokens=log.total_tokens,
+                       flops=log.total_flops, final_loss=log.loss, eval_metrics=eval_metrics,
+                       preempted=policy.preempted, stopped_early=stopped_early)
+
+  def _run(self, batches: _Batches, step: int):
+    """One host call from `step`; returns its global sums and the step it reached.
+
+    The call runs up to the next multiple of each interval (logging, saving,
+    evaluating), so that every interval is honoured.
+    """
+    cfg = self.config
+    intervals = (cfg.log_every, cfg.save_checkpoint_steps, cfg.eval_every)
+    n = min([cfg.steps_per_loop, cfg.train_steps - step,
+             batches.steps_left_in_run(step)] + [k - step % k for k in intervals])
+    try:
+      sums = np.array([float(v) for v in self.train_fn(batches.iterator(step),
+                                                        tf.constant(n))])
+    except tf.errors.OutOfRangeError:
+      raise TrainingError("the training dataset ran out of batches: it is empty or every "
+                          "pair was filtered (see the data log above).") from None
+    step = self.current_step()  # the one counter (skipped float16 steps count)
+    self._check_finite(sums, step, n)
+    return sums, step
+
+  def _summary_writers(self):
+    """The train and eval summary writers: files on the chief, no-ops elsewhere."""
+    if not self.chief:
+      writer = tf.summary.create_noop_writer()
+      return writer, writer
+    return (tf.summary.create_file_writer(modeldir.logs_dir(self.config.model_dir, "train")),
+            tf.summary.create_file_writer(modeldir.logs_dir(self.config.model_dir, "eval")))
 
   def _check_finite(self, sums: np.ndarray, step: int, n: int) -> None:
     """Stops the run, without saving, on a non-finite loss or (without loss scaling,
@@ -400,21 +354,63 @@ class Trainer:
         f"so the last good checkpoint ({good}) is intact. Lower --learning_rate, raise "
         "--learning_rate_warmup_steps, or check the data.")
 
-  def _save(self, manager: tf.train.CheckpointManager, step: int) -> None:
-    """Saves a checkpoint, never one of non-finite weights."""
-    if self._weights_finite_fn is None:
+  def _weights_finite(self) -> bool:
+    if self._weights_finite_fn is None:  # one trace per trainer, not per save
       self._weights_finite_fn = tf.function(lambda: tf.reduce_all(
           [tf.reduce_all(tf.math.is_finite(v)) for v in self.model.trainable_variables]))
-    if not bool(self._weights_finite_fn()):
-      good = tf.train.latest_checkpoint(self.config.model_dir) or "none yet"
+    return bool(self._weights_finite_fn())
+
+
+class _Checkpoints:
+  """This run's checkpoints: resumed from the chief's latest, saved by every worker.
+
+  Every worker of a multi-worker run takes part in saving (variables may need a
+  collective read), but only the chief writes into model_dir; the others write to a
+  scratch directory of their own, as TensorFlow's multi-worker guide prescribes.
+  Weights that are not finite are never saved.
+  """
+
+  def __init__(self, trainer: Trainer, progress: Callable[[str], None]):
+    cfg = trainer.config
+    self.trainer, self.model_dir = trainer, cfg.model_dir
+    checkpoint = trainer.checkpoint()
+    chief = trainer.chief
+    self.save_dir = (cfg.model_dir if chief
+                     else modeldir.worker_dir(cfg.model_dir, trainer.worker_id))
+    # The state file may name paths outside model_dir (a downloaded directory), which the
+    # manager would read and, rotating, delete: refused before the manager reads it.
+    checkpoints.check_checkpoint_state(cfg.model_dir)
+    checkpoints.check_checkpoint_state(modeldir.best_dir(cfg.model_dir))
+    self.manager = tf.train.CheckpointManager(checkpoint, self.save_dir,
+                                              checkpoint_name=modeldir.CHECKPOINT_PREFIX,
+                                              max_to_keep=1 if not chief else
+                                              cfg.keep_checkpoint_max,
+                                              step_counter=trainer.optimizer.iterations)
+    self.saved_step = None  # the step of this run's last checkpoint
+    latest = tf.train.latest_checkpoint(cfg.model_dir)  # all workers resume the chief's
+    if latest:
+      checkpoints.restore(checkpoint, latest)
+      progress(f"resumed from {latest} at step {trainer.current_step()}")
+      self.saved_step = trainer.current_step()
+
+  def save(self, step: int) -> None:
+    """Saves a checkpoint, never one of non-finite weights."""
+    if not self.trainer._weights_finite():  # pylint: disable=protected-access
+      good = tf.train.latest_checkpoint(self.model_dir) or "none yet"
       raise TrainingError(
           f"the weights became non-finite (inf or NaN) by step {step}: training stopped "
           f"without saving them, so the last good checkpoint ({good}) is intact. Lower "
           "--learning_rate, raise --learning_rate_warmup_steps, or check the data.")
-    manager.save(checkpoint_number=step)
-    self._saved_step = step
-    if self.chief and self.on_save is not None:
-      self.on_save(step)
+    self.manager.save(checkpoint_number=step)
+    self.saved_step = step
+    if self.trainer.chief and self.trainer.on_save is not None:
+      self.trainer.on_save(step)
+
+  def save_unless_saved(self, step: int) -> None:
+    """Saves at the end of the loop unless this run's last checkpoint is of `step`
+    (the same on every worker, not a look at its own directory)."""
+    if self.saved_step != step:
+      self.save(step)
 
 
 class _LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
@@ -490,36 +486,3 @@ class _ByDesignRetracing(logging_lib.Filter):
 
   def filter(self, record: logging_lib.LogRecord) -> bool:
     return "triggered tf.function retracing" not in record.getMessage()
-
-
-class _SignalFlag:
-  """Records stop signals (SIGTERM: preemption; SIGINT: Ctrl-C) so that the loop can
-  save and stop between steps.
-
-  Installed only in the main thread (Python's rule for signal handlers); elsewhere
-  it is inert and the default handling stays.
-  """
-
-  def __init__(self, *signums):
-    self.signums = signums
-    self.received = False
-    self.name = None  # of the first signal received
-    self._previous = {}
-
-  def _handle(self, signum, frame):
-    del frame
-    if signum == signal.SIGINT and self.name == "SIGINT":  # a second Ctrl-C: stop now
-      self.uninstall()
-      raise KeyboardInterrupt
-    self.received = True
-    self.name = self.name or signal.Signals(signum).name
-
-  def install(self):
-    if threading.current_thread() is threading.main_thread():
-      for signum in self.signums:
-        self._previous[signum] = signal.signal(signum, self._handle)
-
-  def uninstall(self):
-    for signum, previous in self._previous.items():
-      signal.signal(signum, previous)
-    self._previous = {}
