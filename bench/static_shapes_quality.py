@@ -83,7 +83,7 @@ def main(_):
     if name == "dynamic":
       return []
     run = int(name.split(":")[1])
-    return ["--static_shapes", f"--steps_per_loop={run}"]
+    return ["--static_shapes", f"--steps_per_loop={run}", f"--static_run_steps={run}"]
 
   # The configurations run side by side (each mostly traces one program per bucket,
   # single-threaded Python), --parallel at a time.

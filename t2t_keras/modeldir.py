@@ -150,7 +150,10 @@ def append_flags(model_dir: str, flags_text: str) -> None:
 def plan_key(data_config: DataConfig, train_config, replicas: int) -> dict:
   """What decides which pairs each step trains on (see t2t_keras.data.plan)."""
   return {"replicas": replicas, "accum_steps": train_config.accum_steps,
-          "steps_per_loop": train_config.steps_per_loop if data_config.static_shapes else 1,
+          # The plan's run length (kept under its first name, so that older records
+          # still compare): steps kept on one bucket with static shapes.
+          "steps_per_loop": (min(train_config.steps_per_loop, train_config.static_run_steps)
+                             if data_config.static_shapes else 1),
           "seed": data_config.seed, "batch_size": data_config.batch_size,
           "max_length": data_config.max_length, "bucket_min": data_config.bucket_min,
           "bucket_growth": data_config.bucket_growth,

@@ -134,7 +134,7 @@ def test_resume_equals_uninterrupted(tmp_path):
 
 
 def test_static_per_bucket_resume_equals_uninterrupted(tmp_path):
-  """Static shapes read one dataset per bucket, in runs of --steps_per_loop steps: a
+  """Static shapes read one dataset per bucket, in runs of --static_run_steps steps: a
   restart in the middle of a run (step 7 of runs of 5) continues with exactly the
   batches of an uninterrupted run."""
   from t2t_keras.configs import DataConfig  # pylint: disable=import-outside-toplevel
@@ -148,7 +148,7 @@ def test_static_per_bucket_resume_equals_uninterrupted(tmp_path):
   for name, stops in (("straight", [20]), ("resumed", [7, 20])):
     for stop in stops:
       trainer, result = train(tmp_path, name, stop, model=model, dataset_fn=data.train_fn,
-                              steps_per_loop=5)
+                              steps_per_loop=5, static_run_steps=5)
     runs[name] = (trainer, result)
   (straight, _), (resumed, result) = runs["straight"], runs["resumed"]
   assert result.steps == 20 and resumed.current_step() == 20
@@ -305,7 +305,7 @@ def test_xla_static_shapes_trace_once_per_bucket_shape_at_most(tmp_path):
   assert {length for _, length in shapes} <= set(lengths)  # padded to bucket lengths
   model = dataclasses.replace(MODEL, vocab_size=datasets.vocab_size)
   config = TrainConfig(model_dir=str(tmp_path / "xla"), train_steps=steps, jit_compile=True,
-                       steps_per_loop=5, log_every=20, eval_every=1000,
+                       steps_per_loop=5, static_run_steps=5, log_every=20, eval_every=1000,
                        save_checkpoint_steps=20, learning_rate_warmup_steps=10)
   keras.utils.set_random_seed(0)
   trainer = Trainer(model, config, distribute.create_strategy(config))

@@ -434,10 +434,10 @@ class _Batches:
 
   A TrainData (the data package's) in static mode gives one distributed iterator per
   bucket, created when its bucket first comes up: each has a fully static shape, so
-  the compiled loop is traced (and XLA compiles) once per bucket, and a TPU loop of
-  --steps_per_loop steps runs on one shape (the plan keeps a bucket for up to that many
-  steps; a call stops at the end of its run). Otherwise one iterator of all batches
-  (see Trainer._resuming).
+  the compiled loop is traced (and XLA compiles) once per bucket. The plan keeps a
+  bucket for runs of min(--steps_per_loop, --static_run_steps) steps and a call stops
+  at the end of its run, so a TPU loop runs on one shape. Otherwise one iterator of
+  all batches (see Trainer._resuming).
   """
 
   def __init__(self, trainer: Trainer, dataset_fn: DatasetFn, step: int,
@@ -449,7 +449,8 @@ class _Batches:
     self.per_bucket = (bool(getattr(dataset_fn, "static_shapes", False))
                        and hasattr(dataset_fn, "plan"))
     if self.per_bucket:
-      self.accum_steps, self.run = cfg.accum_steps, cfg.steps_per_loop
+      self.accum_steps = cfg.accum_steps
+      self.run = min(cfg.steps_per_loop, cfg.static_run_steps)
       self.plan = dataset_fn.plan(self.strategy.num_replicas_in_sync * cfg.accum_steps,
                                   self.run)
       self.iterators = {}
