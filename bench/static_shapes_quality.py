@@ -1,10 +1,10 @@
 """Do static shapes train as well as dynamic ones? Dev loss at equal steps on Multi30k.
 
 With --static_shapes every batch is padded to its bucket with a fixed number of rows,
-and the batch plan keeps one bucket (one shape) for a run of consecutive steps (up to
---steps_per_loop, the steps of one compiled TPU call): the
-model then sees that many updates of one sentence length in a row, which neither the
-paper nor tensor2tensor did. This runs `python -m t2t_keras.train` on Multi30k with 2
+and with --static_run_steps=R the batch plan keeps one bucket (one shape) for runs of R
+consecutive steps (so that one compiled TPU call of --steps_per_loop steps runs on one
+shape): the model then sees R updates of one sentence length in a row, which neither
+the paper nor tensor2tensor did. This runs `python -m t2t_keras.train` on Multi30k with 2
 logical CPU devices (MirroredStrategy, 2 replicas) in several input configurations,
 the same model, seed and number of steps, and prints the dev loss at every evaluation
 and the number of programs (bucket shapes) each run compiled.
@@ -12,8 +12,8 @@ and the number of programs (bucket shapes) each run compiled.
     python bench/static_shapes_quality.py [--steps=1500] [--eval_every=250] \
         [--configs=dynamic,static:1,static:10,static:100] [--work_dir=/tmp/static_q]
 
-A config is `dynamic` or `static:R` (runs of up to R steps of one bucket). Results go
-to BUILD.md's Cloud TPU section (docs/training.md).
+A config is `dynamic` or `static:R` (runs of up to R steps of one bucket). Results:
+docs/training.md, Cloud TPU.
 """
 
 from __future__ import annotations
