@@ -178,6 +178,7 @@ def run_tool(*args):
       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
 
 
+@pytest.mark.slow
 def test_cli_writes_a_restorable_directory_and_reports_errors(run_dir, tmp_path):
   out = str(tmp_path / "cli_avg")
   result = run_tool(f"--model_dir={run_dir}", f"--output_dir={out}", "--last_n=3")

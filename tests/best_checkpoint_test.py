@@ -37,6 +37,7 @@ def run(model_dir, steps, bleus=None, **overrides):
   return trainer, result, lines
 
 
+@pytest.mark.slow
 def test_best_checkpoint_kept_and_early_stopping(tmp_path):
   model_dir = tmp_path / "run"
   # Evaluations at steps 2, 4, 6, 8: best at 4, then two without improvement.
@@ -63,6 +64,7 @@ def test_best_checkpoint_kept_and_early_stopping(tmp_path):
              zip(trainer.model.weights, trainer.weights_at_eval[4]))
 
 
+@pytest.mark.slow
 def test_early_stopping_count_survives_a_restart(tmp_path):
   """Patience 3: evaluations at 2 (10), 4 (12, best), 6 (11) in a first run; the
   restarted run sees 8 (11.5) and 10 (9): the third without improvement stops it at
@@ -76,6 +78,7 @@ def test_early_stopping_count_survives_a_restart(tmp_path):
   assert not os.path.exists(str(model_dir / "best"))  # not asked to keep it
 
 
+@pytest.mark.slow
 def test_without_bleu_dev_loss_decides(tmp_path):
   model_dir = tmp_path / "run"
   _, result, lines = run(model_dir, 12, keep_best_checkpoint=True)
@@ -96,6 +99,7 @@ def test_empty_best_directory_is_a_clear_error(tiny_model_dir, tmp_path):
     loading.load(tiny_model_dir, checkpoint_path=str(empty))
 
 
+@pytest.mark.slow
 def test_a_changed_dev_metric_keeps_the_old_best(tmp_path):
   """A restart that judges dev loss where the record is by BLEU is refused, naming
   both and what to do (before: the record started anew and best/ was overwritten)."""
@@ -109,6 +113,7 @@ def test_a_changed_dev_metric_keeps_the_old_best(tmp_path):
   assert json.loads((model_dir / BEST_STATE_FILE).read_text())["value"] == 12.0
 
 
+@pytest.mark.slow
 def test_an_unreadable_best_record_stops_the_run(tmp_path):
   """A record that cannot be read (a damaged file, a transient gs:// error) stops the
   run instead of starting a new record that would replace the best checkpoint."""
@@ -121,6 +126,7 @@ def test_an_unreadable_best_record_stops_the_run(tmp_path):
   assert tf.train.latest_checkpoint(str(model_dir / "best")) == kept
 
 
+@pytest.mark.slow
 def test_a_run_that_stopped_early_is_finished(tmp_path):
   """The same command run again after an early stop trains nothing (before: it
   trained another --eval_every steps, rotating checkpoints out of the window that

@@ -1,5 +1,6 @@
 """Tests of tools/build_vocab.py: the CLI builds what training then reuses."""
 
+import pytest
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ def _run(*flags):
                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, check=False)
 
 
+@pytest.mark.slow
 def test_builds_vocabulary_and_cache_that_training_reuses(tmp_path):
   src, tgt = tmp_path / "train.en", tmp_path / "train.de"
   src.write_text("the cat sleeps\na dog runs\nthe big house\n" * 30, encoding="utf-8")

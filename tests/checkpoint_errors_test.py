@@ -45,6 +45,7 @@ COMMANDS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_truncated_checkpoint_is_a_clear_error(truncated_dir, tmp_path, command):
   model_dir, data_file, sources = truncated_dir

@@ -81,6 +81,7 @@ with tf.io.gfile.GFile("ram://out.txt") as f:
 """
 
 
+@pytest.mark.slow
 def test_gs_style_paths_go_through_gfile(ct2_dir):
   text = "".join(s + "\n" for s in SENTENCES)
   local = subprocess.run([sys.executable, TOOL, f"--model={ct2_dir}",

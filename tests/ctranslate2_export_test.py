@@ -131,6 +131,7 @@ def trained(tmp_path_factory):
   return trainer.model, config, tmp
 
 
+@pytest.mark.slow
 def test_beam_search_matches_ours_on_a_trained_model(trained):
   model, config, tmp = trained
   translator = _export(model, config, tmp / "ct2")
@@ -160,6 +161,7 @@ def test_beam_search_matches_ours_on_a_trained_model(trained):
   assert same >= 24  # a trained model rarely prefers the empty translation
 
 
+@pytest.mark.slow
 def test_export_command_writes_model_vocabulary_and_int8(trained, tmp_path):
   """`python -m t2t_keras.export --format=ctranslate2` on a model directory; int8
   weights translate the same as float32 on this model."""
@@ -202,6 +204,7 @@ def test_export_command_writes_model_vocabulary_and_int8(trained, tmp_path):
   assert written == [" ".join(h) for h in outputs[""]]
 
 
+@pytest.mark.slow
 def test_missing_package_and_misused_flags_get_clear_errors(tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, "ctranslate2", None)  # as if not installed
   with pytest.raises(ce.ExportError, match=r'pip install -e "\.\[ctranslate2\]"'):

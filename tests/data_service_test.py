@@ -73,6 +73,7 @@ def _through_service(dataset, dispatcher, name):
       processing_mode=tf.data.experimental.service.ShardingPolicy.OFF, service=dispatcher.target, job_name=name))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("static", [False, True])
 def test_training_batches_come_from_a_worker_without_python(corpus, service, static):
   config, data = corpus
@@ -105,6 +106,7 @@ def _op_types(dataset):
   return ops
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("static", [False, True])
 def test_dataset_graphs_hold_no_python_calls(corpus, static):
   config, data = corpus

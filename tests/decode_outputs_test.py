@@ -41,6 +41,7 @@ def assert_refused_before_work(result, message):
     ("--alignment_layer=5", "--alignment_layer=5 but the model has 2 decoder layers"),
     ("--alignment_head=9", "--alignment_head=9 but the model has 2 heads"),
 ])
+@pytest.mark.slow
 def test_alignment_flags_are_checked_before_decoding(tiny_model_dir, files, flag, message):
   tmp_path, source = files
   result = run("t2t_keras.decode", f"--model_dir={tiny_model_dir}", f"--input_file={source}",
@@ -62,6 +63,7 @@ def test_alignment_flags_are_checked_before_decoding(tiny_model_dir, files, flag
     ("decode", ["--output_file={t}/missing/out.txt"], "the directory {t}/missing does not "
      "exist"),
 ])
+@pytest.mark.slow
 def test_an_output_that_is_an_input_or_another_output_is_refused(tiny_model_dir, files,
                                                                  command, flags_, message):
   tmp_path, source = files
@@ -80,6 +82,7 @@ def test_an_output_that_is_an_input_or_another_output_is_refused(tiny_model_dir,
   assert {p: p.read_bytes() for p in tmp_path.iterdir()} == before  # nothing written
 
 
+@pytest.mark.slow
 def test_outputs_are_whole_and_truncation_is_reported(tiny_model_dir, files):
   tmp_path, source = files
   result = run("t2t_keras.decode", f"--model_dir={tiny_model_dir}", f"--input_file={source}",

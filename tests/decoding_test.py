@@ -64,6 +64,7 @@ def uncached_scorer(model, inputs, beam, length):
     (1, 0.0, False, False), (4, 0.6, True, False), (4, 0.6, False, False),
     (10, 0.3, False, False), (1, 0.0, False, True), (4, 0.6, True, True),
     (4, 0.6, False, True)])
+@pytest.mark.slow
 def test_cached_decoding_equals_uncached(model, pointer_model, beam, alpha, slotted,
                                          pointer, monkeypatch):
   # Both cache layouts: beam slots kept in place, and one row per hypothesis reordered.
@@ -100,6 +101,7 @@ def test_padding_does_not_change_translations(model, pointer_model, pointer):
   np.testing.assert_allclose(scores[1].numpy(), alone_scores[0].numpy(), rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pointer", [False, True])
 def test_xla_decoding_equals_eager(model, pointer_model, pointer):
   model = pointer_model if pointer else model
@@ -113,6 +115,7 @@ def test_xla_decoding_equals_eager(model, pointer_model, pointer):
   np.testing.assert_allclose(scores.numpy(), eager[1].numpy(), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_source_pointer_ensemble_of_one_equals_the_model(pointer_model):
   """An ensemble of a pointer model with itself translates as the model does (each
   member reads the pointer)."""
@@ -146,6 +149,7 @@ def test_translate_keeps_input_order(model):
     assert all(len(t.split()) <= len(sentence.split()) + 4 for t in result.texts)
 
 
+@pytest.mark.slow
 def test_translate_with_xla_equals_graph_and_compiles_once_per_width_bucket(model):
   # Lengths 1-40 tokens (+ EOS): width buckets 16, 32 and 64; 7 batches of 3, the last
   # one short (filler rows).
@@ -180,6 +184,7 @@ def test_progress_line_has_rate_and_eta():
   assert "4/10 sentences" in line and "sentences/s" in line and "eta" in line
 
 
+@pytest.mark.slow
 def test_exact_match_counts_sequences(model):
   # A dataset whose targets are the model's own greedy outputs: 100% exact match;
   # an all-PAD filler row (static-shape eval batches) is not counted.
@@ -241,6 +246,7 @@ def assert_xla_in_place_agrees(model, inputs, config, constraint, ids, scores):
   np.testing.assert_allclose(xla_scores.numpy(), scores.numpy(), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("beam,extra", [(1, 2), (3, 2), (3, 6)])
 def test_tree_constrained_decoding_writes_valid_trees_in_every_layout(model, beam, extra,
                                                                       monkeypatch):
@@ -302,6 +308,7 @@ def check_word_tree(out, source, constraint):
 
 @pytest.mark.parametrize("beam,extra,pointer", [(1, 3, False), (3, 3, False),
                                                (3, 20, False), (3, 3, True)])
+@pytest.mark.slow
 def test_word_copying_constraint_copies_every_word_once_in_every_layout(
     model, pointer_model, beam, extra, pointer, monkeypatch):
   # The "words" linearization: where a leaf may come, the search may only write the
@@ -402,6 +409,7 @@ def test_min_decode_length_keeps_eos_away(beam, topk):
     bias.logits = original
 
 
+@pytest.mark.slow
 def test_decode_cli_uses_xla_from_256_sentences_with_the_same_translations(
     tiny_model_dir, tmp_path):
   """The decode command's default: XLA for 256 sentences or more, graph mode below;

@@ -66,6 +66,7 @@ def _export(*args):
                         capture_output=True, text=True, timeout=600, check=False)
 
 
+@pytest.mark.slow
 def test_export_command_refuses_typed_settings_but_not_a_recipes(tiny_model_dir, tmp_path):
   """Typed on the command line, --beam_size & co. with --format=ctranslate2 are refused
   before anything is written; a recipe flagfile that sets them still exports."""

@@ -49,6 +49,7 @@ def eager_translations(model_dir, sentences, dtype=None):
                             max_input_length=MAX_INPUT, progress=False)
 
 
+@pytest.mark.slow
 def test_versioned_layout_with_vocab_asset(export_path):
   assert os.path.basename(export_path) == "1"
   assert os.path.exists(os.path.join(export_path, "saved_model.pb"))
@@ -91,6 +92,7 @@ def assert_fresh_process_equals_eager(model_dir, export_path):
                              atol=1e-5)
 
 
+@pytest.mark.slow
 def test_fresh_process_without_t2t_keras_equals_eager(model_dir, export_path):
   assert_fresh_process_equals_eager(model_dir, export_path)
 
@@ -169,6 +171,7 @@ def test_only_tensorflow_and_tensorflow_text_ops(export_path):
   assert not unknown, f"ops registered by neither TensorFlow nor TensorFlow Text: {unknown}"
 
 
+@pytest.mark.slow
 def test_saved_model_cli_shows_and_runs(export_path):
   cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
   show = subprocess.run([cli, "show", "--dir", export_path, "--all"], capture_output=True,
@@ -231,6 +234,7 @@ def _must_compile_functions(export_path):
           if function.attr["_XlaMustCompile"].b}
 
 
+@pytest.mark.slow
 def test_xla_export_in_a_fresh_session_equals_eager(model_dir, xla_export_path, export_path):
   """--export_jit_compile: the beam search is marked for XLA, and the export, loaded as
   TF Serving loads it in a process without t2t_keras, translates as eager decoding."""
@@ -239,6 +243,7 @@ def test_xla_export_in_a_fresh_session_equals_eager(model_dir, xla_export_path, 
   assert_fresh_process_equals_eager(model_dir, xla_export_path)
 
 
+@pytest.mark.slow
 def test_xla_export_ids_rows_translate_as_alone(xla_export_path, export_path):
   """The XLA export pads each batch to a power of two rows and columns: any batch
   size (3 rows, 1 row, none) and width gives the graph export's ids and scores."""
@@ -255,6 +260,7 @@ def test_xla_export_ids_rows_translate_as_alone(xla_export_path, export_path):
     np.testing.assert_allclose(by_xla["scores"], by_graph["scores"], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_xla_export_refuses_too_many_rows_before_compiling(xla_export_path):
   """The row limit holds in the XLA export too: 20,000 rows would otherwise be padded
   to 32,768 and compiled; refused, the session then answers a normal request."""
@@ -268,6 +274,7 @@ def test_xla_export_refuses_too_many_rows_before_compiling(xla_export_path):
   assert out["outputs"].shape == (1,)
 
 
+@pytest.mark.slow
 def test_decode_dtype_is_carried_into_the_export(model_dir, tmp_path):
   """--decode_dtype: the export computes in that dtype, as `decode --decode_dtype` does:
   it equals eager decoding in bfloat16, whose scores are not float32's."""

@@ -130,6 +130,7 @@ def expected_parameters(v, d, dff, n, h=None):
 
 @pytest.mark.parametrize("cfg,d,dff,paper", [("base_en_de", 512, 2048, 65e6),
                                               ("big_en_de", 1024, 4096, 213e6)])
+@pytest.mark.slow
 def test_dry_run_parameter_counts(cfg, d, dff, paper):
   count = dry_run(f"--flagfile=flags/{cfg}.cfg", "--vocab_size=37000")
   assert count == expected_parameters(37000, d, dff, 6)

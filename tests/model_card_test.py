@@ -62,6 +62,7 @@ def exported(run_dir, tmp_path_factory):
   return path, before, after
 
 
+@pytest.mark.slow
 def test_the_card_of_an_export_names_the_run(run_dir, exported):
   path, before, after = exported
   assert os.path.isfile(os.path.join(path, "assets.extra", "model_card.json"))
@@ -100,6 +101,7 @@ def test_saved_model_cli_card_prints_the_json(exported, tmp_path, capsys):
   assert saved_model_cli.show_card(["x", "card"], io.StringIO()) == 2
 
 
+@pytest.mark.slow
 def test_saved_model_cli_show_starts_with_the_card(exported):
   """The repository launcher, as a user runs it: the card, then TensorFlow's listing."""
   path = exported[0]

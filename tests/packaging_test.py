@@ -96,6 +96,7 @@ def _top_level_names(tree) -> set:
   return names
 
 
+@pytest.mark.slow
 def test_every_command_resolves_and_shows_its_own_help():
   """Each declared `module:function` imports, is callable and prints its usage with its
   own flags; four at a time, each process imports TensorFlow."""

@@ -43,6 +43,7 @@ def tree(text):
 # ---------------------------------------------------------------- reading, cleaning
 
 
+@pytest.mark.slow
 def test_round_trip_on_every_sample_tree(ptb):
   counts = {"train": 3177, "dev": 392, "test": 345}
   for split, (path, text) in ptb.items():
@@ -460,6 +461,7 @@ def test_evaluate_cli_scores_linearized_hypotheses(ptb, tmp_path):
 # ---------------------------------------------------------------- data and training
 
 
+@pytest.mark.slow
 def test_parsing_source_builds_datasets(ptb, tmp_path):
   train_path, train_text = ptb["train"]
   dev_path, _ = ptb["dev"]
@@ -487,6 +489,7 @@ def test_parsing_source_builds_datasets(ptb, tmp_path):
                              data_dir=str(tmp_path / "bad")))
 
 
+@pytest.mark.slow
 def test_parsing_recipe_trains_decodes_and_scores(ptb, tmp_path):
   """A few steps of flags/parsing_ptb_sample.cfg (the "words" linearization, decoding
   constrained to trees), shrunk to a tiny model, through the train, decode, evaluate
@@ -627,6 +630,7 @@ def test_pcfg_anchor_finds_the_most_probable_tree(ptb):
     assert parsing_pcfg.parse(grammar, small.words()) == small
 
 
+@pytest.mark.slow
 def test_pcfg_anchor_script_scores_with_evalb(ptb):
   """The bench script end to end on three dev sentences: EVALB's report."""
   data_dir = os.path.dirname(ptb["dev"][0])

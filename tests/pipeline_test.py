@@ -82,6 +82,7 @@ def test_counts_are_logged_and_filtered(corpus, caplog):
   assert "3 with an empty side, 2 longer than max_length=32" in caplog.text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("static", [False, True])
 def test_no_batch_exceeds_its_token_budget(corpus, static):
   config, _, data = corpus
@@ -103,6 +104,7 @@ def test_no_batch_exceeds_its_token_budget(corpus, static):
     assert not shapes <= expected  # Dynamic batches are trimmed to their content.
 
 
+@pytest.mark.slow
 def test_rows_end_with_eos_and_hold_no_bos(corpus):
   _, _, data = corpus
   batch = next(iter(data.train_fn()))
@@ -125,6 +127,7 @@ def _assert_epoch(seen, kept, config, group=1):
   assert extra < group * sum(pipeline.bucket_batch_sizes(lengths, config.batch_size))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("static", [False, True])
 def test_train_epoch_has_every_kept_pair(corpus, static):
   config, pairs, data = corpus
@@ -152,6 +155,7 @@ def test_eval_has_every_pair_exactly_once(corpus, static):
     assert shapes <= {(max(1, config.batch_size // n), n) for n in lengths}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("static", [False, True])
 def test_two_hosts_cover_an_epoch_and_rare_long_pairs_are_merged_not_repeated(static):
   """2 input pipelines (hosts), each holding its share: together every kept pair once
@@ -185,6 +189,7 @@ def test_two_hosts_cover_an_epoch_and_rare_long_pairs_are_merged_not_repeated(st
     assert all(width_of[i] == 32 for i in rare)  # the widest pool took the 26s in
 
 
+@pytest.mark.slow
 def test_shards_partition_the_data(corpus):
   config, pairs, data = corpus
   seen = []
@@ -200,6 +205,7 @@ def test_shards_partition_the_data(corpus):
   _assert_epoch(seen, _kept(pairs), config, group=2)
 
 
+@pytest.mark.slow
 def test_shuffle_is_seeded(corpus):
   config, _, data = corpus
 
@@ -211,6 +217,7 @@ def test_shuffle_is_seeded(corpus):
   assert first(1) != first(2)
 
 
+@pytest.mark.slow
 def test_cache_is_reused_and_invalidated(corpus, monkeypatch):
   config, _, data = corpus
   build = cache._build
@@ -234,6 +241,7 @@ def test_cache_is_reused_and_invalidated(corpus, monkeypatch):
   assert calls == ["train", "dev"]  # Both splits read the edited file.
 
 
+@pytest.mark.slow
 def test_synthetic_pipeline_and_vocab_size():
   config = DataConfig(source="synthetic", synthetic_task="reverse",
                       synthetic_vocab_size=10, batch_size=64, max_length=16,
@@ -264,6 +272,7 @@ def test_unknown_source_is_a_clear_error():
     pipeline.make_datasets(DataConfig(source="parsing"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pipelines,accum", [(1, 1), (2, 2)])
 def test_start_step_equals_skipping_and_reaches_any_step_at_once(pipelines, accum):
   """Resume: starting at step k gives exactly the batches that follow k steps, on every
@@ -292,6 +301,7 @@ def test_start_step_equals_skipping_and_reaches_any_step_at_once(pipelines, accu
   assert [row[row != PAD_ID].tolist() for row in batch["inputs"].numpy()] == want
 
 
+@pytest.mark.slow
 def test_interrupted_cache_build_is_not_trusted(tmp_path, monkeypatch):
   folder = str(tmp_path)
   (src, tgt), pairs = _write_corpus(folder, seed=1)
@@ -313,6 +323,7 @@ def test_interrupted_cache_build_is_not_trusted(tmp_path, monkeypatch):
   _assert_epoch(seen, _kept(pairs), config)
 
 
+@pytest.mark.slow
 def test_shuffle_covers_concatenated_corpora(tmp_path):
   """Two corpora concatenated (as WMT14 is distributed: Europarl, then Common Crawl,
   ...): the first 1,000 training pairs of an epoch come from both, in proportion; the
@@ -353,6 +364,7 @@ def test_shuffle_covers_concatenated_corpora(tmp_path):
     assert 0.3 < sum(s.startswith(b"alpha") for s in rows) / len(rows) < 0.7
 
 
+@pytest.mark.slow
 def test_every_worker_and_replica_of_a_step_gets_the_same_shape():
   """TPU pods: 2 workers (input pipelines) of 2 replicas each, 2 micro-batches: with
   static shapes the 8 batches of every step share one [rows, length], the bucket's,
@@ -385,6 +397,7 @@ def test_every_worker_and_replica_of_a_step_gets_the_same_shape():
   assert any(len(set(step)) > 1 for step in dynamic)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("static", [False, True])
 def test_a_step_is_the_same_for_any_number_of_hosts(static):
   """2 hosts of 1 replica train on exactly the batches of 1 host with 2 replicas (and

@@ -86,6 +86,7 @@ def straight(tmp_path_factory):
   return state_of(model_dir)
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_is_bitwise_identical(tmp_path, straight):
   code, _, _ = start_and_signal(str(tmp_path / "killed"), signal.SIGKILL)
   assert code == -signal.SIGKILL
@@ -96,6 +97,7 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path, straight):
   assert_bitwise_equal(straight, state_of(tmp_path / "killed"))
 
 
+@pytest.mark.slow
 def test_sigterm_saves_exits_42_and_resumes(tmp_path, straight):
   model_dir = tmp_path / "term"
   code, stdout, stderr = start_and_signal(str(model_dir), signal.SIGTERM)
@@ -110,6 +112,7 @@ def test_sigterm_saves_exits_42_and_resumes(tmp_path, straight):
   assert_bitwise_equal(straight, state_of(model_dir))
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_at_the_current_step(tmp_path):
   """SIGINT (Ctrl-C) saves as SIGTERM does (before: a KeyboardInterrupt traceback and
   up to --save_checkpoint_steps steps lost)."""

@@ -57,6 +57,7 @@ class CopyWatcher:
         assert files_under(self.final) == self.expected, "marker before the other files"
 
 
+@pytest.mark.slow
 def test_saved_model_on_an_object_store_appears_with_saved_model_pb_last(
     translator, monkeypatch, tmp_path):
   local = saved_model.export(translator, str(tmp_path), version=1)
@@ -76,6 +77,7 @@ def test_saved_model_on_an_object_store_appears_with_saved_model_pb_last(
       "outputs"], SessionModel(local).run(inputs=text)["outputs"])
 
 
+@pytest.mark.slow
 def test_a_crash_while_copying_to_an_object_store_leaves_no_loadable_version(
     translator, monkeypatch, tmp_path):
   expected = files_under(saved_model.export(translator, str(tmp_path), version=1))

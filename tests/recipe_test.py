@@ -1,5 +1,6 @@
 """tools/run_recipe.py end to end on the tiny synthetic recipe, and the learning-curve tool."""
 
+import pytest
 import json
 import os
 import queue
@@ -19,6 +20,7 @@ def run(*args):
                         cwd=REPO_ROOT, env=ENV, timeout=600, check=False)
 
 
+@pytest.mark.slow
 def test_recipe_trains_decodes_scores_and_plots(tmp_path):
   src, ref = tmp_path / "test.src", tmp_path / "test.ref"
   src.write_text("5 6 7\n4 4 9 8\n")
@@ -47,6 +49,7 @@ def test_recipe_trains_decodes_scores_and_plots(tmp_path):
   assert "loss" in plotted.stdout
 
 
+@pytest.mark.slow
 def test_recipe_and_curve_errors_are_clear(tmp_path):
   result = run("tools/run_recipe.py", "--recipe=flags/nope.cfg", f"--model_dir={tmp_path}",
                "--test_src=a", "--test_ref=b")
@@ -108,6 +111,7 @@ def processes_mentioning(text):
   return found
 
 
+@pytest.mark.slow
 def test_sigterm_reaches_training_which_saves_and_run_recipe_exits_with_its_code(tmp_path):
   """The real trainer under run_recipe: SIGTERM to run_recipe (not to the trainer) makes
   training save at the current step and exit 42; run_recipe relays that, starts no

@@ -45,6 +45,7 @@ def sample(model, rows, config, keys=None, jit=False):
   return ids.numpy(), scores.numpy()
 
 
+@pytest.mark.slow
 def test_same_seed_same_samples_another_seed_others(model):
   config = dataclasses.replace(SAMPLE, num_samples=3)
   ids, scores = sample(model, ROWS, config)
@@ -58,6 +59,7 @@ def test_same_seed_same_samples_another_seed_others(model):
   assert any(not np.array_equal(ids[b, 0], ids[b, 1]) for b in range(3))
 
 
+@pytest.mark.slow
 def test_samples_do_not_depend_on_the_batch(model):
   """An input's samples depend on the seed and its key, not on its batch-mates or on
   the padding its batch needs."""
@@ -74,6 +76,7 @@ def test_samples_do_not_depend_on_the_batch(model):
   np.testing.assert_array_equal(reordered[::-1], ids)
 
 
+@pytest.mark.slow
 def test_xla_sampling_equals_graph(model):
   config = dataclasses.replace(SAMPLE, sampling_topk=5, sampling_temperature=0.7)
   graph, graph_scores = sample(model, ROWS, config)
@@ -133,6 +136,7 @@ def test_samples_follow_the_model_distribution(model, topk, topp, temperature):
     assert 0.5 * np.abs(got - plain).sum() > 0.08
 
 
+@pytest.mark.slow
 def test_sample_scores_are_the_model_log_probabilities(model):
   """A sample's score is its log probability under the model (no temperature), as
   teacher forcing computes it (the sampler runs the cached decoder)."""
@@ -185,6 +189,7 @@ def test_sampling_settings_are_validated():
   assert DecodeConfig(sampling_topp=0.9).sampling and not DecodeConfig().sampling
 
 
+@pytest.mark.slow
 def test_decode_cli_samples_reproducibly_whatever_the_batching(tiny_model_dir, tmp_path):
   """The user's path: `decode --sampling_topk=0 --seed=S` twice with other batch sizes
   (so each sentence meets other batch-mates and padding) gives the same lines; another

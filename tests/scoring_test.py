@@ -39,6 +39,7 @@ def reverse(trained_reverse_dir):
 
 
 # ------------------------------------------------------------------ scoring
+@pytest.mark.slow
 def test_scores_equal_the_beam_search_scores_of_its_outputs(reverse):
   """Teacher forcing over a model's own beam output (alpha 0) gives the score beam
   search computed step by step with its key/value cache."""
@@ -71,6 +72,7 @@ def corruptions(ids, rng):
   return [c for c in out if c != ids]
 
 
+@pytest.mark.slow
 def test_own_translation_outscores_its_corruptions(reverse):
   rng = np.random.default_rng(0)
   results = translate.translate(reverse.model, reverse.tokenizer, REVERSE_INPUTS,
@@ -84,6 +86,7 @@ def test_own_translation_outscores_its_corruptions(reverse):
     assert all(f.total < forced[0].total for f in forced[1:]), (best, others)
 
 
+@pytest.mark.slow
 def test_score_cli_writes_totals_counts_and_per_token(tiny_model_dir, tmp_path):
   src = tmp_path / "src.txt"
   tgt = tmp_path / "tgt.txt"
@@ -114,6 +117,7 @@ def test_score_cli_writes_totals_counts_and_per_token(tiny_model_dir, tmp_path):
     np.testing.assert_allclose(values, expected, atol=2e-4)
 
 
+@pytest.mark.slow
 def test_score_cli_errors_name_the_files(tiny_model_dir, tmp_path):
   src = tmp_path / "src.txt"
   tgt = tmp_path / "tgt.txt"
@@ -147,6 +151,7 @@ def test_align_merges_subwords_into_words():
   assert scoring.align(attention, [EOS_ID], target, starts) == []
 
 
+@pytest.mark.slow
 def test_decode_writes_alignments_that_follow_the_reversal(trained_reverse_dir, tmp_path):
   """On the reverse task, target word j copies source word n-1-j: the last layer's
   cross-attention must say so for nearly every word."""
@@ -194,6 +199,7 @@ def pair():
 INPUTS = np.array([[5, 9, 12, 4, EOS_ID], [7, 8, EOS_ID, PAD_ID, PAD_ID]], np.int32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("beam,in_place", [(1, False), (4, False), (4, True)])
 def test_a_model_ensembled_with_itself_decodes_as_alone(pair, beam, in_place):
   model = pair[0]
@@ -228,6 +234,7 @@ def test_ensemble_scores_are_renormalised_average_log_probabilities(pair):
   assert checked >= 1
 
 
+@pytest.mark.slow
 def test_decode_cli_ensembles_and_refuses_other_vocabularies(trained_reverse_dir,
                                                             tiny_model_dir, tmp_path):
   src = tmp_path / "src.txt"
@@ -248,6 +255,7 @@ def test_decode_cli_ensembles_and_refuses_other_vocabularies(trained_reverse_dir
   assert f"--model_dir {tiny_model_dir} was trained with another vocabulary" in message
 
 
+@pytest.mark.slow
 def test_two_seeds_ensemble_on_the_reverse_task(trained_reverse_dir, tmp_path):
   """Two models of different seeds: the ensemble decodes (it is a real second model)
   and is at least as right as the weaker member."""

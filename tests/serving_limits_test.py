@@ -59,6 +59,7 @@ def answered(session):
   assert out["outputs"].shape == (2,) and np.all(np.isfinite(out["scores"]))
 
 
+@pytest.mark.slow
 def test_defaults_are_written_into_the_export(default_export):
   path, _ = default_export
   assert read_limits(path) == {"max_input_length": MAX_INPUT, "max_rows": 256,
@@ -94,6 +95,7 @@ def test_a_2mb_string_is_refused_before_tokenization(default_export):
   assert out["outputs"].shape == (1,)
 
 
+@pytest.mark.slow
 def test_cli_flags_are_printed_written_and_enforced(cli_export):
   path, stdout, session = cli_export
   assert read_limits(path) == {"max_input_length": MAX_INPUT, "max_rows": 8,

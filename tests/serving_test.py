@@ -327,12 +327,14 @@ def assert_printed(stdout, expected):
     assert abs(float(printed_score) - score) <= 1e-4, (line, score)
 
 
+@pytest.mark.slow
 def test_rest_prints_the_signatures_translations(servable, rest_server):
   result = query("--protocol=rest", f"--server={rest_server}", "--batch_size=2", *SENTENCES)
   assert result.returncode == 0, result.stderr[-3000:]
   assert_printed(result.stdout, direct(servable, SENTENCES))
 
 
+@pytest.mark.slow
 def test_grpc_prints_the_signatures_translations(servable, grpc_server, tmp_path):
   source = tmp_path / "src.txt"
   source.write_text("".join(s + "\n" for s in SENTENCES), encoding="utf-8")
@@ -353,6 +355,7 @@ def test_rest_row_format_carries_every_output(servable, rest_server):
                                                                       SENTENCES[:2])]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["rest", "grpc"])
 def test_unreachable_server_is_a_clear_error(protocol):
   server = f"127.0.0.1:{unused_port()}"
@@ -365,6 +368,7 @@ def test_unreachable_server_is_a_clear_error(protocol):
   assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["rest", "grpc"])
 def test_wrong_model_name_is_a_clear_error(protocol, rest_server, grpc_server):
   server = rest_server if protocol == "rest" else grpc_server

@@ -134,6 +134,7 @@ def test_prepared_data_is_reused_without_downloading(offline_wmt14, monkeypatch)
   assert len(pairs) == 15 and len(fetched) == count
 
 
+@pytest.mark.slow
 def test_headline_command_offline_ends_with_a_data_message(tmp_path):
   """`train --flagfile=flags/big_en_de.cfg` with no route to the internet: a proxy on a
   closed local port stands for "offline" on any machine, CI's or one with internet."""

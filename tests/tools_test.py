@@ -1,5 +1,6 @@
 """End-to-end runs of the decode CLI and the attention-map tool on a model directory."""
 
+import pytest
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ def run(*args, stdin=None):
                         text=True, cwd=REPO_ROOT, env=ENV, timeout=600, check=False)
 
 
+@pytest.mark.slow
 def test_decode_cli_keeps_input_order_and_scores(tiny_model_dir, tmp_path):
   sentences = ["the man runs", "", "a small red dog plays with the big ball in the park",
                "Hund", "ein Mann läuft über der street"]
@@ -49,6 +51,7 @@ def test_decode_cli_keeps_input_order_and_scores(tiny_model_dir, tmp_path):
     assert alone.stdout == line + "\n"
 
 
+@pytest.mark.slow
 def test_decode_cli_errors_are_clear(tiny_model_dir, tmp_path):
   bad = tmp_path / "bad.txt"
   bad.write_bytes(b"fine\n\xff\xfe broken\n")
@@ -70,6 +73,7 @@ def test_decode_cli_errors_are_clear(tiny_model_dir, tmp_path):
   assert "needs a parsing model" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_attention_maps_are_distributions_and_pictures(tiny_model_dir, tmp_path):
   loaded = loading.load(tiny_model_dir)
   maps = attention_maps.attention_maps(loaded.model, loaded.tokenizer, "the man runs",
@@ -92,6 +96,7 @@ def test_attention_maps_are_distributions_and_pictures(tiny_model_dir, tmp_path)
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_console_scripts_run_the_entry_points(tiny_model_dir, tmp_path):
   """`pip install` puts t2t-train, t2t-decode, ... beside the interpreter; each runs the
   same code as `python -m t2t_keras.X` (here: a dry run, and decoding one file both ways)."""

@@ -109,6 +109,7 @@ def weights_of(trainer):
   return [np.asarray(w) for w in trainer.model.weights]
 
 
+@pytest.mark.slow
 def test_one_and_two_replicas_make_the_same_updates(tmp_path):
   assert len(tf.config.list_logical_devices("CPU")) >= 2, "conftest splits the CPU"
   # Adam turns float rounding in near-zero gradients (summation order differs across
@@ -124,6 +125,7 @@ def test_one_and_two_replicas_make_the_same_updates(tmp_path):
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_resume_equals_uninterrupted(tmp_path):
   straight, _ = train(tmp_path, "straight", 6)
   train(tmp_path, "resumed", 2)  # stops after a checkpoint at step 2 ...
@@ -133,6 +135,7 @@ def test_resume_equals_uninterrupted(tmp_path):
     np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_static_per_bucket_resume_equals_uninterrupted(tmp_path):
   """Static shapes read one dataset per bucket, in runs of --static_run_steps steps: a
   restart in the middle of a run (step 7 of runs of 5) continues with exactly the
@@ -157,6 +160,7 @@ def test_static_per_bucket_resume_equals_uninterrupted(tmp_path):
     np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_with_step_and_keeps_checkpoint(tmp_path):
   train(tmp_path, "nan", 2)
   with pytest.raises(TrainingError, match=r"loss became nan at step [34].*ckpt-2"):
@@ -175,6 +179,7 @@ def test_model_dir_refuses_another_shape(tmp_path):
   assert modeldir.load_model_config(model_dir) == MODEL
 
 
+@pytest.mark.slow
 def test_corrupt_checkpoint_gives_clear_error(tmp_path):
   train(tmp_path, "corrupt", 2)
   model_dir = tmp_path / "corrupt"
@@ -199,6 +204,7 @@ def test_eval_sums_match_definitions():
   assert loss == pytest.approx(float(np.sum(smoothed)), rel=1e-6)
 
 
+@pytest.mark.slow
 def test_time_budget_stops_with_a_checkpoint_and_logs_eval_time(tmp_path):
   """--train_minutes ends training early, saves, evaluates; eval time is not counted."""
   from t2t_keras.learning_curves import read_scalars  # pylint: disable=import-outside-toplevel
@@ -235,6 +241,7 @@ def test_time_budget_stops_with_a_checkpoint_and_logs_eval_time(tmp_path):
                              [20 / 60, 40 / 60, 60 / 60, 70 / 60], atol=1e-6)
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_equals_one_bigger_batch(tmp_path):
   """--accum_steps=2 over micro-batches == one update on their concatenation."""
   rng = np.random.default_rng(7)
@@ -266,6 +273,7 @@ def test_gradient_accumulation_equals_one_bigger_batch(tmp_path):
     np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_checkpoint_holds_dropout_seed_state(tmp_path):
   """Resuming restores the dropout layers' seed generators (same masks as uninterrupted)."""
   model = dataclasses.replace(MODEL, layer_prepostprocess_dropout=0.3)
@@ -286,6 +294,7 @@ def test_checkpoint_holds_dropout_seed_state(tmp_path):
     np.testing.assert_array_equal(s.numpy(), t)
 
 
+@pytest.mark.slow
 def test_xla_static_shapes_trace_once_per_bucket_shape_at_most(tmp_path):
   """jit_compile + static shapes (the TPU setting): many batches of several bucket shapes
   train without a retrace per batch, and steps_per_loop > 1 runs several steps a call."""
@@ -317,6 +326,7 @@ def test_xla_static_shapes_trace_once_per_bucket_shape_at_most(tmp_path):
   assert steps > 2 * len(shapes)  # so a per-batch retrace would exceed the bound
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["bfloat16", "mixed_float16"])
 def test_mixed_precision_trains_with_float32_variables(tmp_path, dtype):
   """bfloat16 and float16 (with loss scaling) runs learn like float32 and keep float32
@@ -355,6 +365,7 @@ def overflow_step(trainer):
   return step
 
 
+@pytest.mark.slow
 def test_float16_overflow_on_one_replica_is_skipped_by_all(tmp_path):
   """Only replica 1 overflows: every replica skips the step, the scale halves, and the
   skipped step still counts (one counter for logs, checkpoints and resume)."""
@@ -381,6 +392,7 @@ def test_float16_overflow_on_one_replica_is_skipped_by_all(tmp_path):
   assert float(trainer.optimizer.dynamic_scale.numpy()) == scale / 2
 
 
+@pytest.mark.slow
 def test_float16_two_replicas_equal_one_with_accumulation(tmp_path):
   """--batch_size is per replica: 2 replicas make the updates of 1 replica with
   --accum_steps=2, in float16 with loss scaling too (within float16 tolerance)."""
@@ -431,6 +443,7 @@ def _shapes_per_step(static, steps=30, accum_steps=1):
   return steps_shapes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("accum_steps", [1, 2])
 def test_static_shapes_give_every_replica_of_a_step_the_same_shape(accum_steps):
   """On a TPU the cores of one step must get one shape (else XLA compiles per
@@ -445,6 +458,7 @@ def test_static_shapes_give_every_replica_of_a_step_the_same_shape(accum_steps):
   assert any(len(set(shapes)) > 1 for shapes in dynamic)
 
 
+@pytest.mark.slow
 def test_static_two_replicas_equal_one_with_accumulation_on_the_real_pipeline(tmp_path):
   """The per-step bucketing keeps the invariant: with the real pipeline in static mode,
   2 replicas make the updates of 1 replica with --accum_steps=2."""
@@ -493,6 +507,7 @@ def _compiled_step_signatures(tmp_path, static, steps):
   return shapes, buckets, trainer
 
 
+@pytest.mark.slow
 def test_xla_on_two_replicas_compiles_one_program_per_bucket(tmp_path):
   """The TPU setting on 2 logical CPUs: with static shapes every batch the compiled
   step is traced for has a fully static shape, one per bucket used (XLA compiles each
@@ -528,6 +543,7 @@ def test_float32_nonfinite_gradient_on_one_replica_is_skipped_by_all(tmp_path):
   assert float(step(tf.constant(-1))) == 0.0
 
 
+@pytest.mark.slow
 def test_weights_made_non_finite_are_never_saved(tmp_path):
   """An update that overflows the weights (finite loss before it) must not be saved
   and later trusted as "the last good checkpoint"."""
@@ -551,6 +567,7 @@ SPARSE_MODELS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", sorted(SPARSE_MODELS))
 def test_sparse_gradients_accumulate_and_equal_two_replicas(tmp_path, variant):
   """Embedding lookups give IndexedSlices gradients (learned positions, a separate
@@ -575,6 +592,7 @@ def test_sparse_gradients_accumulate_and_equal_two_replicas(tmp_path, variant):
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_every_interval_is_honoured(tmp_path):
   """Intervals that do not divide each other are each kept (before, --log_every=3 with
   saves every 4 stopped only at multiples of 3: checkpoints came every 12 steps)."""

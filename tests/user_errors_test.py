@@ -64,6 +64,7 @@ def _unknown(names, defined):
           and not (n.startswith("no") and n[2:] in defined)}
 
 
+@pytest.mark.slow
 def test_every_flag_named_in_code_and_documents_exists():
   defined = _defined_flags()
   assert {"data_source", "model_dir", "vocab_size", "tfds_data_dir"} <= defined
@@ -157,6 +158,7 @@ def _run(module, *args):
                         check=False)
 
 
+@pytest.mark.slow
 def test_train_cli_refuses_ignored_files(tmp_path):
   result = _run("train", "--flagfile=flags/tiny.cfg", f"--model_dir={tmp_path / 'm'}",
                 "--train_src=x.en", "--train_tgt=x.de")
@@ -166,6 +168,7 @@ def test_train_cli_refuses_ignored_files(tmp_path):
   assert not (tmp_path / "m").exists()
 
 
+@pytest.mark.slow
 def test_source_pointer_without_copied_words_is_refused(tmp_path):
   result = _run("train", "--data_source=parsing", "--parsing_linearization=tags",
                 "--train_src=train.mrg", "--source_pointer",
@@ -191,6 +194,7 @@ def _decode(model_dir, *args, flagfile=None, tmp_path=None):
               "--beam_size=1", "--extra_decode_length=2", *args)
 
 
+@pytest.mark.slow
 def test_decode_refuses_model_flags_that_disagree(tiny_model_dir, tmp_path):
   saved = modeldir.load_model_config(tiny_model_dir)
   result = _decode(tiny_model_dir, "--hidden_size=64", "--nopre_norm",
@@ -240,6 +244,7 @@ def test_checkpoint_of_another_model_is_refused(tiny_model_dir, tmp_path, change
   assert loading.load(tiny_model_dir).checkpoints[0].endswith("ckpt-7")
 
 
+@pytest.mark.slow
 def test_vocabulary_smaller_than_the_characters_names_the_flag(tmp_path):
   src, tgt = tmp_path / "train.en", tmp_path / "train.de"
   src.write_text("".join(f"the quick brown fox jumps {i}\n" for i in range(50)),
@@ -264,6 +269,7 @@ def test_vocabulary_smaller_than_the_characters_names_the_flag(tmp_path):
     tokenizer_lib.train_sentencepiece(sentences, str(tmp_path / "no.model"), minimum - 1)
 
 
+@pytest.mark.slow
 def test_export_refuses_model_flags_that_disagree(tiny_model_dir, tmp_path):
   result = _run("export", f"--model_dir={tiny_model_dir}",
                 f"--export_dir={tmp_path / 'export'}", "--num_heads=8", "--max_length=50")
