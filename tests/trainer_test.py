@@ -502,7 +502,7 @@ def _compiled_step_signatures(tmp_path, static, steps):
   assert result.steps == steps and np.isfinite(result.final_loss)
   shapes = [tuple(f.structured_input_signature[0][0]["inputs"].shape)
             for f in trainer._compute_gradients._list_all_concrete_functions()]
-  plan = datasets.train_fn.plan(2, 5)
+  plan = datasets.train_fn.plan(2, min(config.steps_per_loop, config.static_run_steps))
   buckets = {plan.bucket_of_step(s) for s in range(steps)}
   return shapes, buckets, trainer
 
