@@ -40,7 +40,7 @@ def test_ci_runs_readme_test_command():
   # needed and installs the test extras before running pytest.
   assert command.startswith("python3 -m venv .venv && ")
   assert '.venv/bin/pip install -e ".[test]"' in command
-  assert command.endswith(".venv/bin/python -m pytest -q tests")
+  assert re.search(r"\.venv/bin/python -m pytest -q( -n \d+ --dist loadfile)? tests$", command)
 
 
 def _fresh_copy(destination):
