@@ -9,8 +9,9 @@ sacreBLEU (cased and uncased) and chrF of the output are printed at the end.
 XLA (`translate.translate` pads batches so that it compiles once per source-width
 bucket) is the default from `AUTO_XLA_SENTENCES` input sentences on, where its faster
 steps repay the compilation; `--decode_jit_compile` / `--nodecode_jit_compile` (on the
-command line or in a flagfile) choose either way for any input. `--constrain_trees` (parsing models) lets the
-beam search write only valid trees over the input's words (`parsing.constraint.TreeConstraint`).
+command line or in a flagfile) choose either way for any input. `--constrain_trees`
+(parsing models) lets the beam search write only valid trees over the input's words
+(`parsing.constraint.TreeConstraint`).
 
 Sampling (back-translation): `--sampling_topk=K` (0 = the whole vocabulary) and/or
 `--sampling_topp=P` draw from the model's distribution at `--sampling_temperature`

@@ -48,6 +48,24 @@ if TYPE_CHECKING:
 MAX_SLOTTED_BEAM = 8
 
 
+# Under XLA, batches are padded to few source widths (each compiles once): the decode
+# CLI (`t2t_keras.translate`) and the XLA export (`t2t_keras.export.saved_model`) alike.
+MIN_XLA_WIDTH = 16
+
+
+def padded_width(width: int) -> int:
+  """The source width an XLA batch is padded to: the next power of two, at least 16.
+
+  Few widths means few compilations (7 up to 1,024 subwords); padding changes no
+  translation (the output limit is per sentence, see the module docstring), only the
+  encoder's work and the cache size.
+  """
+  padded = MIN_XLA_WIDTH
+  while padded < width:
+    padded *= 2
+  return padded
+
+
 def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
                decode_length=None, in_place_cache: bool = False,
                tree_constraint: Optional[TreeConstraint] = None,
@@ -112,16 +130,14 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
   options = processors_for(config, tree_constraint)
   rows = processors.Rows(inputs=per_row(inputs, k), limits=per_row(limits, k))
 
-  def plain_step(ids, index, cache):
-    return model.decode_step(ids, index, cache, cross_key_values, memory_mask)
-
-  if pointing:
-    def plain_step(ids, index, state):  # pylint: disable=function-redefined
-      cache, pointer = state
-      pointer = advance_pointer(pointer, ids, source_rows)
-      logits, cache = model.decode_step(ids, index, cache, cross_key_values, memory_mask,
-                                        source_pointer=(encoded, pointer))
-      return logits, (cache, pointer)
+  def plain_step(ids, index, state):
+    if not pointing:
+      return model.decode_step(ids, index, state, cross_key_values, memory_mask)
+    cache, pointer = state
+    pointer = advance_pointer(pointer, ids, source_rows)
+    logits, cache = model.decode_step(ids, index, cache, cross_key_values, memory_mask,
+                                      source_pointer=(encoded, pointer))
+    return logits, (cache, pointer)
 
   def plain_state(rows, *cache_args):
     cache = model.init_cache(*cache_args)

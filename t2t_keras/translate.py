@@ -2,7 +2,7 @@
 
 `t2t_keras.decoding` holds what runs in the graph (ids -> ids with the cache); this
 module feeds it: it tokenizes, sorts sentences by length into batches (little
-padding), pads batches to few shapes under XLA (`padded_width`), detokenizes and puts
+padding), pads batches to few shapes under XLA (`decoding.padded_width`), detokenizes and puts
 the results back in input order. It also decodes a dev set for the exact-match report
 that training prints. The decode command uses it (the score command only its truncation
 note); the exported SavedModel does the same steps in its graph.
@@ -64,22 +64,6 @@ def truncation_note(cut: int, total: int, max_input_length: int, what: str = "in
           f"--max_input_length to {doing} them whole.")
 
 
-MIN_XLA_WIDTH = 16
-
-
-def padded_width(width: int) -> int:
-  """The source width an XLA batch is padded to: the next power of two, at least 16.
-
-  Few widths means few compilations (7 up to 1,024 subwords); padding changes no
-  translation (the output limit is per sentence, see the module docstring), only the
-  encoder's work and the cache size.
-  """
-  padded = MIN_XLA_WIDTH
-  while padded < width:
-    padded *= 2
-  return padded
-
-
 def translate(model, tokenizer, sentences: Sequence[str], config: DecodeConfig,
               max_input_length: int = 0, decode_fn: Optional[Callable] = None,
               progress: bool = True,
@@ -90,7 +74,7 @@ def translate(model, tokenizer, sentences: Sequence[str], config: DecodeConfig,
   `config.batch_size` sentences (so that little of each batch is padding), then
   put back in input order. With `config.jit_compile` (XLA) every batch is padded to
   `config.batch_size` rows (filler rows hold a lone EOS and are discarded) and to
-  `padded_width` columns, so XLA compiles once per width bucket, not per batch.
+  `decoding.padded_width` columns, so XLA compiles once per width bucket, not per batch.
 
   Args:
     model: a built Transformer.
@@ -122,7 +106,7 @@ def translate(model, tokenizer, sentences: Sequence[str], config: DecodeConfig,
     width = max(len(sources[i]) for i in chunk)
     rows = len(chunk)
     if config.jit_compile:
-      width, rows = padded_width(width), config.batch_size
+      width, rows = decoding.padded_width(width), config.batch_size
     batch = np.full((rows, width), PAD_ID, np.int32)
     batch[len(chunk):, 0] = EOS_ID  # XLA filler rows: a one-token source
     for row, i in enumerate(chunk):

@@ -70,7 +70,8 @@ def _batches(dataset):
 
 def _through_service(dataset, dispatcher, name):
   return dataset.apply(tf.data.experimental.service.distribute(
-      processing_mode=tf.data.experimental.service.ShardingPolicy.OFF, service=dispatcher.target, job_name=name))
+      processing_mode=tf.data.experimental.service.ShardingPolicy.OFF,
+      service=dispatcher.target, job_name=name))
 
 
 @pytest.mark.slow

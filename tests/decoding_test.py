@@ -173,7 +173,7 @@ def test_translate_with_xla_equals_graph_and_compiles_once_per_width_bucket(mode
   np.testing.assert_allclose([r.scores for r in xla], [r.scores for r in graph],
                              rtol=1e-4, atol=1e-5)
   assert len(shapes) == 7 and set(shapes) == {(3, 16), (3, 32), (3, 64)}
-  assert [translate.padded_width(w) for w in (1, 16, 17, 33, 257)] == [16, 16, 32, 64, 512]
+  assert [decoding.padded_width(w) for w in (1, 16, 17, 33, 257)] == [16, 16, 32, 64, 512]
 
 
 def test_progress_line_has_rate_and_eta():
@@ -313,8 +313,9 @@ def test_word_copying_constraint_copies_every_word_once_in_every_layout(
     model, pointer_model, beam, extra, pointer, monkeypatch):
   # The "words" linearization: where a leaf may come, the search may only write the
   # next word's source pieces, then a tag. An untrained model must still write a
-  # valid tree that copies the sentence exactly, at the tightest length (every piece is owed), with leading
-  # orphan pieces, and the in-place XLA layout must agree with the reordered one.
+  # valid tree that copies the sentence exactly, at the tightest length (every piece
+  # is owed), with leading orphan pieces, and the in-place XLA layout must agree with
+  # the reordered one.
   # With a source pointer (the recipe's model), the copied words move each beam's
   # pointer through the sentence; both cache layouts must carry it alike.
   model = pointer_model if pointer else model

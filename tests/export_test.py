@@ -180,7 +180,8 @@ def test_saved_model_cli_shows_and_runs(export_path):
   assert "serving_default" in show.stdout and "translate_ids" in show.stdout
   # The stock CLI cannot run it (no TensorFlow Text ops); tools/saved_model_cli.py can.
   run = subprocess.run(
-      [sys.executable, os.path.join(REPO_ROOT, "tools", "saved_model_cli.py"), "run", "--dir", export_path, "--tag_set", "serve", "--signature_def",
+      [sys.executable, os.path.join(REPO_ROOT, "tools", "saved_model_cli.py"), "run",
+       "--dir", export_path, "--tag_set", "serve", "--signature_def",
        "serving_default", "--input_exprs", "inputs=['a small dog', 'the man']"],
       capture_output=True, text=True, timeout=300, check=False)
   assert run.returncode == 0, run.stderr[-2000:]

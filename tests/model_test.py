@@ -97,7 +97,8 @@ def test_decode_step_compiles_with_tensor_index(model):
   logits, new_cache = step(ids, tf.constant(0), cache, cross, memory_mask, **extra)
   np.testing.assert_allclose(logits.numpy(), eager_logits.numpy(), atol=1e-4)
   assert new_cache[0]["key"].shape == cache[0]["key"].shape
-  assert np.abs(new_cache[0]["key"].numpy()[:, :, 0]).max() > 0  # position 0 was written (B, H, L, K)
+  # position 0 was written (B, H, L, K)
+  assert np.abs(new_cache[0]["key"].numpy()[:, :, 0]).max() > 0
   np.testing.assert_array_equal(new_cache[0]["key"].numpy()[:, :, 1:], 0.0)
 
 

@@ -63,7 +63,7 @@ def test_invalid_utf8_skipped_and_counted_when_asked(tmp_path):
                          skip_invalid_utf8=True, source_lang="en")
   scan = textfiles.scan_text_file(config.train_src, skip_invalid_utf8=True)
   assert scan.invalid_lines == (2,)
-  pairs = list(sources.text_pairs(config, "train").as_numpy_iterator())
+  pairs = list(sources.data_source(config).text_pairs("train").as_numpy_iterator())
   assert pairs == [(b"a b", b"A B")]
   report = pipeline.cache.validated_files(config, "train")
   assert report == {"num_lines": 3, "invalid_pairs": 2}
@@ -136,11 +136,11 @@ def test_tfds_direction_follows_languages(tmp_path, network_up):
     raw = list(tfds.load("wmt14_translate/de-en", split="train").as_numpy_iterator())
     en_de = DataConfig(source="tfds", source_lang="en", target_lang="de")
     de_en = DataConfig(source="tfds", source_lang="de", target_lang="en")
-    forward = list(sources.text_pairs(en_de, "train").as_numpy_iterator())
-    backward = list(sources.text_pairs(de_en, "train").as_numpy_iterator())
-    dev = list(sources.text_pairs(en_de, "dev").as_numpy_iterator())
+    forward = list(sources.data_source(en_de).text_pairs("train").as_numpy_iterator())
+    backward = list(sources.data_source(de_en).text_pairs("train").as_numpy_iterator())
+    dev = list(sources.data_source(en_de).text_pairs("dev").as_numpy_iterator())
     with pytest.raises(DataError, match="languages"):
-      sources.text_pairs(DataConfig(source="tfds", source_lang="fr"), "train")
+      sources.data_source(DataConfig(source="tfds", source_lang="fr")).text_pairs("train")
   assert raw and raw[0]["en"] != raw[0]["de"]
   assert forward == [(ex["en"], ex["de"]) for ex in raw]  # Supervised keys swapped.
   assert backward == [(t, s) for s, t in forward]

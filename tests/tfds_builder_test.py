@@ -101,7 +101,7 @@ def test_real_builder_prepares_and_loads_both_directions(offline_wmt14):
   config, builder, fetched = offline_wmt14
   assert not builder.is_prepared()
   train = sorted((s.decode(), t.decode()) for s, t in
-                 sources.text_pairs(config, "train").as_numpy_iterator())
+                 sources.data_source(config).text_pairs("train").as_numpy_iterator())
   # The builder asked for the archives of its three EN-DE training corpora and the
   # dev/test sets, and parsed every one of them.
   assert set(builder.subsets[tfds.Split.TRAIN]) == {
@@ -115,22 +115,22 @@ def test_real_builder_prepares_and_loads_both_directions(offline_wmt14):
   # The dev split is newstest2013, and the direction follows --source_lang / --target_lang.
   de_en = DataConfig(**{**config.__dict__, "source_lang": "de", "target_lang": "en"})
   dev = sorted((s.decode(), t.decode()) for s, t in
-               sources.text_pairs(de_en, "dev").as_numpy_iterator())
+               sources.data_source(de_en).text_pairs("dev").as_numpy_iterator())
   assert dev == sorted((f"newstest2013 {de}", f"newstest2013 {en}")
                        for en, de in zip(ENGLISH, GERMAN))
   # The Python iterator (vocabulary sampling) sees the same pairs.
-  assert sorted(sources.python_text_pairs(config, "train")) == expected
+  assert sorted(sources.data_source(config).python_pairs("train")) == expected
 
 
 def test_prepared_data_is_reused_without_downloading(offline_wmt14, monkeypatch):
   config, _, fetched = offline_wmt14
-  list(sources.text_pairs(config, "dev").as_numpy_iterator())
+  list(sources.data_source(config).text_pairs("dev").as_numpy_iterator())
   count = len(fetched)
 
   def offline(*args, **kwargs):
     raise AssertionError("downloaded again")
   monkeypatch.setattr(tfds.download.DownloadManager, "download_and_extract", offline)
-  pairs = list(sources.text_pairs(config, "train").as_numpy_iterator())
+  pairs = list(sources.data_source(config).text_pairs("train").as_numpy_iterator())
   assert len(pairs) == 15 and len(fetched) == count
 
 

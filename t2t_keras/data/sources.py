@@ -515,14 +515,3 @@ def data_source(config: DataConfig) -> Source:
         f"source={config.source!r} is not supported by t2t_keras.data (one of "
         f"{SOURCES}); convert the data to line-aligned files and use 'files'.")
   return SOURCE_CLASSES[config.source](config)
-
-
-def text_pairs(config: DataConfig, split: str) -> Optional[tf.data.Dataset]:
-  """`data_source(config).text_pairs(split)`."""
-  return data_source(config).text_pairs(split)
-
-
-def python_text_pairs(config: DataConfig, split: str = "train"
-                      ) -> Iterator[Tuple[str, str]]:
-  """`data_source(config).python_pairs(split)`."""
-  return data_source(config).python_pairs(split)

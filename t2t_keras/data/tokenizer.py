@@ -138,7 +138,7 @@ def sample_sentences(pairs: Iterable[Tuple[str, str]], max_sentences: int,
   Logs progress (sentences read, rate) every few seconds.
 
   Args:
-    pairs: (source, target) strings, e.g. `sources.python_text_pairs(config)`.
+    pairs: (source, target) strings, e.g. `sources.data_source(config).python_pairs()`.
     max_sentences: at most this many sentences are returned (half per side).
     seed: sampling seed.
 

@@ -56,7 +56,6 @@ from t2t_keras import EOS_ID, PAD_ID
 from t2t_keras import decoding, model_card
 from t2t_keras.configs import DecodeConfig
 from t2t_keras.export import ExportSettings, publish
-from t2t_keras.translate import MIN_XLA_WIDTH
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +115,7 @@ class Translator(tf.Module):
     if self.jit_compile:
       # Beam search alone is compiled (the string ops stay outside: XLA has no
       # tokenizer); XLA compiles once per input shape, so batches are padded to a
-      # power of two rows and `translate.padded_width` columns.
+      # power of two rows and `decoding.padded_width` columns.
       self.decode_xla = tf.function(self._decode_padded, jit_compile=True, autograph=False)
     if vocab_file:
       self.vocab = tf.saved_model.Asset(vocab_file)
@@ -210,7 +209,7 @@ class Translator(tf.Module):
     rows, width = tf.shape(ids)[0], tf.shape(ids)[1]
     powers = 2 ** tf.range(31)
     padded_rows = tf.reduce_min(tf.where(powers >= rows, powers, powers[-1]))
-    padded_width = tf.reduce_min(tf.where(powers >= tf.maximum(width, MIN_XLA_WIDTH),
+    padded_width = tf.reduce_min(tf.where(powers >= tf.maximum(width, decoding.MIN_XLA_WIDTH),
                                           powers, powers[-1]))
     ids = tf.pad(ids, [[0, padded_rows - rows], [0, padded_width - width]],
                  constant_values=PAD_ID)

@@ -13,8 +13,9 @@ Key and value sizes per head are independent (Table 3 rows A and B). Projections
 no bias, as in tensor2tensor.
 
 Incremental decoding keeps a fixed-size cache {"key": (B, H, K * L, Dk), "value":
-(B, H, K * L, Dv)} (K beam slots of L positions per sentence) that `call` updates at `cache_index` and RETURNS: nothing is mutated,
-so one decoding path works eagerly, in tf.function, under XLA and on TPU.
+(B, H, K * L, Dv)} (K beam slots of L positions per sentence) that `call` updates at
+`cache_index` and RETURNS: nothing is mutated, so one decoding path works eagerly, in
+tf.function, under XLA and on TPU.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@
 translates into trees), --linearized the targets as training sees them
 (`(S (NP NNP ) (VP VBZ ) . )`, or with --linearization=words
 `(S (NP John NNP ) (VP runs VBZ ) . . )`). Trees are cleaned as for training
-(t2t_keras.parsing): empty elements, function tags, indices and the empty root removed. Linearizing the
-output trees of another parser lets `python -m t2t_keras.evaluate --task=parsing`
-score them.
+(t2t_keras.parsing): empty elements, function tags, indices and the empty root removed.
+Linearizing the output trees of another parser lets
+`python -m t2t_keras.evaluate --task=parsing` score them.
 
 A thin CLI over t2t_keras.parsing; it does not import TensorFlow.
 

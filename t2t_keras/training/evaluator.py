@@ -104,7 +104,7 @@ class Evaluator:
   """Evaluates on the dev set and keeps the best checkpoint and early stopping.
 
   Args:
-    trainer: the Trainer (its model, config, `evaluate` and `_agree`).
+    trainer: the Trainer (its model, config, `evaluate` and `agree`).
     eval_dataset_fn: input context -> the one-pass dev dataset (None: no evaluation).
     eval_hook: step -> more scalars (dev BLEU), run on the chief after the dev loss.
     save_dir: where this worker saves (the model directory, or a worker's scratch).
@@ -137,7 +137,7 @@ class Evaluator:
     """Shares the chief's `decisions` and whether some worker failed (`error`), in one
     collective, so that a failure on one worker stops all of them at the same point
     instead of leaving the others waiting in the next collective."""
-    failed, *decisions = self.trainer._agree(  # pylint: disable=protected-access
+    failed, *decisions = self.trainer.agree(
         any_worker=[error is not None], chief_decides=decisions)
     if error is not None:
       raise error
@@ -158,7 +158,7 @@ class Evaluator:
         best.commit()
       else:
         finished = best.stopped_early_at == step
-    finished = self.trainer._agree(chief_decides=[finished])[0]  # pylint: disable=protected-access
+    finished = self.trainer.agree(chief_decides=[finished])[0]
     if finished:
       self.progress(
           f"this run stopped early at step {step} (--early_stopping_patience="

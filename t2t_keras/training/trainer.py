@@ -190,7 +190,7 @@ class Trainer:
     return [self.strategy.reduce(SUM, v, axis=None) for v in per_replica]
 
   # ------------------------------------------------------------------ host side
-  def _agree(self, any_worker=(), chief_decides=()) -> list:
+  def agree(self, any_worker=(), chief_decides=()) -> list:
     """Loop decisions all workers share (see `distribute.Agreement`)."""
     return self.agreement(any_worker, chief_decides)
 
@@ -262,7 +262,7 @@ class Trainer:
     In a multi-worker run every decision that ends or changes the loop (preemption,
     the time budget, a time-based save, the best checkpoint, early stopping) is taken
     once, by the chief (preemption: by any worker), and shared through a collective
-    (`_agree`), so that the workers never leave the loop at different steps.
+    (`agree`), so that the workers never leave the loop at different steps.
     """
     cfg = self.config
     saver = _Checkpoints(self, progress)  # resumes from the latest checkpoint
@@ -281,7 +281,7 @@ class Trainer:
     clock = RunClock(self.clock, cfg.train_minutes)
     log = ProgressLog(cfg, self.learning_rate, writer, progress, clock, start_step)
     eval_metrics, stopped_early = {}, False
-    with SavePolicy(cfg, self._agree, clock, progress) as policy:
+    with SavePolicy(cfg, self.agree, clock, progress) as policy:
       while step < cfg.train_steps:
         sums, step = self._run(batches, step)
         log.add(sums)
