@@ -8,13 +8,16 @@ ending in EOS join the finished set scored with the GNMT length penalty
 ending in EOS stay alive. The loop stops when no alive hypothesis can still beat the
 worst of K finished ones (the penalised log probability of an alive hypothesis can
 only improve by growing longer up to `decode_length`, so dividing its log probability
-by the largest penalty bounds it), or after `decode_length` steps. Sentences without
+by the largest penalty bounds it), or after `decode_length` steps; a caller that uses
+only the best result stops when the best finished one beats every alive one
+(`num_results`). Sentences without
 K finished hypotheses fall back to their best alive ones.
 
 Shapes are static given (batch, beam, decode_length), and the loop is a
 `tf.while_loop` with `maximum_iterations`, so the search compiles with XLA and runs
 inside an exported SavedModel. The decoder state (e.g. the self-attention key/value
-cache) is any nest of tensors with leading dimension batch * beam; it is reordered
+cache) is any nest of tensors with leading dimension batch * beam (a dimension of size
+0 at the start may grow, see `loop_shape`; not under XLA); it is reordered
 by parent beam once per step, or by the caller's `reorder_state` (t2t_keras' decoder
 under XLA keeps its cache in place and reorders only a table of slots). Per-source
 tensors that never change (cross-attention keys/values, source mask) belong in the
@@ -88,6 +91,15 @@ def top_k_rows(values: tf.Tensor, k: int, chunk: int = 128) -> Tuple[tf.Tensor, 
   return top_values, ids
 
 
+def loop_shape(tensor: tf.Tensor) -> tf.TensorShape:
+  """The shape invariant of a decoder state tensor in the search loop: a dimension of
+  size 0 at the start grows (a growing key/value cache, `Transformer.decode_step(...,
+  grow=True)`), every other one keeps its static size."""
+  if tensor.shape.rank is None:
+    return tf.TensorShape(None)
+  return tf.TensorShape([None if d == 0 else d for d in tensor.shape.as_list()])
+
+
 class BeamState(NamedTuple):
   """The loop variables of `beam_search` (B batch, K beam, L decode length).
 
@@ -107,8 +119,8 @@ class BeamState(NamedTuple):
 def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, state: Any,
                 beam_size: int, decode_length, alpha: float = 0.6,
                 eos_id: int = EOS_ID,
-                reorder_state: Optional[Callable[[Any, tf.Tensor], Any]] = None
-                ) -> Tuple[tf.Tensor, tf.Tensor]:
+                reorder_state: Optional[Callable[[Any, tf.Tensor], Any]] = None,
+                num_results: Optional[int] = None) -> Tuple[tf.Tensor, tf.Tensor]:
   """Finds the K best sequences of each sentence.
 
   Args:
@@ -125,6 +137,12 @@ def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, stat
     reorder_state: (state, parents (B, K) int32) -> state for the surviving
       hypotheses, hypothesis j of sentence b continuing parents[b, j]; by default
       every tensor of `state` is gathered along its leading B * K rows.
+    num_results: how many of the K best the caller uses (default K). The search
+      stops once, in every sentence, that many finished hypotheses beat the best any
+      alive one could still reach: those are then final. With 1 a sentence is done
+      when its best finished hypothesis beats every alive one (CTranslate2's rule for
+      one hypothesis), often many steps before K have finished; the top result is the
+      one the full search returns, the other K - 1 may be worse than its.
 
   Returns:
     ids (B, K, decode_length) int32, best first, each ending with EOS (unless it hit
@@ -132,6 +150,9 @@ def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, stat
     divided by the length penalty).
   """
   k = beam_size
+  results = k if num_results is None else num_results
+  if not 1 <= results <= k:
+    raise ValueError(f"num_results={num_results} must be in 1..beam_size={k}")
   batch = tf.shape(initial_ids)[0]
   decode_length = tf.convert_to_tensor(decode_length, tf.int32)
   static_length = tf.get_static_value(decode_length)
@@ -180,7 +201,7 @@ def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, stat
     # Best score any alive hypothesis could still reach vs the worst finished one
     # (NEG_INF while fewer than K have finished).
     best_alive = loop.alive_log_probs[:, 0] / length_penalty(decode_length, alpha)
-    worst_finished = loop.finished_scores[:, -1]
+    worst_finished = loop.finished_scores[:, results - 1]
     return tf.logical_and(loop.i < decode_length,
                           tf.logical_not(tf.reduce_all(worst_finished > best_alive)))
 
@@ -198,7 +219,7 @@ def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, stat
       i=tf.TensorShape([]), alive_seqs=seq_shape, alive_log_probs=tf.TensorShape([None, k]),
       last_ids=tf.TensorShape([None, k]), finished_seqs=seq_shape,
       finished_scores=tf.TensorShape([None, k]),
-      state=tf.nest.map_structure(lambda t: tf.TensorShape(t.shape), state))
+      state=tf.nest.map_structure(loop_shape, state))
   final, = tf.while_loop(not_done, step, (initial,), shape_invariants=(shapes,),
                          maximum_iterations=decode_length)
   alive_seqs, alive_log_probs = final.alive_seqs, final.alive_log_probs
@@ -254,8 +275,9 @@ def _one_per_row(symbols_to_logits, initial_ids, state, decode_length, choose, e
   initial = (tf.constant(0), tf.fill([batch, decode_length], tf.constant(PAD_ID, tf.int32)),
              tf.zeros([batch]), tf.cast(initial_ids, tf.int32),
              tf.zeros([batch], tf.bool), state)
-  _, seqs, log_probs, _, _, _ = tf.while_loop(not_done, step, initial,
-                                              maximum_iterations=decode_length)
+  _, seqs, log_probs, _, _, _ = tf.while_loop(
+      not_done, step, initial, maximum_iterations=decode_length,
+      shape_invariants=tf.nest.map_structure(loop_shape, initial))
   return seqs[:, None, :], log_probs[:, None]
 
 

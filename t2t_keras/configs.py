@@ -336,6 +336,12 @@ class DecodeConfig:
   return_beams: bool = setting(False, "Output every beam with its score.")
   batch_size: int = setting(32, "Sentences per decoding batch.", flag="decode_batch_size",
                             check=POSITIVE)
+  batch_tokens: int = setting(
+      0, "Also cap each decoding batch at this many source tokens (rows x the longest "
+      "source, EOS included; fairseq's --max-tokens): batches of long sentences hold "
+      "fewer rows, short ones up to --decode_batch_size. 0 = sentences only. A sentence "
+      "longer than the cap is decoded alone.", flag="decode_batch_tokens",
+      check=AT_LEAST_0)
   jit_compile: bool = setting(
       False, "Decode with XLA (Transformer base in bench/decode_speed.py: 1.4-1.5x "
       "faster on CPU). Batches are padded to --decode_batch_size rows and a power-of-two "

@@ -53,7 +53,8 @@ flags.DEFINE_string("input_file", None, "Source sentences, one per line (default
 flags.DEFINE_string("output_file", None, "Where translations go (default stdout).")
 flags.DEFINE_string("reference_file", None, "Reference translations: print BLEU and chrF.")
 t2t_flags.define_settings(DecodeConfig, ("sampling_topk", "sampling_topp",
-                                         "sampling_temperature", "num_samples"))
+                                         "sampling_temperature", "num_samples",
+                                         "batch_tokens"))
 flags.DEFINE_string("output_alignments", None,
                     "Write word alignments (Pharaoh 'i-j', 0-based source-target word "
                     "indices) to this file, one line per output line.")
@@ -73,7 +74,7 @@ AUTO_XLA_SENTENCES = 256
 
 _READS = ("input_file", "output_file", "reference_file", "constrain_trees", "seed",
           "sampling_topk", "sampling_topp", "sampling_temperature", "num_samples",
-          "output_alignments", "alignment_layer", "alignment_head")
+          "output_alignments", "alignment_layer", "alignment_head", "decode_batch_tokens")
 
 
 def config_from_flags():

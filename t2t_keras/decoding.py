@@ -2,7 +2,8 @@
 
 `decode_ids` is the one decoding path: the encoder runs once, the cross-attention
 keys/values are projected once and tiled over beams, and the decoder runs one
-position per step over a fixed-size self-attention cache (`Transformer.decode_step`).
+position per step over a self-attention cache (`Transformer.decode_step`) that grows
+by one position per step in graph mode and has a fixed size under XLA.
 Beam search reorders the cache by parent beam each step; with `in_place_cache` (for
 XLA) and beams up to `MAX_SLOTTED_BEAM`, the cache instead keeps a slot per beam in
 place and beam search reorders a small table of which slot holds each position of
@@ -53,14 +54,15 @@ MAX_SLOTTED_BEAM = 8
 MIN_XLA_WIDTH = 16
 
 
-def padded_width(width: int) -> int:
-  """The source width an XLA batch is padded to: the next power of two, at least 16.
+def padded_width(width: int, minimum: int = MIN_XLA_WIDTH) -> int:
+  """The source width an XLA batch is padded to: the next power of two, at least
+  `minimum` (16). (With --decode_batch_tokens the rows are padded alike, minimum 1.)
 
   Few widths means few compilations (7 up to 1,024 subwords); padding changes no
   translation (the output limit is per sentence, see the module docstring), only the
   encoder's work and the cache size.
   """
-  padded = MIN_XLA_WIDTH
+  padded = minimum
   while padded < width:
     padded *= 2
   return padded
@@ -77,8 +79,9 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
     inputs: int32 (B, S) source ids ending with EOS, PAD after.
     config: beam size, alpha, extra decode length.
     decode_length: maximum generated tokens; default S + config.extra_decode_length.
-    in_place_cache: keep beam-search caches in place (`MAX_SLOTTED_BEAM`): faster when
-      the function is compiled with XLA, slower otherwise. Same results either way.
+    in_place_cache: for XLA: fixed-size caches, kept in place for beams up to
+      `MAX_SLOTTED_BEAM`; otherwise (graph mode) the caches grow by a position per
+      step. Same results either way.
     tree_constraint: parsing only: allow only outputs that are a tree over exactly the
       source's words (`TreeConstraint`); None decodes freely.
     keys: sampling only: (B,) int32, each input's key (its line number), which with
@@ -86,7 +89,9 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
 
   Returns:
     ids (B, K, decode_length) int32 (K = beam size, best first; PAD after EOS) and
-    scores (B, K) float32: length-penalised log probabilities (greedy: plain). When
+    scores (B, K) float32: length-penalised log probabilities (greedy: plain). Unless
+    `config.return_beams`, only the first beam is final: the search stops when it is
+    (see `beam_search`'s `num_results`). When
     sampling, K = num_samples and the scores are the samples' plain log probabilities.
   """
   inputs = tf.cast(inputs, tf.int32)
@@ -99,6 +104,8 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
                       [-1])
     inputs = beam_search_lib.tile_beams(inputs, samples)
   k = 1 if config.sampling else config.beam_size
+  # Beam search may stop as soon as the results the caller reads are final.
+  results = k if config.return_beams else 1
   batch = tf.shape(inputs)[0]
   # A tree that copies its words (parsing, "words") writes a tag per word besides the
   # input's pieces: the extra length counts beyond both, so "input + 300" leaves the
@@ -130,21 +137,26 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
   options = processors_for(config, tree_constraint)
   rows = processors.Rows(inputs=per_row(inputs, k), limits=per_row(limits, k))
 
+  # Without XLA the self-attention cache grows by a position per step (one row per
+  # hypothesis): each step copies and attends over what was decoded, not over the
+  # longest output possible. XLA needs fixed shapes.
+  grow = not in_place_cache
+
   def plain_step(ids, index, state):
     if not pointing:
-      return model.decode_step(ids, index, state, cross_key_values, memory_mask)
+      return model.decode_step(ids, index, state, cross_key_values, memory_mask, grow=grow)
     cache, pointer = state
     pointer = advance_pointer(pointer, ids, source_rows)
     logits, cache = model.decode_step(ids, index, cache, cross_key_values, memory_mask,
-                                      source_pointer=(encoded, pointer))
+                                      source_pointer=(encoded, pointer), grow=grow)
     return logits, (cache, pointer)
 
-  def plain_state(rows, *cache_args):
-    cache = model.init_cache(*cache_args)
+  def plain_state(rows):
+    cache = model.init_cache(rows, 0 if grow else decode_length)
     return (cache, tf.zeros([rows], tf.int32)) if pointing else cache
 
   if k == 1:
-    step, state = processors.compose(plain_step, plain_state(batch, batch, decode_length),
+    step, state = processors.compose(plain_step, plain_state(batch),
                                      options, rows)
     if not config.sampling:
       return beam_search_lib.greedy_search(step, start, state, decode_length)
@@ -157,9 +169,9 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
     # One cache row per hypothesis, gathered by parent beam at every step (the model's
     # state and every processor's alike).
     step, state = processors.compose(
-        plain_step, plain_state(batch * k, batch * k, decode_length), options, rows)
+        plain_step, plain_state(batch * k), options, rows)
     return beam_search_lib.beam_search(step, start, state, k, decode_length,
-                                       alpha=config.alpha)
+                                       alpha=config.alpha, num_results=results)
 
   # Beam search: the cache is never reordered, only the table of which slot holds each
   # position of each hypothesis (see Transformer.decode_step).
@@ -192,7 +204,8 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
   step, state = processors.compose(
       symbols_to_logits, (cache, slots, tf.zeros([batch * k], tf.int32)), options, rows)
   return beam_search_lib.beam_search(step, start, state, k, decode_length,
-                                     alpha=config.alpha, reorder_state=reorder)
+                                     alpha=config.alpha, reorder_state=reorder,
+                                     num_results=results)
 
 
 def per_row(t: tf.Tensor, k: int) -> tf.Tensor:

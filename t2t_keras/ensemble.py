@@ -44,7 +44,7 @@ class Ensemble:
                  for m in self.models)
 
   def decode_step(self, ids, index, cache, cross_key_values, memory_mask, slots=None,
-                  source_pointer=None):
+                  source_pointer=None, grow=False):
     """The members' average log probabilities (B * K, V) and their updated caches.
 
     `source_pointer`: (the members' encoder outputs, as `encode` returns them, per
@@ -57,7 +57,8 @@ class Ensemble:
         encoded, pointer = source_pointer
         extra["source_pointer"] = (encoded[i], pointer)
       logits, model_cache = model.decode_step(ids, index, model_cache, key_values,
-                                              memory_mask, slots=slots, **extra)
+                                              memory_mask, slots=slots, grow=grow,
+                                              **extra)
       log_probs.append(tf.nn.log_softmax(tf.cast(logits, tf.float32)))
       caches.append(model_cache)
     if len(log_probs) == 1:

@@ -244,7 +244,8 @@ class Transformer(keras.Model):
     return [layer.cross_attention.compute_key_value(encoded) for layer in self.decoder_layers]
 
   def init_cache(self, batch_size, max_length, beam_size=1):
-    """Zero self-attention caches, per layer {"key": (B, H, K * L, Dk), "value": ...}.
+    """Zero self-attention caches, per layer {"key": (B, H, K * L, Dk), "value": ...}
+    (max_length 0: an empty cache that `decode_step(..., grow=True)` grows).
 
     B = batch_size sentences, K = beam_size slots of L = max_length positions each
     (see `MultiHeadAttention._call_cached`).
@@ -257,7 +258,7 @@ class Transformer(keras.Model):
             for _ in self.decoder_layers]
 
   def decode_step(self, ids, index, cache, cross_key_values, memory_mask, slots=None,
-                  source_pointer=None):
+                  source_pointer=None, grow=False):
     """Decodes one position for every sequence.
 
     Args:
@@ -275,6 +276,8 @@ class Transformer(keras.Model):
         encoder output per hypothesis row; pointer (B * K,) int, each hypothesis'
         pointer after `ids`: the caller applies `advance_pointer` to the previous
         step's, starting from 0).
+      grow: the cache grows (`init_cache(B, 0)`, one position appended per step;
+        graph mode only: XLA needs the fixed size); not with `slots`.
 
     Returns:
       (float32 logits (B * K, V) for position `index`, updated cache).
@@ -287,7 +290,11 @@ class Transformer(keras.Model):
                          "needs source_pointer=(encoded rows, pointer)")
       encoded, pointer = source_pointer
       x = x + self.pointed_source(encoded, memory_mask, pointer[:, None])
-    if slots is None:
+    if grow:
+      if slots is not None:
+        raise ValueError("decode_step: a growing cache has one slot per row (slots=None)")
+      self_mask = None  # every cached position is an earlier one
+    elif slots is None:
       length = ops.shape(cache[0]["key"])[2]
       self_mask = (ops.arange(length) <= index)[None, None, None, :]  # (1, 1, 1, L)
     else:
@@ -300,7 +307,8 @@ class Transformer(keras.Model):
     new_cache = []
     for layer, layer_cache, key_value in zip(self.decoder_layers, cache, cross_key_values):
       x, layer_cache = layer(x, self_mask=self_mask, memory_mask=memory_mask,
-                             cross_key_value=key_value, cache=layer_cache, cache_index=index)
+                             cross_key_value=key_value, cache=layer_cache,
+                             cache_index=None if grow else index)
       new_cache.append(layer_cache)
     return self._logits(x)[:, 0], new_cache
 

@@ -71,8 +71,8 @@ def translate(model, tokenizer, sentences: Sequence[str], config: DecodeConfig,
   """Translates strings; the result is in input order.
 
   Sentences are tokenized in the graph, sorted by length and decoded in batches of
-  `config.batch_size` sentences (so that little of each batch is padding), then
-  put back in input order. With `config.jit_compile` (XLA) every batch is padded to
+  `config.batch_size` sentences, and of `config.batch_tokens` source tokens when set
+  (`batches`; little of each batch is padding), then put back in input order. With `config.jit_compile` (XLA) every batch is padded to
   `config.batch_size` rows (filler rows hold a lone EOS and are discarded) and to
   `decoding.padded_width` columns, so XLA compiles once per width bucket, not per batch.
 
@@ -98,15 +98,15 @@ def translate(model, tokenizer, sentences: Sequence[str], config: DecodeConfig,
     if truncated[-1]:
       seq = seq[:max_input_length - 1] + [EOS_ID]
     sources.append(seq)
-  order = np.argsort([len(s) for s in sources], kind="stable")
   results: List[Optional[Translation]] = [None] * len(sources)
   meter = console.Progress(len(sources)) if progress else None
-  for begin in range(0, len(order), config.batch_size):
-    chunk = order[begin:begin + config.batch_size]
+  for chunk in batches([len(s) for s in sources], config):
     width = max(len(sources[i]) for i in chunk)
     rows = len(chunk)
     if config.jit_compile:
-      width, rows = decoding.padded_width(width), config.batch_size
+      width = decoding.padded_width(width)
+      rows = config.batch_size if not config.batch_tokens else min(
+          config.batch_size, decoding.padded_width(rows, minimum=1))
     batch = np.full((rows, width), PAD_ID, np.int32)
     batch[len(chunk):, 0] = EOS_ID  # XLA filler rows: a one-token source
     for row, i in enumerate(chunk):
@@ -127,6 +127,25 @@ def translate(model, tokenizer, sentences: Sequence[str], config: DecodeConfig,
     if meter:
       meter.update(len(chunk))
   return results
+
+
+def batches(lengths: Sequence[int], config: DecodeConfig) -> List[List[int]]:
+  """The decoding batches of sources of these lengths (EOS included): indices in
+  length order, at most `config.batch_size` per batch and, with
+  `config.batch_tokens`, at most that many tokens (rows x the longest source;
+  under XLA rows x its padded width)."""
+  order = np.argsort(lengths, kind="stable")
+  chunks: List[List[int]] = []
+  for i in order:
+    if chunks and len(chunks[-1]) < config.batch_size:
+      width = lengths[i]  # the longest so far: lengths ascend
+      if config.jit_compile:
+        width = decoding.padded_width(width)
+      if not config.batch_tokens or (len(chunks[-1]) + 1) * width <= config.batch_tokens:
+        chunks[-1].append(int(i))
+        continue
+    chunks.append([int(i)])
+  return chunks
 
 
 def exact_match(model, dataset: tf.data.Dataset, config: DecodeConfig,

@@ -164,6 +164,34 @@ def test_stops_early_when_no_alive_beam_can_win():
   assert strip(ids[0, 0].numpy()) == [EOS_ID]
 
 
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_one_result_is_the_full_searchs_best_in_fewer_steps(alpha):
+  """num_results=1 stops when each sentence's best finished hypothesis beats every
+  alive one: the best result (ids and score) is the full search's, over sentences that
+  end early and late, and the search takes fewer steps."""
+  tables = [make_table(s, eos_bias=bias) for s, bias in ((0, 1.5), (1, 0.0), (2, 3.0),
+                                                          (3, -1.0))]
+  counted = {}
+  for results in (4, 1):
+    calls = []
+    scorer = history_scorer(tables)
+
+    def fn(ids, index, state, scorer=scorer, calls=calls):
+      calls.append(1)  # eager while_loop: the body runs in Python
+      return scorer(ids, index, state)
+    ids, scores = bs.beam_search(fn, tf.fill([len(tables)], BOS_ID),
+                                 initial_state(len(tables), 4), 4, 12, alpha=alpha,
+                                 num_results=results)
+    counted[results] = (ids.numpy(), scores.numpy(), len(calls))
+  (full_ids, full_scores, full_steps), (ids, scores, steps) = counted[4], counted[1]
+  np.testing.assert_array_equal(ids[:, 0], full_ids[:, 0])
+  np.testing.assert_allclose(scores[:, 0], full_scores[:, 0], rtol=1e-6)
+  assert steps < full_steps, (steps, full_steps)
+  with pytest.raises(ValueError, match="num_results"):
+    bs.beam_search(history_scorer(tables), tf.fill([1], BOS_ID), initial_state(1, 2), 2, 4,
+                   num_results=3)
+
+
 def test_falls_back_to_alive_beams_when_nothing_finished():
   probs = [[1e-9, 1e-30, 0.3, 0.2, 0.1, 0.1, 0.1, 0.1, 0.05, 0.05]]
 

@@ -73,7 +73,9 @@ def test_cached_decoding_equals_uncached(model, pointer_model, beam, alpha, slot
   model = pointer_model if pointer else model
   monkeypatch.setattr(decoding, "MAX_SLOTTED_BEAM", max(beam, 4))
   inputs = sources(np.random.default_rng(0), [6, 3, 9])
-  config = DecodeConfig(beam_size=beam, alpha=alpha, extra_decode_length=3)
+  # return_beams: all K beams are final (compared below), not only the first.
+  config = DecodeConfig(beam_size=beam, alpha=alpha, extra_decode_length=3,
+                        return_beams=True)
   ids, scores = decoding.decode_ids(model, inputs, config, in_place_cache=slotted)
   length = inputs.shape[1] + 3
   fn, state = uncached_scorer(model, inputs, beam, length)
@@ -101,12 +103,35 @@ def test_padding_does_not_change_translations(model, pointer_model, pointer):
   np.testing.assert_allclose(scores[1].numpy(), alone_scores[0].numpy(), rtol=1e-5)
 
 
+@pytest.mark.parametrize("alpha,in_place", [(0.0, False), (0.6, False), (0.0, True)])
+def test_first_beam_is_final_when_the_other_beams_are_not_asked_for(alpha, in_place):
+  """Without --return_beams the search stops once every sentence's best is final: the
+  first beam and its score are those of the search that finds all K (both cache
+  layouts; EOS pushed up so that sentences end early, at different lengths)."""
+  keras.utils.set_random_seed(6)
+  eager = create_model(ModelConfig(vocab_size=V, hidden_size=16, filter_size=32,
+                                   num_heads=2, num_hidden_layers=1))
+  original = eager.softmax_embedding.logits
+  eager.softmax_embedding.logits = lambda x: original(x) + tf.one_hot(EOS_ID, V) * 1.5
+  inputs = sources(np.random.default_rng(5), [6, 2, 9, 4, 7, 3])
+  first, everything = (decoding.decode_ids(
+      eager, inputs, DecodeConfig(beam_size=4, alpha=alpha, extra_decode_length=12,
+                                  min_decode_length=1, return_beams=all_beams),
+      in_place_cache=in_place)
+                       for all_beams in (False, True))
+  np.testing.assert_array_equal(first[0][:, 0].numpy(), everything[0][:, 0].numpy())
+  np.testing.assert_allclose(first[1][:, 0].numpy(), everything[1][:, 0].numpy(),
+                             rtol=1e-5, atol=1e-6)
+  lengths = [len(translate.strip_ids(row)) for row in first[0].numpy()[:, 0]]
+  assert len(set(lengths)) > 1 and min(lengths) < 12, lengths
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("pointer", [False, True])
 def test_xla_decoding_equals_eager(model, pointer_model, pointer):
   model = pointer_model if pointer else model
   inputs = sources(np.random.default_rng(2), [5, 8])
-  config = DecodeConfig(beam_size=2, alpha=0.6, extra_decode_length=4)
+  config = DecodeConfig(beam_size=2, alpha=0.6, extra_decode_length=4, return_beams=True)
   eager = decoding.decode_ids(model, inputs, config)
   compiled = tf.function(lambda x: decoding.decode_ids(model, x, config, in_place_cache=True),
                          jit_compile=True)
@@ -174,6 +199,29 @@ def test_translate_with_xla_equals_graph_and_compiles_once_per_width_bucket(mode
                              rtol=1e-4, atol=1e-5)
   assert len(shapes) == 7 and set(shapes) == {(3, 16), (3, 32), (3, 64)}
   assert [decoding.padded_width(w) for w in (1, 16, 17, 33, 257)] == [16, 16, 32, 64, 512]
+
+
+def test_token_budget_batches_hold_both_caps_and_change_no_translation(model):
+  lengths = [3, 9, 4, 17, 2, 30, 5, 5]
+  config = DecodeConfig(batch_size=3, batch_tokens=20)
+  chunks = translate.batches(lengths, config)
+  assert sorted(i for chunk in chunks for i in chunk) == list(range(len(lengths)))
+  for chunk in chunks:
+    longest = max(lengths[i] for i in chunk)
+    assert len(chunk) <= 3 and (len(chunk) * longest <= 20 or len(chunk) == 1), chunk
+  assert [30] in [[lengths[i] for i in c] for c in chunks]  # over the cap: alone
+  assert translate.batches(lengths, DecodeConfig(batch_size=3)) == [
+      [4, 0, 2], [6, 7, 1], [3, 5]]
+  # Under XLA the budget counts padded widths (16 at least).
+  assert all(len(c) == 1 for c in translate.batches(
+      lengths, DecodeConfig(batch_size=3, batch_tokens=31, jit_compile=True)))
+  rng = np.random.default_rng(3)
+  sentences = [" ".join(str(t) for t in rng.integers(4, V, n)) for n in (2, 7, 3, 12, 5)]
+  tokenizer = IntegerTokenizer(V)
+  plain, budget = (translate.translate(model, tokenizer, sentences, DecodeConfig(
+      beam_size=2, extra_decode_length=4, batch_size=4, batch_tokens=tokens),
+      progress=False) for tokens in (0, 16))
+  assert [t.texts for t in plain] == [t.texts for t in budget]
 
 
 def test_progress_line_has_rate_and_eta():

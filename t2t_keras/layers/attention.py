@@ -15,7 +15,9 @@ no bias, as in tensor2tensor.
 Incremental decoding keeps a fixed-size cache {"key": (B, H, K * L, Dk), "value":
 (B, H, K * L, Dv)} (K beam slots of L positions per sentence) that `call` updates at
 `cache_index` and RETURNS: nothing is mutated, so one decoding path works eagerly, in
-tf.function, under XLA and on TPU.
+tf.function, under XLA and on TPU. Without XLA the cache may instead grow by one
+position per step (`cache_index=None`): each step then copies and attends over the
+positions decoded so far, not over the longest output possible.
 """
 
 from __future__ import annotations
@@ -120,7 +122,9 @@ class MultiHeadAttention(keras.layers.Layer):
       incremental self-attention (T = 1; the query's rows are the K hypotheses of
       each of the B sentences; K = 1 outside beam search): the new keys/values are
       written at `cache_index` of each hypothesis' slot, see `_call_cached`.
-    cache_index: scalar int position to write into the cache.
+    cache_index: scalar int position to write into the cache; None for a growing
+      cache (B, H, T, Dh) (one slot per row, T positions so far): the new position is
+      appended, and every cached position is attended to (no mask needed).
     key_value: optional precomputed (key, value) from `compute_key_value`, used for
       cross-attention so encoder keys/values are projected once per source.
     training: whether dropout is active.
@@ -211,8 +215,12 @@ class MultiHeadAttention(keras.layers.Layer):
     per layer and step that a reorder costs.
     """
     k_new, v_new = self.compute_key_value(query)  # (B * K, H, 1, Dh)
-    k = update_cache(cache["key"], k_new, cache_index)  # (B, H, K * L, Dk)
-    v = update_cache(cache["value"], v_new, cache_index)
+    if cache_index is None:  # a growing cache (one slot per row): append the position
+      k = ops.concatenate([cache["key"], ops.cast(k_new, cache["key"].dtype)], axis=2)
+      v = ops.concatenate([cache["value"], ops.cast(v_new, cache["value"].dtype)], axis=2)
+    else:
+      k = update_cache(cache["key"], k_new, cache_index)  # (B, H, K * L, Dk)
+      v = update_cache(cache["value"], v_new, cache_index)
     batch = ops.shape(k)[0]
     # (B * K, 1, H, Dk) -> (B, H, K, Dk): the K hypotheses are the queries of sentence b.
     q = ops.transpose(ops.reshape(q, (batch, -1, self.num_heads, self.key_size)),

@@ -1,0 +1,166 @@
+"""Decoding speed on a trained model and real sentences, beside CTranslate2, same host.
+
+  .venv/bin/python bench/decode_real.py --model_dir=/tmp/m30k \
+      --src=../shared/data/multi30k/test2016.en --ref=../shared/data/multi30k/test2016.de
+
+What users meet, unlike bench/decode_speed.py's forced-length loop on random weights:
+a trained model ends its sentences, so finished sentences, the early stop and the
+cache's size decide the speed. Every engine runs the same search: beam --beam_size,
+plain log probabilities (alpha 0; CTranslate2 length_penalty 0), never an empty
+output (--min_decode_length=1; CTranslate2's beam search never returns one),
+batches of --batch_size sentences in length order (CTranslate2 sorts by length
+itself). Engines:
+
+  graph         the decode CLI in graph mode (`translate.translate`)
+  XLA           the decode CLI with --decode_jit_compile (its default from 256 lines)
+  export        the SavedModel as TF Serving runs it (TF1 session, tensors by name)
+  export XLA    the same, exported with --export_jit_compile
+  ct2 float32   CTranslate2 on the same weights (`t2t-export --format=ctranslate2`)
+  ct2 int8      the same, int8 weights (--int8)
+
+Each engine first decodes the whole input untimed (every XLA bucket compiles then),
+then the engines take turns for --passes timed passes; the best pass counts. Printed
+per engine: sentences/s, target tokens/s (SentencePiece pieces, EOS excluded), mean
+longest output per batch (the fewest steps a batch can take), sacreBLEU, outputs
+identical to CTranslate2 float32, and the ratio to CTranslate2 float32.
+"""
+
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+
+from absl import app, flags
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from bench import common  # noqa: E402
+
+flags.DEFINE_string("model_dir", None, "A trained model directory.")
+flags.DEFINE_string("src", None, "Source sentences, one per line.")
+flags.DEFINE_string("ref", None, "References, line-aligned with --src.")
+flags.DEFINE_integer("lines", 0, "Use the first N lines only (0: all).")
+flags.DEFINE_integer("average_last_n", 0, "Average the last N checkpoints first.")
+flags.DEFINE_integer("beam_size", 4, "Beam size for every engine.")
+flags.DEFINE_integer("batch_size", 32, "Sentences per batch for every engine.")
+flags.DEFINE_integer("passes", 2, "Timed passes per engine, taken in turns.")
+flags.DEFINE_list("engines", ["graph", "XLA", "export", "export XLA", "ct2 float32"],
+                  "Engines to run (see the module docstring).")
+flags.DEFINE_boolean("int8", False, "Also CTranslate2 int8.")
+flags.DEFINE_integer("threads", 0, "CTranslate2 intra_threads (0: its default).")
+FLAGS = flags.FLAGS
+
+CT2 = "ct2 float32"
+
+
+def main(argv):
+  del argv
+  # pylint: disable=import-outside-toplevel
+  import ctranslate2
+  import numpy as np
+  import sentencepiece
+
+  from t2t_keras import decoding, loading, metrics, modeldir, translate
+  from t2t_keras.configs import DecodeConfig
+  from t2t_keras.export import ctranslate2 as ct2_export
+  from t2t_keras.export import saved_model
+
+  with open(FLAGS.src, encoding="utf-8") as f:
+    sources = [line.rstrip("\n") for line in f]
+  with open(FLAGS.ref, encoding="utf-8") as f:
+    references = [line.rstrip("\n") for line in f]
+  if FLAGS.lines:
+    sources, references = sources[:FLAGS.lines], references[:FLAGS.lines]
+  loaded = loading.load(FLAGS.model_dir, average_last_n=FLAGS.average_last_n,
+                        dtype="float32")
+  spm = sentencepiece.SentencePieceProcessor(model_file=modeldir.vocab_path(FLAGS.model_dir))
+  peak = common.matmul_peak()
+  print(f"{common.machine()}; matmul peak {peak / 1e9:.1f} GFLOP/s; CTranslate2 "
+        f"{ctranslate2.__version__}; {FLAGS.src}: {len(sources)} sentences; beam "
+        f"{FLAGS.beam_size}, batch {FLAGS.batch_size}, alpha 0, min length 1", flush=True)
+  base = DecodeConfig(beam_size=FLAGS.beam_size, alpha=0.0, extra_decode_length=50,
+                      batch_size=FLAGS.batch_size, min_decode_length=1)
+  tmp = tempfile.mkdtemp(prefix="decode_real_")
+  engines = {}
+
+  def t2t_engine(jit):
+    config = dataclasses.replace(base, jit_compile=jit)
+    decode_fn = decoding.make_decode_fn(loaded.model, config)
+    return lambda: [t.texts[0] for t in translate.translate(
+        loaded.model, loaded.tokenizer, sources, config, decode_fn=decode_fn,
+        progress=False)]
+
+  def export_engine(jit):
+    path = saved_model.export_model_dir(FLAGS.model_dir, os.path.join(tmp, f"sm{int(jit)}"),
+                                        base, max_input_length=256,
+                                        average_last_n=FLAGS.average_last_n,
+                                        jit_compile=jit)
+    run = common.session_signature(path, "serving_default", "inputs", "outputs")
+    # As a client batches: length-sorted batches of batch_size sentences.
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i].split()))
+
+    def decode():
+      out = [None] * len(sources)
+      for begin in range(0, len(order), FLAGS.batch_size):
+        chunk = order[begin:begin + FLAGS.batch_size]
+        texts = run(np.array([sources[i] for i in chunk], dtype=object))
+        for i, text in zip(chunk, texts):
+          out[i] = text.decode("utf-8")
+      return out
+    return decode
+
+  def ct2_engine(quantization):
+    path = os.path.join(tmp, f"ct2_{quantization}")
+    ct2_export.export(loaded.model, loaded.model_config, loaded.tokenizer, path,
+                      quantization=quantization)
+    translator = ctranslate2.Translator(path, device="cpu", intra_threads=FLAGS.threads)
+    tokens = [spm.encode(s, out_type=str) for s in sources]
+    return lambda: [spm.decode_pieces(r.hypotheses[0]) for r in translator.translate_batch(
+        tokens, max_batch_size=FLAGS.batch_size, beam_size=FLAGS.beam_size,
+        length_penalty=0.0, max_decoding_length=256)]
+
+  makers = {"graph": lambda: t2t_engine(False), "XLA": lambda: t2t_engine(True),
+            "export": lambda: export_engine(False), "export XLA": lambda: export_engine(True),
+            CT2: lambda: ct2_engine("float32"), "ct2 int8": lambda: ct2_engine("int8")}
+  names = list(FLAGS.engines) + (["ct2 int8"] if FLAGS.int8 else [])
+  if CT2 not in names:
+    names.append(CT2)
+  outputs, best = {}, {}
+  for name in names:
+    if name not in makers:
+      raise app.UsageError(f"--engines: unknown engine {name!r} (one of {sorted(makers)})")
+    engines[name] = makers[name]()
+    start = time.perf_counter()
+    outputs[name] = engines[name]()  # warm-up: traces and compiles every bucket
+    print(f"warm-up {name}: {time.perf_counter() - start:.1f} s", flush=True)
+  for turn in range(FLAGS.passes):
+    for name in names:
+      start = time.perf_counter()
+      outputs[name] = engines[name]()
+      seconds = time.perf_counter() - start
+      best[name] = min(best.get(name, seconds), seconds)
+      print(f"pass {turn + 1} {name}: {seconds:.2f} s", flush=True)
+
+  # A sorted batch's steps are at least its longest output (EOS included).
+  order = sorted(range(len(sources)), key=lambda i: len(spm.encode(sources[i])))
+  rows = []
+  for name in names:
+    pieces = [len(spm.encode(text)) for text in outputs[name]]
+    longest = [max(pieces[i] for i in order[b:b + FLAGS.batch_size]) + 1
+               for b in range(0, len(order), FLAGS.batch_size)]
+    same = sum(a == b for a, b in zip(outputs[name], outputs[CT2]))
+    bleu = metrics.bleu_report(outputs[name], [references])["bleu"]
+    seconds = best[name]
+    rows.append((name, f"{seconds:.2f}", f"{len(sources) / seconds:.1f}",
+                 f"{sum(pieces) / seconds:.0f}", f"{np.mean(longest):.1f}", f"{bleu:.2f}",
+                 f"{same / len(sources):.1%}", f"{best[CT2] / seconds:.2f}x"))
+  print()
+  common.print_table(rows, ["engine", "seconds", "sentences/s", "target tok/s",
+                            "longest/batch", "sacreBLEU", "same as ct2", "vs ct2 float32"])
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["model_dir", "src", "ref"])
+  app.run(main)
