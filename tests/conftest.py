@@ -10,6 +10,20 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATA = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
 
 
+# The files that took longest in a full run (seconds on 2 cores, 2026-11-26). README's
+# test command runs the files on 2 processes (pytest-xdist, --dist loadfile), which
+# take them in collection order: these go first, so that the two processes finish
+# together instead of one starting the README demo (8 min) when the other is done.
+LONGEST_FILES = ("trainer_test.py", "readme_test.py", "pipeline_test.py", "parsing_test.py",
+                 "preemption_test.py", "decoding_test.py", "multi_worker_test.py",
+                 "scoring_test.py", "remote_fs_test.py", "export_test.py")
+
+
+def pytest_collection_modifyitems(items):
+  first = {name: rank for rank, name in enumerate(LONGEST_FILES)}
+  items.sort(key=lambda item: first.get(os.path.basename(str(item.fspath)), len(first)))
+
+
 @pytest.fixture
 def shared_data():
   """Path of ../shared/data; skips the test with a clear message when it is absent."""

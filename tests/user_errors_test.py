@@ -35,8 +35,10 @@ OTHER_PROGRAMS = {
     "dir", "all", "tag_set", "signature_def", "input_exprs",  # saved_model_cli
     "logdir",  # tensorboard
     "no",  # pip's --no-deps (the hyphen ends the match)
+    "max",  # fairseq's --max-tokens (docs/decoding.md; the hyphen ends the match)
     "mode", "ffn_dropout",  # bench/peers (OpenNMT-tf's names)
     "select", "line",  # ruff (CONTRIBUTING.md: --select, --line-length)
+    "dist", "durations",  # pytest and pytest-xdist (README's test command, CONTRIBUTING.md)
     "tf_xla_persistent_cache_directory", "tf_xla_persistent_cache_read_only",
     "tf_xla_persistent_cache_prefix",  # TensorFlow's TF_XLA_FLAGS (docs/training.md)
 }
