@@ -55,6 +55,8 @@ setup(
         "sentencepiece>=0.2",
         "matplotlib>=3.8",  # attention maps and learning curves
         "tensorboard>=2.20",  # tf.summary and the learning-curve tool
+        # TF Serving's protos: the XLA export's warm-up requests, t2t-query-server's gRPC
+        "tensorflow-serving-api>=2.21,<2.22",
     ],
     entry_points={"console_scripts": [
         f"t2t-{name}=t2t_keras.{name}:console_main" for name in ENTRY_POINTS] + [

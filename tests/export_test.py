@@ -245,6 +245,38 @@ def test_xla_export_in_a_fresh_session_equals_eager(model_dir, xla_export_path, 
 
 
 @pytest.mark.slow
+def test_xla_export_warmup_requests_compile_every_program(xla_export_path):
+  """The XLA export carries TF Serving's warm-up file: PredictionLog records of
+  serving_default requests whose padded shapes (counted here with SentencePiece from
+  the export's own vocabulary) are every program a request within the limits can
+  need: power-of-two rows up to the 256-row limit x source widths 16 and 32
+  (--max_input_length 24). Replayed as the server replays them, each is answered."""
+  import sentencepiece  # pylint: disable=import-outside-toplevel
+  from tensorflow_serving.apis import prediction_log_pb2  # pylint: disable=import-outside-toplevel
+  path = os.path.join(xla_export_path, "assets.extra", "tf_serving_warmup_requests")
+  requests = []
+  for record in tf.data.TFRecordDataset(path).as_numpy_iterator():
+    request = prediction_log_pb2.PredictionLog.FromString(record).predict_log.request
+    assert request.model_spec.signature_name == "serving_default"
+    assert list(request.inputs) == ["inputs"]
+    requests.append(tf.make_ndarray(request.inputs["inputs"]))
+  spm = sentencepiece.SentencePieceProcessor(
+      model_file=os.path.join(xla_export_path, "assets", "vocab.model"))
+
+  def power_of_two(n, least):
+    return max(least, 1 << (n - 1).bit_length())
+  shapes = set()
+  for strings in requests:
+    width = max(min(len(spm.encode(s.decode())) + 1, MAX_INPUT) for s in strings)
+    shapes.add((power_of_two(len(strings), 1), power_of_two(width, 16)))
+  assert len(shapes) == len(requests)
+  assert shapes == {(1 << r, w) for r in range(9) for w in (16, 32)}
+  xla = SessionModel(xla_export_path)
+  for strings in requests:
+    assert xla.run(inputs=strings)["outputs"].shape == (len(strings),)
+
+
+@pytest.mark.slow
 def test_xla_export_ids_rows_translate_as_alone(xla_export_path, export_path):
   """The XLA export pads each batch to a power of two rows and columns: any batch
   size (3 rows, 1 row, none) and width gives the graph export's ids and scores."""

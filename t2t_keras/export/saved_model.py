@@ -22,7 +22,11 @@ linearized tree over the request's words.
 With `jit_compile` (`python -m t2t_keras.export --export_jit_compile`) the beam search is an
 XLA-compiled function inside the graph (TF Serving on CPU then needs
 `--xla_cpu_compilation_enabled=true`); each batch is padded to a power-of-two number of
-rows and of source columns, so that few shapes are compiled. Same translations.
+rows and of source columns, so that few shapes are compiled. Same translations. Such
+an export carries TF Serving's warm-up file (`assets.extra/tf_serving_warmup_requests`,
+`PredictionLog` records): one request per (rows, width) program a request within the
+limits can need, which the server replays at load, compiling every program before it
+reports the model available, so no request waits for a compilation.
 
 Per-request limits (`RequestLimits`, fixed at export, written to
 `assets.extra/t2t_keras.json`): rows per request, bytes per string (ids per row for
@@ -85,6 +89,8 @@ class RequestLimits:
 
 
 LIMITS_FILE = os.path.join("assets.extra", "t2t_keras.json")  # in the version directory
+# TF Serving replays this file's requests when it loads a version (SavedModel warm-up).
+WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
 SAVED_MODEL_FILE = "saved_model.pb"  # what every SavedModel reader opens first
 
 
@@ -294,7 +300,73 @@ def export(translator: Translator, export_dir: str, version: Optional[int] = Non
     json.dump({"max_input_length": translator.max_input_length,
                **dataclasses.asdict(translator.limits)}, f, indent=2)
   model_card.write(tmp, model_card.build(translator, model_dir, checkpoints))
+  if translator.jit_compile:
+    write_warmup(os.path.join(tmp, WARMUP_FILE), warmup_requests(translator))
   return publish.publish(tmp, path, SAVED_MODEL_FILE)
+
+
+def xla_buckets(max_input_length: int, limits: RequestLimits) -> list:
+  """The (rows, width) shapes the XLA export compiles for requests within `limits`,
+  each with the smallest request that reaches it: [(rows, width, request rows,
+  request width)], widths counting EOS. A bucket is reachable when its smallest
+  request (half its rows + 1, half its width + 1) is within the token limit."""
+  def powers(first, last):
+    value = first
+    while True:
+      yield value
+      if value >= last:
+        return
+      value *= 2
+  widest = decoding.padded_width(max_input_length)  # sources are cut to max_input_length
+  buckets = []
+  for rows in powers(1, decoding.padded_width(limits.max_rows, minimum=1)):
+    for width in powers(decoding.MIN_XLA_WIDTH, widest):
+      need_rows = 1 if rows == 1 else rows // 2 + 1
+      need_width = 2 if width == decoding.MIN_XLA_WIDTH else width // 2 + 1
+      if (need_rows <= limits.max_rows and need_width <= max_input_length
+          and need_rows * need_width <= limits.max_tokens):
+        buckets.append((rows, width, need_rows, need_width))
+  return buckets
+
+
+def warmup_requests(translator: Translator) -> list:
+  """One request (a list of strings) per reachable XLA bucket (`xla_buckets`): rows of
+  a word the vocabulary holds whole, repeated to the bucket's smallest width."""
+  word = _one_piece_word(translator.tokenizer)
+  return [[" ".join([word] * (width - 1))] * rows for _, _, rows, width in
+          xla_buckets(translator.max_input_length, translator.limits)]
+
+
+def _one_piece_word(tokenizer) -> str:
+  """A word that the tokenizer writes as one piece, also when repeated."""
+  candidates = ["a", "the", "1", "x", "0", "I"]
+  if hasattr(tokenizer, "vocab_size"):
+    candidates += [tokenizer.detokenize(tf.constant([[i]])).numpy()[0].decode("utf-8")
+                   for i in range(4, min(int(tokenizer.vocab_size), 200))]
+  for word in candidates:
+    word = word.strip()
+    if not word or " " in word:
+      continue
+    ids = tokenizer.tokenize(tf.constant([" ".join([word] * 5)])).to_list()[0]
+    if len(ids) == 5:
+      return word
+  raise ValueError("no word of the vocabulary tokenizes to one piece: cannot write "
+                   "TF Serving's warm-up requests")
+
+
+def write_warmup(path: str, requests: list) -> None:
+  """TF Serving's warm-up file: a TFRecord of `PredictionLog`s, one `serving_default`
+  request of `inputs` strings each (tensorflow-serving-api's protos)."""
+  # pylint: disable=import-outside-toplevel
+  from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
+  with tf.io.TFRecordWriter(path) as writer:
+    for strings in requests:
+      request = predict_pb2.PredictRequest()
+      request.model_spec.signature_name = "serving_default"
+      request.inputs["inputs"].CopyFrom(tf.make_tensor_proto(strings, dtype=tf.string))
+      log = prediction_log_pb2.PredictionLog(
+          predict_log=prediction_log_pb2.PredictLog(request=request))
+      writer.write(log.SerializeToString())
 
 
 def read_limits(path: str) -> dict:
@@ -366,7 +438,14 @@ def export_from_settings(settings: ExportSettings) -> str:
 def describe(path: str, settings: ExportSettings) -> str:
   limits = limits_of(settings)
   server_flag = " --xla_cpu_compilation_enabled=true" if settings.jit_compile else ""
+  warmup = ""
+  if settings.jit_compile:
+    count = len(xla_buckets(settings.max_input_length, limits))
+    warmup = (f"\n  {count} XLA programs (rows x source width) are compiled when TF Serving "
+              f"loads it ({WARMUP_FILE}): the model is available after that, and no "
+              "request waits for a compilation")
   return (f"exported {path}" + (" (beam search compiled with XLA)" if server_flag else "")
+          + warmup
           + f"\n  limits per request: {limits.max_rows} rows (--max_request_rows), "
           f"{limits.max_string_bytes} bytes per string (--max_string_bytes), "
           f"{limits.max_tokens} source tokens (--max_request_tokens); sources cut to "
