@@ -6,7 +6,7 @@
 What users meet, unlike bench/decode_speed.py's forced-length loop on random weights:
 a trained model ends its sentences, so finished sentences, the early stop and the
 cache's size decide the speed. Every engine runs the same search: beam --beam_size,
-plain log probabilities (alpha 0; CTranslate2 length_penalty 0), never an empty
+plain log probabilities (--alpha=0; CTranslate2 length_penalty 0), never an empty
 output (--min_decode_length=1; CTranslate2's beam search never returns one),
 batches of --batch_size sentences in length order (CTranslate2 sorts by length
 itself). Engines:
@@ -45,6 +45,11 @@ flags.DEFINE_integer("lines", 0, "Use the first N lines only (0: all).")
 flags.DEFINE_integer("average_last_n", 0, "Average the last N checkpoints first.")
 flags.DEFINE_integer("beam_size", 4, "Beam size for every engine.")
 flags.DEFINE_integer("batch_size", 32, "Sentences per batch for every engine.")
+flags.DEFINE_float("alpha", 0.0, "Length penalty for every engine (CTranslate2's "
+                  "length_penalty); 0 ranks by plain log probability, as CTranslate2's "
+                  "early exit needs; the recipe decodes with 0.6.")
+flags.DEFINE_integer("min_decode_length", 1, "t2t_keras' minimum output length; 1 never "
+                     "returns an empty output, as CTranslate2's beam search.")
 flags.DEFINE_integer("passes", 2, "Timed passes per engine, taken in turns.")
 flags.DEFINE_list("engines", ["graph", "XLA", "export", "export XLA", "ct2 float32"],
                   "Engines to run (see the module docstring).")
@@ -79,9 +84,10 @@ def main(argv):
   peak = common.matmul_peak()
   print(f"{common.machine()}; matmul peak {peak / 1e9:.1f} GFLOP/s; CTranslate2 "
         f"{ctranslate2.__version__}; {FLAGS.src}: {len(sources)} sentences; beam "
-        f"{FLAGS.beam_size}, batch {FLAGS.batch_size}, alpha 0, min length 1", flush=True)
-  base = DecodeConfig(beam_size=FLAGS.beam_size, alpha=0.0, extra_decode_length=50,
-                      batch_size=FLAGS.batch_size, min_decode_length=1)
+        f"{FLAGS.beam_size}, batch {FLAGS.batch_size}, alpha {FLAGS.alpha}, min length "
+        f"{FLAGS.min_decode_length}", flush=True)
+  base = DecodeConfig(beam_size=FLAGS.beam_size, alpha=FLAGS.alpha, extra_decode_length=50,
+                      batch_size=FLAGS.batch_size, min_decode_length=FLAGS.min_decode_length)
   tmp = tempfile.mkdtemp(prefix="decode_real_")
   engines = {}
 
@@ -119,7 +125,7 @@ def main(argv):
     tokens = [spm.encode(s, out_type=str) for s in sources]
     return lambda: [spm.decode_pieces(r.hypotheses[0]) for r in translator.translate_batch(
         tokens, max_batch_size=FLAGS.batch_size, beam_size=FLAGS.beam_size,
-        length_penalty=0.0, max_decoding_length=256)]
+        length_penalty=FLAGS.alpha, max_decoding_length=256)]
 
   makers = {"graph": lambda: t2t_engine(False), "XLA": lambda: t2t_engine(True),
             "export": lambda: export_engine(False), "export XLA": lambda: export_engine(True),
