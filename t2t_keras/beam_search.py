@@ -198,8 +198,8 @@ def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, stat
                       finished_scores, state),)
 
   def not_done(loop: BeamState):
-    # Best score any alive hypothesis could still reach vs the worst finished one
-    # (NEG_INF while fewer than K have finished).
+    # Best score any alive hypothesis could still reach vs the worst of the finished
+    # ones the caller reads (NEG_INF while fewer than `results` have finished).
     best_alive = loop.alive_log_probs[:, 0] / length_penalty(decode_length, alpha)
     worst_finished = loop.finished_scores[:, results - 1]
     return tf.logical_and(loop.i < decode_length,
