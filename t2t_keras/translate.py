@@ -72,9 +72,11 @@ def translate(model, tokenizer, sentences: Sequence[str], config: DecodeConfig,
 
   Sentences are tokenized in the graph, sorted by length and decoded in batches of
   `config.batch_size` sentences, and of `config.batch_tokens` source tokens when set
-  (`batches`; little of each batch is padding), then put back in input order. With `config.jit_compile` (XLA) every batch is padded to
-  `config.batch_size` rows (filler rows hold a lone EOS and are discarded) and to
-  `decoding.padded_width` columns, so XLA compiles once per width bucket, not per batch.
+  (`batches`; little of each batch is padding), then put back in input order. With
+  `config.jit_compile` (XLA) every batch is padded to `config.batch_size` rows (with a
+  token cap, to the next power of two rows; filler rows hold a lone EOS and are
+  discarded) and to `decoding.padded_width` columns, so XLA compiles once per width
+  bucket, not per batch.
 
   Args:
     model: a built Transformer.
