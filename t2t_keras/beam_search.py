@@ -120,14 +120,15 @@ def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, stat
                 beam_size: int, decode_length, alpha: float = 0.6,
                 eos_id: int = EOS_ID,
                 reorder_state: Optional[Callable[[Any, tf.Tensor], Any]] = None,
-                num_results: Optional[int] = None) -> Tuple[tf.Tensor, tf.Tensor]:
+                num_results: Optional[int] = None, context: Any = None,
+                shrink: bool = False) -> Tuple[tf.Tensor, tf.Tensor]:
   """Finds the K best sequences of each sentence.
 
   Args:
     symbols_to_logits: the incremental decoder (see `SymbolsToLogits`); it receives
       the previous token of each hypothesis (`initial_ids` at index 0), the 0-based
-      position being decoded, and the state, and returns float32 logits and the
-      updated state.
+      position being decoded, and the state (and `context`, when given), and returns
+      float32 logits and the updated state.
     initial_ids: (B,) int32 start tokens.
     state: nest of tensors with leading dimension B * K (already tiled).
     beam_size: K.
@@ -143,6 +144,14 @@ def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, stat
       when its best finished hypothesis beats every alive one (CTranslate2's rule for
       one hypothesis), often many steps before K have finished; the top result is the
       one the full search returns, the other K - 1 may be worse than its.
+    context: optional nest of per-hypothesis tensors (leading dimension B * K) that
+      the step reads and never changes (cross-attention keys/values, the source
+      mask); passed as the step's fourth argument, never reordered by beam.
+    shrink: a sentence whose results are final leaves the batch at once: its rows of
+      `state` and `context` are dropped (in the gather that reorders the beams), so
+      later steps compute only the sentences still searching, as CTranslate2 does.
+      Same results; graph mode only (the batch dimension changes, which XLA cannot
+      compile), and not with `reorder_state`.
 
   Returns:
     ids (B, K, decode_length) int32, best first, each ending with EOS (unless it hit
@@ -153,18 +162,30 @@ def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, stat
   results = k if num_results is None else num_results
   if not 1 <= results <= k:
     raise ValueError(f"num_results={num_results} must be in 1..beam_size={k}")
+  if shrink and reorder_state is not None:
+    raise ValueError("beam_search: shrink gathers the state itself (no reorder_state)")
   batch = tf.shape(initial_ids)[0]
   decode_length = tf.convert_to_tensor(decode_length, tf.int32)
   static_length = tf.get_static_value(decode_length)
+  given_context = context is not None
+  context = () if context is None else context
+
+  def call(ids, i, state, context):
+    if given_context:
+      return symbols_to_logits(ids, i, state, context)
+    return symbols_to_logits(ids, i, state)
 
   def gather_state(nest, parents):
     return tf.nest.map_structure(lambda t: _merge(_gather(_split(t, k), parents)), nest)
 
   gather_state = reorder_state or gather_state
 
-  def step(loop: BeamState):
+  def search_step(loop: BeamState, context):
+    """One position for every sentence still in the batch: the new beams, and each
+    alive hypothesis' parent (B, K) for the state's reorder."""
     i, alive_log_probs = loop.i, loop.alive_log_probs
-    logits, state = symbols_to_logits(_merge(loop.last_ids), i, loop.state)
+    rows = tf.shape(alive_log_probs)[0]
+    logits, state = call(_merge(loop.last_ids), i, loop.state, context)
     logits = tf.cast(logits, tf.float32)  # (B*K, V)
     # The 2K best continuations of a sentence are among the 2K best of each of its
     # beams: take those per beam from the logits, then normalise only them (log
@@ -173,10 +194,10 @@ def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, stat
     per_beam = min(2 * k, logits.shape[-1] or 2 * k)  # a toy vocabulary may be < 2K
     beam_logits, beam_ids = top_k_rows(logits, per_beam)  # (B*K, 2K)
     beam_log_probs = beam_logits - tf.reduce_logsumexp(logits, axis=-1, keepdims=True)
-    scores = alive_log_probs[:, :, None] + tf.reshape(beam_log_probs, [batch, k, per_beam])
-    top_scores, top_index = tf.math.top_k(tf.reshape(scores, [batch, k * per_beam]), 2 * k)
+    scores = alive_log_probs[:, :, None] + tf.reshape(beam_log_probs, [rows, k, per_beam])
+    top_scores, top_index = tf.math.top_k(tf.reshape(scores, [rows, k * per_beam]), 2 * k)
     top_beams = top_index // per_beam  # (B, 2K)
-    top_ids = tf.gather(tf.reshape(beam_ids, [batch, k * per_beam]), top_index, batch_dims=1)
+    top_ids = tf.gather(tf.reshape(beam_ids, [rows, k * per_beam]), top_index, batch_dims=1)
     position = tf.one_hot(i, decode_length, on_value=True, off_value=False)  # (L,)
     top_seqs = tf.where(position, top_ids[:, :, None], _gather(loop.alive_seqs, top_beams))
     # A candidate of a dead beam (only possible when V < 2K) never counts as finished.
@@ -186,7 +207,6 @@ def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, stat
     alive_scores, alive_pick = tf.math.top_k(tf.where(ends, NEG_INF, top_scores), k)
     alive_seqs = _gather(top_seqs, alive_pick)
     last_ids = _gather(top_ids, alive_pick)
-    state = gather_state(state, _gather(top_beams, alive_pick))
 
     # Finished: merge the candidates that ended with the K finished so far.
     ended_scores = tf.where(ends, top_scores / length_penalty(i + 1, alpha), NEG_INF)
@@ -194,16 +214,28 @@ def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, stat
     all_seqs = tf.concat([loop.finished_seqs, top_seqs], axis=1)
     finished_scores, finished_pick = tf.math.top_k(all_scores, k)
     finished_seqs = _gather(all_seqs, finished_pick)
-    return (BeamState(i + 1, alive_seqs, alive_scores, last_ids, finished_seqs,
-                      finished_scores, state),)
+    new = BeamState(i + 1, alive_seqs, alive_scores, last_ids, finished_seqs,
+                    finished_scores, state)
+    return new, _gather(top_beams, alive_pick)
 
-  def not_done(loop: BeamState):
+  def sentence_done(loop: BeamState):
     # Best score any alive hypothesis could still reach vs the worst of the finished
     # ones the caller reads (NEG_INF while fewer than `results` have finished).
     best_alive = loop.alive_log_probs[:, 0] / length_penalty(decode_length, alpha)
-    worst_finished = loop.finished_scores[:, results - 1]
-    return tf.logical_and(loop.i < decode_length,
-                          tf.logical_not(tf.reduce_all(worst_finished > best_alive)))
+    return loop.finished_scores[:, results - 1] > best_alive  # (B,)
+
+  def final_results(loop: BeamState):
+    # Fill the slots of sentences with fewer than K finished hypotheses with their best
+    # alive ones, scored as if they had ended at the length limit. Finished come first:
+    # they are sorted by score and their slots are a prefix.
+    alive_final = loop.alive_log_probs / length_penalty(decode_length, alpha)
+    finished_scores = loop.finished_scores
+    num_finished = tf.reduce_sum(tf.cast(finished_scores > NEG_INF / 2, tf.int32), axis=1)
+    slot = tf.range(k)[None, :]
+    pick = tf.where(slot < num_finished[:, None], slot, k + slot - num_finished[:, None])
+    ids = _gather(tf.concat([loop.finished_seqs, loop.alive_seqs], axis=1), pick)
+    scores = _gather(tf.concat([finished_scores, alive_final], axis=1), pick)
+    return ids, scores
 
   seq_shape = tf.TensorShape([None, k, static_length])
   initial = BeamState(
@@ -220,21 +252,67 @@ def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, stat
       last_ids=tf.TensorShape([None, k]), finished_seqs=seq_shape,
       finished_scores=tf.TensorShape([None, k]),
       state=tf.nest.map_structure(loop_shape, state))
-  final, = tf.while_loop(not_done, step, (initial,), shape_invariants=(shapes,),
-                         maximum_iterations=decode_length)
-  alive_seqs, alive_log_probs = final.alive_seqs, final.alive_log_probs
-  finished_seqs, finished_scores = final.finished_seqs, final.finished_scores
 
-  # Fill the slots of sentences with fewer than K finished hypotheses with their best
-  # alive ones, scored as if they had ended at the length limit. Finished come first:
-  # they are sorted by score and their slots are a prefix.
-  alive_final = alive_log_probs / length_penalty(decode_length, alpha)
-  num_finished = tf.reduce_sum(tf.cast(finished_scores > NEG_INF / 2, tf.int32), axis=1)
-  slot = tf.range(k)[None, :]
-  pick = tf.where(slot < num_finished[:, None], slot, k + slot - num_finished[:, None])
-  ids = _gather(tf.concat([finished_seqs, alive_seqs], axis=1), pick)
-  scores = _gather(tf.concat([finished_scores, alive_final], axis=1), pick)
-  return ids, scores
+  if not shrink:
+    def step(loop: BeamState):
+      new, parents = search_step(loop, context)
+      return (new._replace(state=gather_state(new.state, parents)),)
+
+    def not_done(loop: BeamState):
+      return tf.logical_and(loop.i < decode_length,
+                            tf.logical_not(tf.reduce_all(sentence_done(loop))))
+
+    final, = tf.while_loop(not_done, step, (initial,), shape_invariants=(shapes,),
+                           maximum_iterations=decode_length)
+    return final_results(final)
+
+  # Shrinking: the loop also carries each remaining sentence's index in the batch, the
+  # context, and the results of the sentences that have left.
+  def rows_of(sentences):  # (N,) sentence positions -> their (N * K,) hypothesis rows
+    return tf.reshape(sentences[:, None] * k + tf.range(k)[None, :], [-1])
+
+  def shrink_step(loop: BeamState, sentences, context, out_ids, out_scores):
+    new, parents = search_step(loop, context)
+    done = sentence_done(new)
+    leaving = tf.where(done)[:, 0]
+    ids, scores = final_results(new)
+    where = tf.gather(sentences, leaving)[:, None]
+    out_ids = tf.tensor_scatter_nd_update(out_ids, where, tf.gather(ids, leaving))
+    out_scores = tf.tensor_scatter_nd_update(out_scores, where, tf.gather(scores, leaving))
+    staying = tf.cast(tf.where(tf.logical_not(done))[:, 0], tf.int32)
+    # The state follows the parent beams of the sentences that stay: one gather.
+    picked = tf.reshape(staying[:, None] * k + tf.gather(parents, staying), [-1])
+    state = tf.nest.map_structure(lambda t: tf.gather(t, picked), new.state)
+    new = BeamState(new.i, *(tf.gather(t, staying) for t in new[1:6]), state)
+    context = tf.cond(
+        tf.size(leaving) > 0,
+        lambda: tf.nest.map_structure(lambda t: tf.gather(t, rows_of(staying)), context),
+        lambda: context)
+    return new, tf.gather(sentences, staying), context, out_ids, out_scores
+
+  def shrink_not_done(loop, sentences, context, out_ids, out_scores):
+    del loop, context, out_ids, out_scores
+    return tf.size(sentences) > 0
+
+  def leading_free(shape):
+    return shape if shape.rank in (None, 0) else tf.TensorShape([None]).concatenate(
+        shape[1:])
+
+  shrink_shapes = (shapes._replace(state=tf.nest.map_structure(leading_free, shapes.state)),
+                   tf.TensorShape([None]),
+                   tf.nest.map_structure(lambda t: leading_free(t.shape), context),
+                   tf.TensorShape([None, k, static_length]), tf.TensorShape([None, k]))
+  out_ids = tf.fill([batch, k, decode_length], tf.constant(PAD_ID, tf.int32))
+  out_scores = tf.fill([batch, k], tf.constant(NEG_INF))
+  final, sentences, _, out_ids, out_scores = tf.while_loop(
+      shrink_not_done, shrink_step,
+      (initial, tf.range(batch), context, out_ids, out_scores),
+      shape_invariants=shrink_shapes, maximum_iterations=decode_length)
+  # Sentences still searching at the length limit end with their best so far.
+  ids, scores = final_results(final)
+  where = sentences[:, None]
+  return (tf.tensor_scatter_nd_update(out_ids, where, ids),
+          tf.tensor_scatter_nd_update(out_scores, where, scores))
 
 
 def greedy_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, state: Any,

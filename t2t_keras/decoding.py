@@ -139,16 +139,22 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
 
   # Without XLA the self-attention cache grows by a position per step (one row per
   # hypothesis): each step copies and attends over what was decoded, not over the
-  # longest output possible. XLA needs fixed shapes.
+  # longest output possible; and beam search drops a sentence from the batch once its
+  # result is final. XLA needs fixed shapes.
   grow = not in_place_cache
+  # What every step reads and never changes, per row: passed to the step as the
+  # search's context, so that it leaves the batch with its sentence.
+  context = (cross_key_values, memory_mask, (encoded, source_rows) if pointing else ())
 
-  def plain_step(ids, index, state):
+  def plain_step(ids, index, state, context):
+    cross, mask, source = context
     if not pointing:
-      return model.decode_step(ids, index, state, cross_key_values, memory_mask, grow=grow)
+      return model.decode_step(ids, index, state, cross, mask, grow=grow)
     cache, pointer = state
-    pointer = advance_pointer(pointer, ids, source_rows)
-    logits, cache = model.decode_step(ids, index, cache, cross_key_values, memory_mask,
-                                      source_pointer=(encoded, pointer), grow=grow)
+    encoded_rows, source_ids = source
+    pointer = advance_pointer(pointer, ids, source_ids)
+    logits, cache = model.decode_step(ids, index, cache, cross, mask,
+                                      source_pointer=(encoded_rows, pointer), grow=grow)
     return logits, (cache, pointer)
 
   def plain_state(rows):
@@ -156,8 +162,9 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
     return (cache, tf.zeros([rows], tf.int32)) if pointing else cache
 
   if k == 1:
-    step, state = processors.compose(plain_step, plain_state(batch),
-                                     options, rows)
+    step, state = processors.compose(
+        lambda ids, index, state: plain_step(ids, index, state, context),
+        plain_state(batch), options, rows)
     if not config.sampling:
       return beam_search_lib.greedy_search(step, start, state, decode_length)
     ids, scores = beam_search_lib.sample_search(
@@ -171,7 +178,8 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
     step, state = processors.compose(
         plain_step, plain_state(batch * k), options, rows)
     return beam_search_lib.beam_search(step, start, state, k, decode_length,
-                                       alpha=config.alpha, num_results=results)
+                                       alpha=config.alpha, num_results=results,
+                                       context=context, shrink=grow)
 
   # Beam search: the cache is never reordered, only the table of which slot holds each
   # position of each hypothesis (see Transformer.decode_step).

@@ -19,6 +19,9 @@ Protocol: `processor.start(rows)` binds the processor to a batch and returns
     not come) and the new state.
 The decoder reorders every processor's state with the beams (each row follows its
 parent hypothesis) in both cache layouts, so a processor never handles beams itself.
+Per-row tensors a step reads (taken from `rows`) belong in its state too, not in the
+step's closure: in graph mode a sentence whose result is final leaves the batch
+(`beam_search`'s `shrink`), and only the state follows.
 Processors run in order; the length limit comes last, so that it wins.
 """
 
@@ -71,20 +74,20 @@ class LengthLimit(Processor):
   depend on the batch it is decoded in."""
 
   def start(self, rows: Rows):
-    limits = rows.limits
-
-    def step(logits, ids, index, state):
+    def step(logits, ids, index, limits):
       del ids
       eos_only = tf.where(tf.equal(tf.range(tf.shape(logits)[-1]), EOS_ID), 0.0, NEG_INF)
-      return tf.where((index >= limits - 1)[:, None], eos_only[None, :], logits), state
-    return step, ()
+      return tf.where((index >= limits - 1)[:, None], eos_only[None, :], logits), limits
+    return step, tf.cast(rows.limits, tf.int32)  # the state: each row's limit
 
 
 def compose(symbols_to_logits, state, processors: Sequence[Processor], rows: Rows):
   """The model's step with `processors` applied to its logits, in order.
 
   Args:
-    symbols_to_logits: (ids, index, state) -> (logits, state), the model's step.
+    symbols_to_logits: (ids, index, state) -> (logits, state), the model's step
+      (or (ids, index, state, context) -> ...: the composed step passes a search's
+      `context` on).
     state: the model's initial state.
     processors: the decoding options.
     rows: the batch, per hypothesis row.
@@ -94,9 +97,9 @@ def compose(symbols_to_logits, state, processors: Sequence[Processor], rows: Row
   """
   bound = [p.start(rows) for p in processors]
 
-  def step(ids, index, full_state):
+  def step(ids, index, full_state, *context):
     inner, states = full_state
-    logits, inner = symbols_to_logits(ids, index, inner)
+    logits, inner = symbols_to_logits(ids, index, inner, *context)
     logits = tf.cast(logits, tf.float32)
     new_states = []
     for (fn, _), processor_state in zip(bound, states):

@@ -231,3 +231,44 @@ def test_top_k_rows_equals_top_k(vocab, jit):
   assert got_ids.numpy()[6, 0] == vocab - 1
   np.testing.assert_array_equal(np.take_along_axis(values.numpy(), got_ids.numpy(), 1),
                                 got_values.numpy())
+
+
+@pytest.mark.parametrize("alpha,results,graph", [(0.0, 1, False), (0.6, 1, True),
+                                                 (0.6, 4, False), (0.0, 4, True)])
+def test_shrinking_batch_gives_the_full_batchs_results(alpha, results, graph):
+  """shrink=True drops each sentence from the batch once its results are final; the
+  sentence's table row comes through `context`, so a row that followed the wrong
+  sentence would score with another table. The results are those of the search that
+  keeps every sentence (all K beams with num_results=K, the first otherwise), and the
+  rows computed shrink."""
+  tables = [make_table(s, eos_bias=bias) for s, bias in
+            ((0, 1.5), (1, 0.0), (2, 3.0), (3, -1.0), (4, 2.0), (5, 0.5))]
+  batch, beam = len(tables), 4
+  scorer = history_scorer(tables)
+  seen_rows = []
+
+  def with_context(ids, index, state, context):
+    seen_rows.append(ids.shape[0])
+    logits, (h, _) = scorer(ids, index, (state, context))
+    return logits, h
+
+  def full():
+    return bs.beam_search(scorer, tf.fill([batch], BOS_ID), initial_state(batch, beam), beam,
+                          12, alpha=alpha, num_results=results)
+
+  def shrunk():
+    h, row = initial_state(batch, beam)
+    return bs.beam_search(with_context, tf.fill([batch], BOS_ID), h, beam, 12, alpha=alpha,
+                          num_results=results, context=row, shrink=True)
+  if graph:
+    full, shrunk = tf.function(full), tf.function(shrunk)
+  (want_ids, want_scores), (ids, scores) = full(), shrunk()
+  compared = slice(None) if results == beam else slice(0, 1)
+  np.testing.assert_array_equal(ids.numpy()[:, compared], want_ids.numpy()[:, compared])
+  np.testing.assert_allclose(scores.numpy()[:, compared], want_scores.numpy()[:, compared],
+                             rtol=1e-6)
+  if not graph:  # eager while_loop: the body runs in Python with concrete shapes
+    assert seen_rows[0] == batch * beam and min(seen_rows) < seen_rows[0], seen_rows
+  with pytest.raises(ValueError, match="reorder_state"):
+    bs.beam_search(scorer, tf.fill([1], BOS_ID), initial_state(1, 2), 2, 4, shrink=True,
+                   reorder_state=lambda state, parents: state)

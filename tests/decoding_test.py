@@ -308,7 +308,9 @@ def test_tree_constrained_decoding_writes_valid_trees_in_every_layout(model, bea
   inputs[4, 0] = 25  # a sentence of one inner piece: no words, so EOS at once
   words = constraint.count_words(inputs).numpy()
   assert words[4] == 0 and words.max() > 3
-  config = DecodeConfig(beam_size=beam, alpha=0.6, extra_decode_length=extra)
+  # return_beams: every beam is final, so both layouts must agree on all of them.
+  config = DecodeConfig(beam_size=beam, alpha=0.6, extra_decode_length=extra,
+                        return_beams=True)
   free_ids, _ = decoding.decode_ids(model, inputs, config)
   ids, scores = decoding.decode_ids(model, inputs, config, tree_constraint=constraint)
   ids = ids.numpy().reshape(len(inputs), beam, -1)
@@ -379,7 +381,7 @@ def test_word_copying_constraint_copies_every_word_once_in_every_layout(
   # extra 3: the words-mode decode length limit is pieces + words + 2 x brackets; give
   # the decoder what it needs beyond the source length.
   config = DecodeConfig(beam_size=beam, alpha=0.6,
-                        extra_decode_length=int(words.max()) + extra)
+                        extra_decode_length=int(words.max()) + extra, return_beams=True)
   ids, scores = decoding.decode_ids(model, inputs, config, tree_constraint=constraint)
   ids = ids.numpy().reshape(len(inputs), beam, -1)
   live = scores.numpy() > bs.NEG_INF / 1e3

@@ -112,7 +112,8 @@ class TreeConstraint(Processor):
 
   def start(self, rows: Rows):
     """The `processors.Processor` protocol: the step for these rows and its state,
-    counts (R, N) int32, N = `state_size`, zeros at the start.
+    (counts (R, N) int32, N = `state_size`, zeros at the start; the rows' fixed
+    per-row tensors, kept in the state so that they follow rows leaving the batch).
 
     Each row's number of source words comes from `rows.inputs` (the "words"
     linearization also copies its pieces) and its output length limit from
@@ -122,10 +123,11 @@ class TreeConstraint(Processor):
     words, limits = self.count_words(inputs), rows.limits
     initial = tf.zeros([tf.shape(inputs)[0], self.state_size], tf.int32)
     if self.linearization == "words":
-      return self._words_step(words, limits, inputs), initial
+      return self._words_step(), (initial, (words, limits, inputs))
     kinds = self.kinds
 
-    def step(logits, ids, index, counts):
+    def step(logits, ids, index, state):
+      counts, (words, limits) = state
       kind = tf.gather(kinds, ids)  # of the token just written (BOS at index 0)
       is_open = tf.cast(tf.equal(kind, self.OPEN), tf.int32)
       opened = tf.maximum(
@@ -147,8 +149,8 @@ class TreeConstraint(Processor):
       ], axis=1)  # (R, 5)
       mask = tf.gather(allowed, kinds, axis=1)  # (R, V)
       logits = tf.where(mask, tf.cast(logits, tf.float32), NEG_INF)
-      return logits, tf.stack([opened, leaves, run, total], axis=1)
-    return step, initial
+      return logits, (tf.stack([opened, leaves, run, total], axis=1), (words, limits))
+    return step, (initial, (words, limits))
 
   def _bracket_counts(self, run, total, is_open):
     """Brackets opened in a row and in all, after the token just written."""
@@ -164,22 +166,25 @@ class TreeConstraint(Processor):
   # copying a word's remaining pieces; owing the tag of the word just copied.
   FREE, COPYING, NEED_TAG = range(3)
 
-  def _words_step(self, words, limits, inputs):
+  def _words_step(self):
     """`start`'s step for the "words" linearization; counts (R, 6): open brackets,
     tagged words, pieces copied (from the first word start), phase, brackets opened in
-    a row and in all."""
+    a row and in all; beside them in the state, each row's words, limit and source."""
     kinds, starts_word = self.kinds, self.starts_word
-    pieces = tf.reduce_sum(tf.cast((inputs != PAD_ID) & (inputs != EOS_ID), tf.int32),
-                           axis=1)
-    last = tf.shape(inputs)[1] - 1
-    # Pieces before the first word start (none from a SentencePiece vocabulary) are
-    # no word's and are never copied: positions count from the first word start.
-    offset = tf.argmax(tf.gather(starts_word, inputs), axis=1, output_type=tf.int32)
 
-    def piece_at(position):
-      return tf.gather(inputs, tf.minimum(position, last), batch_dims=1)
+    def step(logits, ids, index, state):
+      counts, rows = state
+      words, limits, inputs = rows
+      pieces = tf.reduce_sum(tf.cast((inputs != PAD_ID) & (inputs != EOS_ID), tf.int32),
+                             axis=1)
+      last = tf.shape(inputs)[1] - 1
+      # Pieces before the first word start (none from a SentencePiece vocabulary) are
+      # no word's and are never copied: positions count from the first word start.
+      offset = tf.argmax(tf.gather(starts_word, inputs), axis=1, output_type=tf.int32)
 
-    def step(logits, ids, index, counts):
+      def piece_at(position):
+        return tf.gather(inputs, tf.minimum(position, last), batch_dims=1)
+
       opened, leaves, phase = counts[:, 0], counts[:, 1], counts[:, 3]
       position = offset + counts[:, 2]  # the next piece to copy, before this token
       free_before = tf.equal(phase, self.FREE)
@@ -224,5 +229,6 @@ class TreeConstraint(Processor):
       mask = tf.where(tf.equal(phase, self.COPYING)[:, None], word_piece,
                       mask | (word_piece & start_word[:, None]))
       logits = tf.where(mask, tf.cast(logits, tf.float32), NEG_INF)
-      return logits, tf.stack([opened, leaves, position - offset, phase, run, total], axis=1)
+      counts = tf.stack([opened, leaves, position - offset, phase, run, total], axis=1)
+      return logits, (counts, rows)
     return step
