@@ -144,9 +144,10 @@ def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, stat
       when its best finished hypothesis beats every alive one (CTranslate2's rule for
       one hypothesis), often many steps before K have finished; the top result is the
       one the full search returns, the other K - 1 may be worse than its.
-    context: optional nest of per-hypothesis tensors (leading dimension B * K) that
-      the step reads and never changes (cross-attention keys/values, the source
-      mask); passed as the step's fourth argument, never reordered by beam.
+    context: optional nest of per-sentence tensors (leading dimension B) that the
+      step reads and never changes (cross-attention keys/values, the source mask,
+      which the K hypotheses of a sentence share); passed as the step's fourth
+      argument.
     shrink: a sentence whose results are final leaves the batch at once: its rows of
       `state` and `context` are dropped (in the gather that reorders the beams), so
       later steps compute only the sentences still searching, as CTranslate2 does.
@@ -268,9 +269,6 @@ def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, stat
 
   # Shrinking: the loop also carries each remaining sentence's index in the batch, the
   # context, and the results of the sentences that have left.
-  def rows_of(sentences):  # (N,) sentence positions -> their (N * K,) hypothesis rows
-    return tf.reshape(sentences[:, None] * k + tf.range(k)[None, :], [-1])
-
   def shrink_step(loop: BeamState, sentences, context, out_ids, out_scores):
     new, parents = search_step(loop, context)
     done = sentence_done(new)
@@ -286,7 +284,7 @@ def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, stat
     new = BeamState(new.i, *(tf.gather(t, staying) for t in new[1:6]), state)
     context = tf.cond(
         tf.size(leaving) > 0,
-        lambda: tf.nest.map_structure(lambda t: tf.gather(t, rows_of(staying)), context),
+        lambda: tf.nest.map_structure(lambda t: tf.gather(t, staying), context),
         lambda: context)
     return new, tf.gather(sentences, staying), context, out_ids, out_scores
 

@@ -1,7 +1,7 @@
 """Graph-side decoding with a trained Transformer: ids -> ids with the key/value cache.
 
 `decode_ids` is the one decoding path: the encoder runs once, the cross-attention
-keys/values are projected once and tiled over beams, and the decoder runs one
+keys/values are projected once per sentence (its beams share them), and the decoder runs one
 position per step over a self-attention cache (`Transformer.decode_step`) that grows
 by one position per step in graph mode and has a fixed size under XLA.
 Beam search reorders the cache by parent beam each step; with `in_place_cache` (for
@@ -118,19 +118,13 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
   if tree_constraint is not None and tree_constraint.linearization == "words":
     copied = tree_constraint.count_words(inputs)
     decode_length += tf.shape(inputs)[1]
+  # The encoder output, its cross-attention keys/values and the source mask stay one
+  # row per sentence: the K hypotheses of a sentence share them (never tiled).
   encoded, memory_mask = model.encode(inputs, training=False)
   cross_key_values = model.cross_key_values(encoded)
   # Models with a source pointer (Transformer.decode_step) also read the encoder
-  # output per hypothesis and carry each hypothesis' pointer in the search state.
+  # output and carry each hypothesis' pointer in the search state.
   pointing = getattr(model, "uses_source_pointer", False)
-  source_rows = inputs
-  if k > 1:
-    cross_key_values = tf.nest.map_structure(
-        lambda t: beam_search_lib.tile_beams(t, k), cross_key_values)
-    memory_mask = beam_search_lib.tile_beams(memory_mask, k)
-    if pointing:
-      encoded = tf.nest.map_structure(lambda t: beam_search_lib.tile_beams(t, k), encoded)
-      source_rows = beam_search_lib.tile_beams(inputs, k)
   source_lengths = tf.reduce_sum(tf.cast(tf.not_equal(inputs, PAD_ID), tf.int32), axis=1)
   limits = source_lengths + config.extra_decode_length + copied
   start = tf.fill([batch], BOS_ID)
@@ -144,7 +138,7 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
   grow = not in_place_cache
   # What every step reads and never changes, per row: passed to the step as the
   # search's context, so that it leaves the batch with its sentence.
-  context = (cross_key_values, memory_mask, (encoded, source_rows) if pointing else ())
+  context = (cross_key_values, memory_mask, (encoded, inputs) if pointing else ())
 
   def plain_step(ids, index, state, context):
     cross, mask, source = context
@@ -152,7 +146,7 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
       return model.decode_step(ids, index, state, cross, mask, grow=grow)
     cache, pointer = state
     encoded_rows, source_ids = source
-    pointer = advance_pointer(pointer, ids, source_ids)
+    pointer = advance_pointer(pointer, ids, per_row(source_ids, k))
     logits, cache = model.decode_step(ids, index, cache, cross, mask,
                                       source_pointer=(encoded_rows, pointer), grow=grow)
     return logits, (cache, pointer)
@@ -185,6 +179,7 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
   # position of each hypothesis (see Transformer.decode_step).
   cache = model.init_cache(batch, decode_length, beam_size=k)
   positions = tf.range(decode_length)
+  source_rows = per_row(inputs, k) if pointing else None
   own_slot = tf.range(k)[None, :, None]
 
   def symbols_to_logits(ids, index, state):
@@ -192,7 +187,7 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
     slots = tf.where(tf.equal(positions, index)[None, None, :], own_slot, slots)
     extra = {}
     if pointing:
-      pointer = advance_pointer(pointer, ids, source_rows)
+      pointer = advance_pointer(pointer, ids, source_rows)  # per hypothesis
       extra["source_pointer"] = (encoded, pointer)
     logits, cache = model.decode_step(ids, index, cache, cross_key_values, memory_mask,
                                       slots=slots, **extra)

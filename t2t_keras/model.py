@@ -224,14 +224,18 @@ class Transformer(keras.Model):
     return ops.transpose(pointers)
 
   def pointed_source(self, encoded, memory_mask, pointer):
-    """The source pointer's decoder input: encoded (R, S, D), memory_mask (R, 1, 1, S),
-    pointer (R, T) int -> (R, T, D), the projected encoder output at each pointer
-    (capped at the source's EOS)."""
+    """The source pointer's decoder input: encoded (B, S, D), memory_mask (B, 1, 1, S),
+    pointer (B * G, T) int -> (B * G, T, D), the projected encoder output at each
+    pointer (capped at the source's EOS); G consecutive pointer rows (the beams of a
+    sentence) share a sentence's encoder output."""
+    rows, length = ops.shape(pointer)[0], ops.shape(pointer)[1]
+    sentences = ops.shape(encoded)[0]
     last = ops.sum(ops.cast(memory_mask[:, 0, 0, :], "int32"), axis=1) - 1  # EOS
-    pointer = ops.minimum(ops.cast(pointer, "int32"), last[:, None])
+    pointer = ops.minimum(ops.reshape(ops.cast(pointer, "int32"), (sentences, -1)),
+                          last[:, None])  # (B, G * T)
     picked = ops.matmul(ops.one_hot(pointer, ops.shape(encoded)[1], dtype=encoded.dtype),
-                        encoded)  # (R, T, S) @ (R, S, D)
-    return self.source_pointer_projection(picked)
+                        encoded)  # (B, G * T, S) @ (B, S, D)
+    return self.source_pointer_projection(ops.reshape(picked, (rows, length, -1)))
 
   def _logits(self, x):
     if self.model_config.pre_norm:
@@ -266,14 +270,15 @@ class Transformer(keras.Model):
         unless `slots` is given.
       index: scalar int, the position being decoded (0-based).
       cache: list of per-layer caches from `init_cache` (or a previous step).
-      cross_key_values: from `cross_key_values(encoded)`, rows per hypothesis.
-      memory_mask: (B * K, 1, 1, S) source padding mask.
+      cross_key_values: from `cross_key_values(encoded)`, a row per sentence (the K
+        hypotheses of sentence b are rows b * K ... b * K + K - 1 of `ids`).
+      memory_mask: (B, 1, 1, S) source padding mask, a row per sentence.
       slots: beam search only, int (B, K, L): slots[b, j, t] is the beam slot of
         sentence b whose cache holds position t of hypothesis j's history, for
         t <= index; slots[b, j, index] must be j (the new position is written into
         the hypothesis' own slot). Beam search reorders this table, never the cache.
-      source_pointer: models with `source_pointer` only: (encoded (B * K, S, D), the
-        encoder output per hypothesis row; pointer (B * K,) int, each hypothesis'
+      source_pointer: models with `source_pointer` only: (encoded (B, S, D), the
+        encoder output per sentence; pointer (B * K,) int, each hypothesis'
         pointer after `ids`: the caller applies `advance_pointer` to the previous
         step's, starting from 0).
       grow: the cache grows (`init_cache(B, 0)`, one position appended per step;

@@ -247,9 +247,9 @@ def test_shrinking_batch_gives_the_full_batchs_results(alpha, results, graph):
   scorer = history_scorer(tables)
   seen_rows = []
 
-  def with_context(ids, index, state, context):
+  def with_context(ids, index, state, context):  # context: each sentence's table row
     seen_rows.append(ids.shape[0])
-    logits, (h, _) = scorer(ids, index, (state, context))
+    logits, (h, _) = scorer(ids, index, (state, bs.tile_beams(context, beam)))
     return logits, h
 
   def full():
@@ -257,9 +257,9 @@ def test_shrinking_batch_gives_the_full_batchs_results(alpha, results, graph):
                           12, alpha=alpha, num_results=results)
 
   def shrunk():
-    h, row = initial_state(batch, beam)
+    h, _ = initial_state(batch, beam)
     return bs.beam_search(with_context, tf.fill([batch], BOS_ID), h, beam, 12, alpha=alpha,
-                          num_results=results, context=row, shrink=True)
+                          num_results=results, context=tf.range(batch), shrink=True)
   if graph:
     full, shrunk = tf.function(full), tf.function(shrunk)
   (want_ids, want_scores), (ids, scores) = full(), shrunk()

@@ -126,7 +126,9 @@ class MultiHeadAttention(keras.layers.Layer):
       cache (B, H, T, Dh) (one slot per row, T positions so far): the new position is
       appended, and every cached position is attended to (no mask needed).
     key_value: optional precomputed (key, value) from `compute_key_value`, used for
-      cross-attention so encoder keys/values are projected once per source.
+      cross-attention so encoder keys/values are projected once per source; the
+      query's rows may be G per key row (the beams of a sentence, see
+      `_call_shared`; the mask then has the key's rows).
     training: whether dropout is active.
     return_attention: also return the probabilities (B, H, T, S).
 
@@ -182,14 +184,34 @@ class MultiHeadAttention(keras.layers.Layer):
     if cache is not None:
       return self._call_cached(q, query, attention_mask, cache, cache_index,
                                return_attention)
-    q = ops.transpose(q, (0, 2, 1, 3))  # (B, H, T, Dk)
     if key_value is not None:
-      k, v = key_value
-    else:
-      k, v = self.compute_key_value(query if memory is None else memory)
+      return self._call_shared(q, key_value, attention_mask, return_attention)
+    q = ops.transpose(q, (0, 2, 1, 3))  # (B, H, T, Dk)
+    k, v = self.compute_key_value(query if memory is None else memory)
     probs, context = self._attend(q, k, v, attention_mask, training)
     output = self.output_dense(ops.transpose(context, (0, 2, 1, 3)))  # (B, T, D)
     return (output, probs) if return_attention else output
+
+  def _call_shared(self, q, key_value, attention_mask, return_attention):
+    """Attention over precomputed keys/values (decoding's cross-attention) that G
+    consecutive query rows share: q (B * G, T, H, Dk), keys/values (B, H, S, D*) and
+    mask (B, 1, 1, S) per sentence (G = the beam size in beam search, 1 otherwise).
+    The G * T queries of a sentence are one matmul against its keys, which are read
+    once instead of once per hypothesis; probabilities (B * G, H, T, S)."""
+    k, v = key_value
+    rows, length = ops.shape(q)[0], ops.shape(q)[1]
+    sentences = ops.shape(k)[0]
+    q = ops.transpose(ops.reshape(q, (sentences, -1, self.num_heads, self.key_size)),
+                      (0, 2, 1, 3))  # (B, H, G * T, Dk)
+    probs, context = self._attend(q, k, v, attention_mask, training=False)
+    context = ops.reshape(ops.transpose(context, (0, 2, 1, 3)),
+                          (rows, length, self.num_heads, self.value_size))
+    output = self.output_dense(context)  # (B * G, T, D)
+    if not return_attention:
+      return output
+    probs = ops.reshape(ops.transpose(probs, (0, 2, 1, 3)),
+                        (rows, length, self.num_heads, -1))
+    return output, ops.transpose(probs, (0, 2, 1, 3))
 
   def _attend(self, q, k, v, attention_mask, training):
     """softmax(q k^T / sqrt(Dk)) v per head: q (B, H, T, Dk), k/v (B, H, S, Dk/Dv)."""
