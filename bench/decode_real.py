@@ -23,6 +23,13 @@ then the engines take turns for --passes timed passes; the best pass counts. Pri
 per engine: sentences/s, target tokens/s (SentencePiece pieces, EOS excluded), mean
 longest output per batch (the fewest steps a batch can take), sacreBLEU, outputs
 identical to CTranslate2 float32, and the ratio to CTranslate2 float32.
+
+--latency_requests=N then measures latency as a server sees it: one sentence per
+request, the first N lines in file order, through the export engines (the SavedModel
+in a TF1 session, as TF Serving runs it) and CTranslate2's `translate_batch` of one
+sentence; every request is made once untimed (every XLA shape compiles), then the
+engines take turns, one request each. Printed per engine: p50, p90 and p99 in ms, the
+mean output length, and the p50 and p99 ratios to CTranslate2 float32.
 """
 
 import dataclasses
@@ -55,6 +62,9 @@ flags.DEFINE_list("engines", ["graph", "XLA", "export", "export XLA", "ct2 float
                   "Engines to run (see the module docstring).")
 flags.DEFINE_boolean("int8", False, "Also CTranslate2 int8.")
 flags.DEFINE_integer("threads", 0, "CTranslate2 intra_threads (0: its default).")
+flags.DEFINE_integer("latency_requests", 0, "Also time this many one-sentence requests "
+                     "(the first lines in file order) through the export engines and "
+                     "CTranslate2 (0: no latency run).")
 FLAGS = flags.FLAGS
 
 CT2 = "ct2 float32"
@@ -98,12 +108,15 @@ def main(argv):
         loaded.model, loaded.tokenizer, sources, config, decode_fn=decode_fn,
         progress=False)]
 
+  exported = {}
+
   def export_engine(jit):
     path = saved_model.export_model_dir(FLAGS.model_dir, os.path.join(tmp, f"sm{int(jit)}"),
                                         base, max_input_length=256,
                                         average_last_n=FLAGS.average_last_n,
                                         jit_compile=jit)
     run = common.session_signature(path, "serving_default", "inputs", "outputs")
+    exported["export XLA" if jit else "export"] = run
     # As a client batches: length-sorted batches of batch_size sentences.
     order = sorted(range(len(sources)), key=lambda i: len(sources[i].split()))
 
@@ -123,6 +136,10 @@ def main(argv):
                       quantization=quantization)
     translator = ctranslate2.Translator(path, device="cpu", intra_threads=FLAGS.threads)
     tokens = [spm.encode(s, out_type=str) for s in sources]
+    exported[f"ct2 {quantization}"] = lambda line: [
+        spm.decode_pieces(r.hypotheses[0]) for r in translator.translate_batch(
+            [spm.encode(line[0], out_type=str)], beam_size=FLAGS.beam_size,
+            length_penalty=FLAGS.alpha, max_decoding_length=256)]
     return lambda: [spm.decode_pieces(r.hypotheses[0]) for r in translator.translate_batch(
         tokens, max_batch_size=FLAGS.batch_size, beam_size=FLAGS.beam_size,
         length_penalty=FLAGS.alpha, max_decoding_length=256)]
@@ -165,6 +182,36 @@ def main(argv):
   print()
   common.print_table(rows, ["engine", "seconds", "sentences/s", "target tok/s",
                             "longest/batch", "sacreBLEU", "same as ct2", "vs ct2 float32"])
+  if FLAGS.latency_requests:
+    latency(exported, sources[:FLAGS.latency_requests], spm)
+
+
+def latency(engines, lines, spm):
+  """p50/p90/p99 of one-sentence requests, engines taking turns (see the docstring)."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  names = [n for n in engines if n != CT2] + [CT2]
+  requests = [np.array([line], dtype=object) for line in lines]
+  for name in names:  # untimed: every shape of every request compiles or warms up
+    for request in requests:
+      engines[name](request)
+  times = {name: [] for name in names}
+  pieces = {name: [] for name in names}
+  for request in requests:
+    for name in names:
+      start = time.perf_counter()
+      out = engines[name](request)[0]
+      times[name].append((time.perf_counter() - start) * 1000)
+      text = out.decode("utf-8") if isinstance(out, bytes) else out
+      pieces[name].append(len(spm.encode(text)))
+  print(f"\nlatency: {len(lines)} requests of one sentence (first lines in file order)")
+  p50, p99 = (np.percentile(times[CT2], q) for q in (50, 99))
+  rows = []
+  for name in names:
+    values = [np.percentile(times[name], q) for q in (50, 90, 99)]
+    rows.append((name, *(f"{v:.1f}" for v in values), f"{np.mean(pieces[name]):.1f}",
+                 f"{values[0] / p50:.2f}", f"{values[2] / p99:.2f}"))
+  common.print_table(rows, ["engine", "p50 ms", "p90 ms", "p99 ms", "mean pieces",
+                            "p50 / ct2", "p99 / ct2"])
 
 
 if __name__ == "__main__":

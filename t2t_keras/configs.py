@@ -303,6 +303,17 @@ class TrainConfig:
   continue_after_early_stop: bool = setting(
       False, "Train on after a run that stopped early (--early_stopping_patience): the "
       "count of evaluations without improvement starts again from 0.")
+  init_from: Optional[str] = setting(
+      None, "Fine-tune: start from this model directory's latest checkpoint (or this "
+      "checkpoint prefix), its shapes checked, with a fresh optimizer at step 0; once, "
+      "in a --model_dir without checkpoints (a restart resumes its own).")
+  init_from_vocab: str = setting(
+      "source", "With --init_from: train on the source model's vocabulary (source), or "
+      "on this run's own (new: embedding rows of pieces both share are copied, the "
+      "others start fresh).", choices=("source", "new"))
+  init_from_optimizer: bool = setting(
+      False, "With --init_from: also take the checkpoint's Adam moments and step "
+      "(same vocabulary only).")
 
   def validate(self) -> "TrainConfig":
     """Raises ConfigError naming the offending flags and values; returns self."""

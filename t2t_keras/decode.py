@@ -11,7 +11,10 @@ bucket) is the default from `AUTO_XLA_SENTENCES` input sentences on, where its f
 steps repay the compilation; `--decode_jit_compile` / `--nodecode_jit_compile` (on the
 command line or in a flagfile) choose either way for any input. `--constrain_trees`
 (parsing models) lets the beam search write only valid trees over the input's words
-(`parsing.constraint.TreeConstraint`).
+(`parsing.constraint.TreeConstraint`). `--target_prefix_file` (one prefix per input
+line, empty lines free) makes each translation start with its prefix and continues
+the search from there (interactive translation, terminology), as CTranslate2's
+`target_prefix`.
 
 Sampling (back-translation): `--sampling_topk=K` (0 = the whole vocabulary) and/or
 `--sampling_topp=P` draw from the model's distribution at `--sampling_temperature`
@@ -55,6 +58,10 @@ flags.DEFINE_string("reference_file", None, "Reference translations: print BLEU 
 t2t_flags.define_settings(DecodeConfig, ("sampling_topk", "sampling_topp",
                                          "sampling_temperature", "num_samples",
                                          "batch_tokens"))
+flags.DEFINE_string("target_prefix_file", None,
+                    "Target prefixes, line-aligned with the input (an empty line decodes "
+                    "freely): each translation starts with its line's prefix and the "
+                    "search continues from there.")
 flags.DEFINE_string("output_alignments", None,
                     "Write word alignments (Pharaoh 'i-j', 0-based source-target word "
                     "indices) to this file, one line per output line.")
@@ -74,7 +81,8 @@ AUTO_XLA_SENTENCES = 256
 
 _READS = ("input_file", "output_file", "reference_file", "constrain_trees", "seed",
           "sampling_topk", "sampling_topp", "sampling_temperature", "num_samples",
-          "output_alignments", "alignment_layer", "alignment_head", "decode_batch_tokens")
+          "output_alignments", "alignment_layer", "alignment_head", "decode_batch_tokens",
+          "target_prefix_file")
 
 
 def config_from_flags():
@@ -153,15 +161,18 @@ def run() -> None:
   outputs.check_paths({"--output_file": FLAGS.output_file,
                        "--output_alignments": FLAGS.output_alignments},
                       {"--input_file": FLAGS.input_file,
-                       "--reference_file": FLAGS.reference_file})
+                       "--reference_file": FLAGS.reference_file,
+                       "--target_prefix_file": FLAGS.target_prefix_file})
   sentences = read_text_lines(FLAGS.input_file, "--input_file")
-  references = None
-  if FLAGS.reference_file:
-    references = read_text_lines(FLAGS.reference_file, "--reference_file")
-    if len(references) != len(sentences):
-      raise DataError(f"--reference_file {FLAGS.reference_file} has {len(references)} "
-                      f"lines but --input_file {FLAGS.input_file or '<stdin>'} has "
-                      f"{len(sentences)}: they must be line-aligned.")
+  aligned = {}
+  for flag in ("reference_file", "target_prefix_file"):
+    if FLAGS[flag].value:
+      aligned[flag] = read_text_lines(FLAGS[flag].value, f"--{flag}")
+      if len(aligned[flag]) != len(sentences):
+        raise DataError(f"--{flag} {FLAGS[flag].value} has {len(aligned[flag])} lines but "
+                        f"--input_file {FLAGS.input_file or '<stdin>'} has "
+                        f"{len(sentences)}: they must be line-aligned.")
+  references = aligned.get("reference_file")
   checkpoint_path, average_last_n = t2t_flags.checkpoint_choice(sys.argv)
   model, loaded = loading.load_ensemble(model_dirs, checkpoint_path, average_last_n,
                                           FLAGS.decode_dtype)
@@ -195,7 +206,8 @@ def run() -> None:
                       f"{error}") from None
   results = translate.translate(model, tokenizer, sentences, decode_config,
                                max_input_length=FLAGS.max_input_length,
-                               tree_constraint=constraint)
+                               tree_constraint=constraint,
+                               target_prefixes=aligned.get("target_prefix_file"))
   note = translate.truncation_note(sum(r.truncated for r in results), len(results),
                                    FLAGS.max_input_length)
   if note:

@@ -71,7 +71,8 @@ def padded_width(width: int, minimum: int = MIN_XLA_WIDTH) -> int:
 def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
                decode_length=None, in_place_cache: bool = False,
                tree_constraint: Optional[TreeConstraint] = None,
-               keys: Optional[tf.Tensor] = None) -> tuple:
+               keys: Optional[tf.Tensor] = None,
+               target_prefix: Optional[tf.Tensor] = None) -> tuple:
   """Decodes a padded batch of source ids.
 
   Args:
@@ -86,6 +87,9 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
       source's words (`TreeConstraint`); None decodes freely.
     keys: sampling only: (B,) int32, each input's key (its line number), which with
       `config.seed` decides its samples; default 0..B-1.
+    target_prefix: optional (B, P) int32 target ids each output must start with (no
+      EOS; PAD after, an all-PAD row is free), `processors.TargetPrefix`; a row's
+      output limit is at least its prefix length + `config.extra_decode_length`.
 
   Returns:
     ids (B, K, decode_length) int32 (K = beam size, best first; PAD after EOS) and
@@ -103,6 +107,8 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
     keys = tf.reshape(tf.cast(keys, tf.int32)[:, None] * samples + tf.range(samples)[None],
                       [-1])
     inputs = beam_search_lib.tile_beams(inputs, samples)
+    if target_prefix is not None:
+      target_prefix = beam_search_lib.tile_beams(target_prefix, samples)
   k = 1 if config.sampling else config.beam_size
   # Beam search may stop as soon as the results the caller reads are final.
   results = k if config.return_beams else 1
@@ -127,9 +133,19 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
   pointing = getattr(model, "uses_source_pointer", False)
   source_lengths = tf.reduce_sum(tf.cast(tf.not_equal(inputs, PAD_ID), tf.int32), axis=1)
   limits = source_lengths + config.extra_decode_length + copied
+  prefix_rows = None
+  if target_prefix is not None:
+    target_prefix = tf.cast(target_prefix, tf.int32)
+    # A prefix longer than the source still leaves the extra length after it.
+    prefix_lengths = tf.reduce_sum(tf.cast(tf.not_equal(target_prefix, PAD_ID), tf.int32),
+                                   axis=1)
+    limits = tf.maximum(limits, prefix_lengths + config.extra_decode_length)
+    decode_length += tf.shape(target_prefix)[1]
+    prefix_rows = per_row(target_prefix, k)
   start = tf.fill([batch], BOS_ID)
-  options = processors_for(config, tree_constraint)
-  rows = processors.Rows(inputs=per_row(inputs, k), limits=per_row(limits, k))
+  options = processors_for(config, tree_constraint, target_prefix is not None)
+  rows = processors.Rows(inputs=per_row(inputs, k), limits=per_row(limits, k),
+                         prefix=prefix_rows)
 
   # Without XLA the self-attention cache grows by a position per step (one row per
   # hypothesis): each step copies and attends over what was decoded, not over the
@@ -217,10 +233,14 @@ def per_row(t: tf.Tensor, k: int) -> tf.Tensor:
 
 
 def processors_for(config: DecodeConfig,
-                   tree_constraint: Optional[TreeConstraint] = None) -> list:
-  """The decoding options of `config`, in the order they apply: the tree constraint,
-  the minimum length, then the length limit (last, so that it wins)."""
-  options = [] if tree_constraint is None else [tree_constraint]
+                   tree_constraint: Optional[TreeConstraint] = None,
+                   target_prefix: bool = False) -> list:
+  """The decoding options of `config`, in the order they apply: the target prefix,
+  the tree constraint, the minimum length, then the length limit (last, so that it
+  wins)."""
+  options = [processors.TargetPrefix()] if target_prefix else []
+  if tree_constraint is not None:
+    options.append(tree_constraint)
   if config.min_decode_length > 0:
     options.append(processors.MinLength(config.min_decode_length))
   return options + [processors.LengthLimit()]
@@ -228,25 +248,30 @@ def processors_for(config: DecodeConfig,
 
 def make_decode_fn(model, config: DecodeConfig,
                    jit_compile: Optional[bool] = None,
-                   tree_constraint: Optional[TreeConstraint] = None) -> Callable:
+                   tree_constraint: Optional[TreeConstraint] = None,
+                   target_prefix: bool = False) -> Callable:
   """A tf.function (B, S) int32 -> (ids, scores), traced once per rank of shapes.
 
+  Its arguments: the inputs; when sampling, each input's key (see `decode_ids`); with
+  `target_prefix`, the (B, P) prefix ids.
   With XLA (`jit_compile`, default `config.jit_compile`) it compiles once per distinct
-  (B, S) shape: `t2t_keras.translate` pads batches to few shapes (`padded_width`).
+  shape: `t2t_keras.translate` pads batches to few shapes (`padded_width`).
   """
   if jit_compile is None:
     jit_compile = config.jit_compile
+  signature = [tf.TensorSpec([None, None], tf.int32)]
+  if config.sampling:  # the keys decide each input's samples
+    signature.append(tf.TensorSpec([None], tf.int32))
+  if target_prefix:
+    signature.append(tf.TensorSpec([None, None], tf.int32))
+
+  def decode(inputs, *args):
+    args = list(args)
+    keys = args.pop(0) if config.sampling else None
+    prefix = args.pop(0) if target_prefix else None
+    return decode_ids(model, inputs, config, in_place_cache=jit_compile,
+                      tree_constraint=tree_constraint, keys=keys, target_prefix=prefix)
   # No autograph: decoding has no Python control flow on tensors (the loops are
   # explicit tf.while_loops), and tracing plain Python is faster and more predictable.
-  if config.sampling:  # (inputs, keys): the keys decide each input's samples
-    return tf.function(
-        lambda inputs, keys: decode_ids(model, inputs, config, in_place_cache=jit_compile,
-                                        tree_constraint=tree_constraint, keys=keys),
-        input_signature=[tf.TensorSpec([None, None], tf.int32),
-                         tf.TensorSpec([None], tf.int32)],
-        jit_compile=jit_compile or None, autograph=False)
-  return tf.function(lambda inputs: decode_ids(model, inputs, config,
-                                               in_place_cache=jit_compile,
-                                               tree_constraint=tree_constraint),
-                     input_signature=[tf.TensorSpec([None, None], tf.int32)],
-                     jit_compile=jit_compile or None, autograph=False)
+  return tf.function(decode, input_signature=signature, jit_compile=jit_compile or None,
+                     autograph=False)

@@ -27,11 +27,11 @@ Processors run in order; the length limit comes last, so that it wins.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Sequence, Tuple
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from t2t_keras import EOS_ID
+from t2t_keras import EOS_ID, PAD_ID
 from t2t_keras.beam_search import NEG_INF
 
 Step = Callable[[tf.Tensor, tf.Tensor, tf.Tensor, Any], Tuple[tf.Tensor, Any]]
@@ -42,6 +42,7 @@ class Rows(NamedTuple):
 
   inputs: tf.Tensor  # (R, S) int32 source ids, EOS then PAD
   limits: tf.Tensor  # (R,) int32: EOS is forced at position limits - 1
+  prefix: Optional[tf.Tensor] = None  # (R, P) int32 forced first target ids, PAD after
 
 
 class Processor:
@@ -66,6 +67,31 @@ class MinLength(Processor):
       is_eos = tf.equal(tf.range(tf.shape(logits)[-1]), EOS_ID)[None, :]
       return tf.where(is_eos & (index < self.min_length), NEG_INF, logits), state
     return step, ()
+
+
+class TargetPrefix(Processor):
+  """The output starts with each row's `rows.prefix` (`--target_prefix_file`, the
+  serving signature `translate_with_prefix`), as CTranslate2's `target_prefix`: at
+  position i < the prefix's length the prefix's token is the only one allowed, with
+  log probability 0 (a hypothesis' score is that of what the search chose after the
+  prefix); a row whose prefix is empty (all PAD) decodes freely. Comes first, so that
+  the length limit still wins."""
+
+  def start(self, rows: Rows):
+    if rows.prefix is None:
+      raise ValueError("TargetPrefix needs Rows.prefix")
+    prefix = tf.cast(rows.prefix, tf.int32)
+    # One PAD column more: position P (and every later one, clipped to it) is free.
+    prefix = tf.pad(prefix, [[0, 0], [0, 1]], constant_values=PAD_ID)
+
+    def step(logits, ids, index, prefix):
+      del ids
+      last = tf.shape(prefix)[1] - 1
+      forced = tf.gather(prefix, tf.minimum(index, last), axis=1)  # (R,)
+      only = tf.where(tf.equal(tf.range(tf.shape(logits)[-1])[None, :], forced[:, None]),
+                      0.0, NEG_INF)
+      return tf.where(tf.not_equal(forced, PAD_ID)[:, None], only, logits), prefix
+    return step, prefix
 
 
 class LengthLimit(Processor):

@@ -120,6 +120,56 @@ def prepare(agreement, data_config, train_config, decode_config):
   return datasets, model_config, vocab
 
 
+def init_from_data_config(train_config, data_config):
+  """--init_from with --init_from_vocab=source: the data is tokenized with the source
+  run's vocabulary (its model directory's copy)."""
+  # pylint: disable=import-outside-toplevel
+  import dataclasses
+
+  from t2t_keras import modeldir
+  from t2t_keras.training import init_from
+  if train_config.init_from_vocab != "source":
+    return data_config
+  if FLAGS["vocab_file"].present:
+    raise flags.ValidationError(
+        f"--vocab_file={FLAGS.vocab_file} with --init_from: the run trains on the source "
+        "model's vocabulary (--init_from_vocab=source, the default); drop --vocab_file, "
+        "or pass --init_from_vocab=new to train on this one (shared pieces keep their "
+        "embeddings).")
+  vocab = init_from.source_vocab(train_config.init_from)
+  source = modeldir.data_config_of(init_from.source_dir(
+      init_from.checkpoint_of(train_config.init_from)))
+  return dataclasses.replace(data_config, vocab_file=vocab, vocab_size=source.vocab_size,
+                             vocab_type=source.vocab_type)
+
+
+def start_from(trainer, tokenizer, train_config, chief: bool) -> None:
+  """--init_from: the source checkpoint's weights (and with --init_from_optimizer its
+  optimizer state) into the new run's model, recorded in init_from.json."""
+  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data import tokenizer as tokenizer_lib
+  from t2t_keras import modeldir
+  from t2t_keras.training import init_from
+  old_pieces = new_pieces = None
+  if train_config.init_from_vocab == "new":
+    path = init_from.checkpoint_of(train_config.init_from)
+    old = tokenizer_lib.load_tokenizer(modeldir.vocab_path(init_from.source_dir(path)))
+    old_pieces, new_pieces = init_from.pieces(old), init_from.pieces(tokenizer)
+  record = init_from.initialize(
+      trainer.model, train_config.init_from,
+      optimizer=trainer.optimizer if train_config.init_from_optimizer else None,
+      old_pieces=old_pieces, new_pieces=new_pieces,
+      fix="Fine-tuning needs the source's model shape: give the flags of the model "
+      f"{train_config.init_from} was trained with (its config.json).")
+  if chief:
+    init_from.write_record(train_config.model_dir, record)
+  vocab = ("the source's vocabulary" if record["vocabulary"] == "source" else
+           f"a new vocabulary ({record['pieces_kept']} pieces kept, "
+           f"{record['pieces_new']} new)")
+  print(f"initialized from {record['checkpoint']}: {record['variables']} variables, "
+        f"{vocab}, optimizer {record['optimizer']}", flush=True)
+
+
 def train() -> None:
   # pylint: disable=import-outside-toplevel
   import keras
@@ -140,6 +190,10 @@ def train() -> None:
   keras.utils.set_random_seed(train_config.seed)
   data_config = t2t_flags.data_config()
   decode_config = t2t_flags.decode_config()
+  fine_tuning = bool(train_config.init_from) and not tf.train.latest_checkpoint(
+      train_config.model_dir)
+  if train_config.init_from:
+    data_config = init_from_data_config(train_config, data_config)
   datasets, model_config, vocab = prepare(agreement, data_config, train_config,
                                           decode_config)
   print(f"training {model_config.encoder_layers}+{model_config.decoder_layers} layers, "
@@ -157,6 +211,8 @@ def train() -> None:
   if change:
     print(change, flush=True)
   trainer = Trainer(model_config, train_config, strategy)
+  if fine_tuning:
+    start_from(trainer, datasets.tokenizer, train_config, agreement.chief)
   # The key describes what the checkpoints were trained on: recorded with the first
   # checkpoint of this run, not before (a run that fails before saving changes nothing).
   trainer.on_save = lambda step: modeldir.record_plan(train_config.model_dir, plan_key)

@@ -67,7 +67,8 @@ def truncation_note(cut: int, total: int, max_input_length: int, what: str = "in
 def translate(model, tokenizer, sentences: Sequence[str], config: DecodeConfig,
               max_input_length: int = 0, decode_fn: Optional[Callable] = None,
               progress: bool = True,
-              tree_constraint: Optional[TreeConstraint] = None) -> List[Translation]:
+              tree_constraint: Optional[TreeConstraint] = None,
+              target_prefixes: Optional[Sequence[str]] = None) -> List[Translation]:
   """Translates strings; the result is in input order.
 
   Sentences are tokenized in the graph, sorted by length and decoded in batches of
@@ -88,10 +89,21 @@ def translate(model, tokenizer, sentences: Sequence[str], config: DecodeConfig,
     progress: print a progress line to stderr.
     tree_constraint: parsing: only trees over the source's words (`TreeConstraint`;
       ignored when `decode_fn` is given).
+    target_prefixes: one string per sentence (may be empty) that its translation
+      must start with (`processors.TargetPrefix`); a given `decode_fn` must then come
+      from `make_decode_fn(..., target_prefix=True)`.
   """
   if not sentences:
     return []
-  decode_fn = decode_fn or decoding.make_decode_fn(model, config, tree_constraint=tree_constraint)
+  if target_prefixes is not None and len(target_prefixes) != len(sentences):
+    raise ValueError(f"{len(target_prefixes)} target prefixes for {len(sentences)} "
+                     "sentences: give one per sentence (an empty one decodes freely)")
+  decode_fn = decode_fn or decoding.make_decode_fn(model, config, tree_constraint=tree_constraint,
+                                                   target_prefix=target_prefixes is not None)
+  prefixes = None
+  if target_prefixes is not None:
+    prefixes = [list(p) for p in tokenizer.tokenize(tf.constant(list(target_prefixes),
+                                                                tf.string)).to_list()]
   ids = tokenizer.tokenize(tf.constant(list(sentences))).to_list()
   sources, truncated = [], []
   for seq in ids:
@@ -113,12 +125,20 @@ def translate(model, tokenizer, sentences: Sequence[str], config: DecodeConfig,
     batch[len(chunk):, 0] = EOS_ID  # XLA filler rows: a one-token source
     for row, i in enumerate(chunk):
       batch[row, :len(sources[i])] = sources[i]
+    args = [tf.constant(batch)]
     if config.sampling:  # filler rows (XLA) get key -1
       keys = np.full([rows], -1, np.int32)
       keys[:len(chunk)] = chunk
-      out_ids, scores = decode_fn(tf.constant(batch), tf.constant(keys))
-    else:
-      out_ids, scores = decode_fn(tf.constant(batch))
+      args.append(tf.constant(keys))
+    if prefixes is not None:
+      longest = max(len(prefixes[i]) for i in chunk)
+      if config.jit_compile:
+        longest = decoding.padded_width(longest, minimum=1)
+      prefix = np.full((rows, longest), PAD_ID, np.int32)
+      for row, i in enumerate(chunk):
+        prefix[row, :len(prefixes[i])] = prefixes[i]
+      args.append(tf.constant(prefix))
+    out_ids, scores = decode_fn(*args)
     texts = tokenizer.detokenize(out_ids).numpy()  # (B, K)
     scores, out_ids = scores.numpy(), out_ids.numpy()
     for row, i in enumerate(chunk):

@@ -108,6 +108,33 @@ def test_outputs_are_whole_and_truncation_is_reported(tiny_model_dir, files):
   assert result.returncode == 0 and "note:" not in result.stderr, result.stderr[-3000:]
 
 
+@pytest.mark.slow
+def test_target_prefix_file_starts_each_translation_and_must_be_line_aligned(
+    tiny_model_dir, files):
+  """decode --target_prefix_file: each line's translation starts with its prefix (an
+  empty line decodes freely, as without the flag); a file of another length is refused
+  before any work, naming both files."""
+  tmp_path, source = files
+  prefixes = tmp_path / "prefix.txt"
+  prefixes.write_text("\nein kleiner roter Hund\n", encoding="utf-8")
+  common = ("t2t_keras.decode", f"--model_dir={tiny_model_dir}", f"--input_file={source}",
+            "--extra_decode_length=3")
+  result = run(*common, f"--output_file={tmp_path / 'out.txt'}",
+               f"--target_prefix_file={prefixes}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  free = run(*common, f"--output_file={tmp_path / 'free.txt'}")
+  assert free.returncode == 0, free.stderr[-3000:]
+  out = (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()
+  assert out[1].startswith("ein kleiner roter Hund"), out
+  assert out[0] == (tmp_path / "free.txt").read_text(encoding="utf-8").splitlines()[0]
+  prefixes.write_text("one line\n", encoding="utf-8")
+  result = run(*common, f"--output_file={tmp_path / 'refused.txt'}",
+               f"--target_prefix_file={prefixes}")
+  assert_refused_before_work(result, f"--target_prefix_file {prefixes} has 1 lines but "
+                             f"--input_file {source} has 2: they must be line-aligned.")
+  assert not (tmp_path / "refused.txt").exists()
+
+
 @pytest.mark.parametrize("where", ["local", "ram"])
 def test_an_interrupted_command_leaves_no_file_under_the_final_name(tmp_path, where):
   directory = str(tmp_path) if where == "local" else "ram://outputs_test"

@@ -500,3 +500,70 @@ def test_decode_cli_uses_xla_from_256_sentences_with_the_same_translations(
   assert "; graph mode (XLA from 256" in line, line
   line, forced = decode(3, "--decode_jit_compile")
   assert line.endswith("; XLA)") and forced == graph[:3], line
+
+
+def prefixes_of(ids, lengths):
+  """(B, L) output ids -> (B, P) their first `lengths[b]` tokens, PAD after."""
+  out = np.full((len(lengths), max(max(lengths), 1)), PAD_ID, np.int32)
+  for b, n in enumerate(lengths):
+    out[b, :n] = translate.strip_ids(ids[b])[:n]
+  return out
+
+
+@pytest.mark.parametrize("beam,in_place", [(1, False), (4, False), (4, True)])
+def test_target_prefix_starts_the_output_and_the_search_goes_on_from_it(model, beam,
+                                                                         in_place):
+  """Each output starts with its row's prefix (rows with and without one in a batch);
+  a row with an empty prefix, and (greedy) a row whose prefix is the model's own first
+  words, get the unconstrained output; a foreign prefix changes what follows; the
+  XLA layout agrees with the reordered one."""
+  inputs = sources(np.random.default_rng(11), [6, 3, 9, 5])
+  config = DecodeConfig(beam_size=beam, alpha=0.6, extra_decode_length=6,
+                        min_decode_length=1)
+
+  def run(prefix=None):
+    fn = lambda: decoding.decode_ids(model, inputs, config, in_place_cache=in_place,  # noqa
+                                     target_prefix=prefix)
+    ids, scores = tf.function(fn, jit_compile=True)() if in_place else fn()
+    return ids.numpy()[:, 0], scores.numpy()[:, 0]
+  free, _ = run()
+  own = prefixes_of(free, [2, 0, 1, 0])  # rows 1 and 3: no prefix
+  foreign = np.array([[7, 7, 7], [9, 0, 0], [0, 0, 0], [12, 13, 0]], np.int32)
+  with_own, _ = run(tf.constant(own))
+  with_foreign, _ = run(tf.constant(foreign))
+  for b in range(len(inputs)):
+    got = translate.strip_ids(with_foreign[b])
+    want = [t for t in foreign[b] if t != PAD_ID]
+    assert got[:len(want)] == want, (b, got, want)
+    mine = [t for t in own[b] if t != PAD_ID]
+    assert translate.strip_ids(with_own[b])[:len(mine)] == mine
+  for b in (1, 3):  # empty own prefix: free
+    np.testing.assert_array_equal(with_own[b][:free.shape[1]], free[b])
+  np.testing.assert_array_equal(with_foreign[2][:free.shape[1]], free[2])
+  if beam == 1:  # greedy: forcing its own choices changes nothing
+    for b in range(len(inputs)):
+      assert translate.strip_ids(with_own[b]) == translate.strip_ids(free[b])
+  assert any(translate.strip_ids(with_foreign[b])[len(foreign[b][foreign[b] > 0]):]
+             != translate.strip_ids(free[b]) for b in (0, 1, 3))
+  if in_place:
+    graph, _ = decoding.decode_ids(model, inputs, config, target_prefix=tf.constant(foreign))
+    np.testing.assert_array_equal(with_foreign, graph.numpy()[:, 0])
+
+
+def test_translate_with_target_prefixes_keeps_them_per_sentence(model):
+  """translate(): prefixes follow their sentences through the length sort and the
+  batches, and a prefix count that does not match is refused."""
+  tokenizer = IntegerTokenizer(V)
+  rng = np.random.default_rng(12)
+  sentences = [" ".join(str(t) for t in rng.integers(4, V, n)) for n in (7, 2, 5, 9, 3)]
+  prefixes = ["8 9", "", "10", "11 12 13", ""]
+  config = DecodeConfig(beam_size=2, extra_decode_length=4, batch_size=2)
+  results = translate.translate(model, tokenizer, sentences, config, progress=False,
+                                target_prefixes=prefixes)
+  free = translate.translate(model, tokenizer, sentences, config, progress=False)
+  for result, prefix, alone in zip(results, prefixes, free):
+    assert result.texts[0].startswith(prefix), (result.texts[0], prefix)
+    if not prefix:
+      assert result.texts == alone.texts
+  with pytest.raises(ValueError, match="2 target prefixes for 5 sentences"):
+    translate.translate(model, tokenizer, sentences, config, target_prefixes=["", ""])

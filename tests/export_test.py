@@ -331,3 +331,28 @@ def test_an_unknown_decode_dtype_is_refused_naming_the_flag(model_dir, tmp_path)
     export_model_dir(model_dir, str(tmp_path / "export"), DECODE, MAX_INPUT, version=1,
                      dtype="float64")
   assert not (tmp_path / "export").exists()
+
+
+def test_prefix_signature_translates_as_the_decode_path(model_dir, export_path, served):
+  """translate_with_prefix, run as TF Serving runs it (session, tensors by name): each
+  output starts with its prefix, equals eager `translate` with the same prefixes, an
+  empty prefix gives serving_default's output, and a row count mismatch is refused."""
+  from t2t_keras import translate  # pylint: disable=import-outside-toplevel
+  sentences = SENTENCES[:4]
+  prefixes = ["der Mann", "", "Hund", ""]  # words of the tiny vocabulary
+  out = served.run("translate_with_prefix", inputs=np.array(sentences, object),
+                   target_prefix=np.array(prefixes, object))
+  texts = [t.decode() for t in out["outputs"]]
+  loaded = loading.load(model_dir)
+  eager = translate.translate(loaded.model, loaded.tokenizer, sentences, DECODE,
+                              max_input_length=MAX_INPUT, progress=False,
+                              target_prefixes=prefixes)
+  assert texts == [t.texts[0] for t in eager]
+  np.testing.assert_allclose(out["scores"], [t.scores[0] for t in eager], rtol=1e-4,
+                             atol=1e-5)
+  assert texts[0].startswith("der Mann") and texts[2].startswith("Hund"), texts
+  free = served.run(inputs=np.array(sentences, object))["outputs"]
+  assert texts[1] == free[1].decode() and texts[3] == free[3].decode()
+  with pytest.raises(tf.errors.InvalidArgumentError, match="2 inputs but 1 target_prefix"):
+    served.run("translate_with_prefix", inputs=np.array(sentences[:2], object),
+               target_prefix=np.array([""], object))

@@ -14,6 +14,10 @@ Signatures:
     themselves with assets/vocab.model (the vocabulary travels as an asset). A row
     ends at its first EOS: whatever follows is ignored, so TF Serving's batching may
     pad rows with any value (it pads with the tensor's first element).
+  translate_with_prefix: inputs string [B] and target_prefix string [B] -> the outputs
+    of serving_default, each starting with its row's prefix (an empty prefix decodes
+    freely), the search continuing after it, as CTranslate2's `target_prefix`
+    (interactive translation, terminology); graph mode in every export.
 
 Parsing models exported with `--constrain_trees` carry the tree constraint
 (`parsing.constraint.TreeConstraint`) in both signatures: every output is a valid
@@ -129,6 +133,9 @@ class Translator(tf.Module):
         tf.TensorSpec([None], tf.string, name="inputs")], autograph=False)
     self.translate_ids = tf.function(self._translate_ids, input_signature=[
         tf.TensorSpec([None, None], tf.int32, name="input_ids")], autograph=False)
+    self.serve_with_prefix = tf.function(self._serve_with_prefix, input_signature=[
+        tf.TensorSpec([None], tf.string, name="inputs"),
+        tf.TensorSpec([None], tf.string, name="target_prefix")], autograph=False)
 
   def check_shape(self, inputs: tf.Tensor, what: str, widths: tf.Tensor) -> tf.Tensor:
     """`inputs` once its rows and the widths of its rows are within the limits.
@@ -267,6 +274,36 @@ class Translator(tf.Module):
     return outputs
 
 
+  def _serve_with_prefix(self, inputs, target_prefix):
+    """`serving_default` with a target prefix per row (empty: free): each output starts
+    with its prefix's pieces (`processors.TargetPrefix`). The search runs in graph mode
+    in every export (an XLA export would compile per prefix width at request time)."""
+    inputs = self.check_shape(inputs, "bytes", tf.strings.length(inputs))
+    target_prefix = self.check_shape(target_prefix, "bytes", tf.strings.length(target_prefix))
+    batch = tf.shape(inputs)[0]
+    same_rows = _check(tf.equal(tf.shape(target_prefix)[0], batch),
+                       "request with {} inputs but {} target_prefix rows: give one prefix "
+                       "per input (an empty string decodes freely)", batch,
+                       tf.shape(target_prefix)[0])
+    with tf.control_dependencies([same_rows]):
+      inputs = tf.concat([inputs, [""]], axis=0)
+      target_prefix = tf.concat([target_prefix, [""]], axis=0)
+    ids = self.check_tokens(self.encode_strings(inputs), batch)
+    ids = ids[:, :self.max_input_length]
+    strings = tf.strings.unicode_transcode(target_prefix, "UTF-8", "UTF-8", errors="replace",
+                                           replacement_char=0xFFFD)
+    prefix = tf.cast(self.tokenizer.tokenize(strings), tf.int32)[:, :self.max_input_length]
+    output_ids, scores = decoding.decode_ids(self.model, ids, self.config,
+                                             tree_constraint=self.tree_constraint,
+                                             target_prefix=prefix.to_tensor(PAD_ID))
+    texts = self.tokenizer.detokenize(output_ids)[:batch]
+    scores = scores[:batch]
+    outputs = {"outputs": texts[:, 0], "scores": scores[:, 0]}
+    if self.config.return_beams:
+      outputs.update(beams=texts, beam_scores=scores)
+    return outputs
+
+
 def export(translator: Translator, export_dir: str, version: Optional[int] = None,
            model_dir: Optional[str] = None, checkpoints=()) -> str:
   """Writes the SavedModel to export_dir/<version>/ (TF Serving's layout).
@@ -293,7 +330,8 @@ def export(translator: Translator, export_dir: str, version: Optional[int] = Non
   path = os.path.join(export_dir, str(version))
   tmp = publish.prepare(path, SAVED_MODEL_FILE, "pass another --export_version or remove it")
   signatures = {"serving_default": translator.serve,
-                "translate_ids": translator.translate_ids}
+                "translate_ids": translator.translate_ids,
+                "translate_with_prefix": translator.serve_with_prefix}
   tf.saved_model.save(translator, tmp, signatures=signatures)
   tf.io.gfile.makedirs(os.path.join(tmp, os.path.dirname(LIMITS_FILE)))
   with tf.io.gfile.GFile(os.path.join(tmp, LIMITS_FILE), "w") as f:

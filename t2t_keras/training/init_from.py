@@ -1,0 +1,168 @@
+"""Fine-tuning: a new run that starts from another run's weights (`--init_from`).
+
+`python -m t2t_keras.train ... --init_from=DIR_OR_CHECKPOINT` builds the model of
+this run's flags, checks that it has the shapes of the checkpoint's model (every
+difference named), and assigns the checkpoint's weights before the first step; the
+optimizer starts fresh at step 0 (warm-up included), unless `--init_from_optimizer`
+also takes the checkpoint's Adam moments and step. It applies once, to a model
+directory without checkpoints: a restarted fine-tuning run resumes its own.
+
+Vocabulary (`--init_from_vocab`):
+  * `source` (default): the run trains on the checkpoint's vocabulary (its model
+    directory's copy); the new data is tokenized with it.
+  * `new`: the run builds or reads its own vocabulary as any run does; the embedding
+    rows (and any other vocabulary-sized axis) of pieces both vocabularies hold are
+    copied from the checkpoint, the others keep their fresh initialisation, as
+    OpenNMT-tf's `update_vocab`.
+What was done is recorded in `<model_dir>/init_from.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import List, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from t2t_keras import averaging, checkpoints, modeldir
+from t2t_keras.errors import CheckpointError, ModelDirError
+
+RECORD_FILE = "init_from.json"
+VOCAB_CHOICES = ("source", "new")
+
+
+def checkpoint_of(init_from: str) -> str:
+  """The checkpoint prefix `--init_from` names: a model directory's latest checkpoint
+  (its `best/` is a directory too), or a checkpoint prefix itself."""
+  if tf.io.gfile.exists(init_from + ".index"):
+    return init_from
+  if tf.io.gfile.isdir(init_from):
+    latest = tf.train.latest_checkpoint(init_from)
+    if latest:
+      return latest
+    raise ModelDirError(f"--init_from={init_from} holds no checkpoint: give a trained "
+                        "model directory or a checkpoint prefix such as DIR/ckpt-1000.")
+  raise ModelDirError(f"--init_from={init_from}: no such model directory or checkpoint "
+                      "(a prefix such as DIR/ckpt-1000, without .index).")
+
+
+def source_dir(path: str) -> str:
+  """The model directory of a checkpoint prefix (`best/` checkpoints: its parent)."""
+  directory = os.path.dirname(path)
+  if os.path.basename(directory.rstrip("/")) == os.path.basename(
+      modeldir.best_dir("x").rstrip("/")):
+    directory = os.path.dirname(directory.rstrip("/"))
+  return directory
+
+
+def source_vocab(init_from: str) -> str:
+  """The vocabulary file of the run `--init_from` names (for `--init_from_vocab=source`)."""
+  path = modeldir.vocab_path(source_dir(checkpoint_of(init_from)))
+  if not tf.io.gfile.exists(path):
+    raise ModelDirError(f"--init_from={init_from}: its vocabulary {path} is missing; copy "
+                        "the vocabulary that model was trained with there, or pass "
+                        "--init_from_vocab=new to train on this run's own.")
+  return path
+
+
+def pieces(tokenizer) -> Optional[List[str]]:
+  """The SentencePiece pieces of a tokenizer by id (None: not a SentencePiece one)."""
+  proto = getattr(tokenizer, "model_proto", None)
+  if proto is None:
+    return None
+  import sentencepiece as spm  # pylint: disable=import-outside-toplevel
+  processor = spm.SentencePieceProcessor(model_proto=proto)
+  return [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+
+
+def _vocab_axis(old_shape, new_shape, old_size, new_size) -> Optional[int]:
+  """The one axis along which a variable differs, if it is the vocabulary's."""
+  if len(old_shape) != len(new_shape):
+    return None
+  differ = [a for a, (o, n) in enumerate(zip(old_shape, new_shape)) if o != n]
+  if len(differ) == 1 and old_shape[differ[0]] == old_size and new_shape[differ[0]] == new_size:
+    return differ[0]
+  return None
+
+
+def initialize(model, init_from: str, optimizer=None, old_pieces=None, new_pieces=None,
+               fix: str = "") -> dict:
+  """Assigns the weights of the checkpoint `init_from` names to a built model.
+
+  Args:
+    model: the new run's built model.
+    init_from: a model directory or checkpoint prefix.
+    optimizer: also restore the checkpoint's optimizer state and step (same shapes).
+    old_pieces / new_pieces: the two vocabularies' pieces by id when they differ
+      (`--init_from_vocab=new`): vocabulary-sized axes are mapped piece by piece.
+    fix: what to do when the shapes disagree, for the message.
+
+  Returns:
+    The record written to init_from.json (checkpoint, rows kept, ...).
+
+  Raises:
+    CheckpointError: another model (a variable missing, extra or of another shape, named
+      with both shapes), or an unreadable checkpoint.
+  """
+  path = checkpoint_of(init_from)
+  reader = averaging._reader(path)  # pylint: disable=protected-access
+  entries = averaging._model_entries(path, reader)  # pylint: disable=protected-access
+  variables = averaging._live_variables(model)  # pylint: disable=protected-access
+  shapes = {name: tuple(v.shape) for name, v in variables.items()}
+  record = {"checkpoint": path, "vocabulary": "source", "optimizer": "fresh"}
+  remap = {}
+  if old_pieces is not None and new_pieces is not None and old_pieces != new_pieces:
+    index = {piece: i for i, piece in enumerate(old_pieces)}
+    # Control ids (PAD, EOS, UNK, BOS) keep their roles; pieces match by their text.
+    rows = [i if i < 4 else index.get(piece, -1) for i, piece in enumerate(new_pieces)]
+    rows = np.array([r if r < len(old_pieces) else -1 for r in rows])
+    for name, entry in entries.items():
+      if name in shapes and entry.shape != shapes[name]:
+        axis = _vocab_axis(entry.shape, shapes[name], len(old_pieces), len(new_pieces))
+        if axis is not None:
+          remap[name] = axis
+    kept = int(np.sum(rows[4:] >= 0))
+    record.update(vocabulary="new", pieces_kept=kept,
+                  pieces_new=len(new_pieces) - 4 - kept, source_pieces=len(old_pieces))
+  checked = {name: entry for name, entry in entries.items() if name not in remap}
+  averaging._check_same_variables(  # pylint: disable=protected-access
+      path, checked, {n: s for n, s in shapes.items() if n not in remap},
+      "the model of this run's flags", fix)
+  for name, variable in variables.items():
+    value = np.asarray(checkpoints.read_tensor(path, reader, entries[name].key))
+    if name in remap:
+      axis = remap[name]
+      fresh = np.array(variable.numpy())
+      old = np.moveaxis(value, axis, 0)
+      new = np.moveaxis(fresh, axis, 0)  # a view: writes go to `fresh`
+      found = rows >= 0
+      new[found] = old[rows[found]]
+      value = fresh
+    variable.assign(value.astype(variable.dtype.as_numpy_dtype
+                                 if hasattr(variable.dtype, "as_numpy_dtype")
+                                 else tf.as_dtype(variable.dtype).as_numpy_dtype))
+  if optimizer is not None:
+    if remap:
+      raise CheckpointError("--init_from_optimizer keeps the checkpoint's Adam moments, "
+                            "which are per vocabulary row: it needs the same vocabulary "
+                            "(--init_from_vocab=source).")
+    status = tf.train.Checkpoint(model=model, optimizer=optimizer).read(path)
+    status.expect_partial()
+    record.update(optimizer="kept", step=int(optimizer.iterations.numpy()))
+  record["variables"] = len(variables)
+  return record
+
+
+def write_record(model_dir: str, record: dict) -> None:
+  with tf.io.gfile.GFile(os.path.join(model_dir, RECORD_FILE), "w") as f:
+    json.dump(record, f, indent=1, sort_keys=True)
+
+
+def read_record(model_dir: str) -> Optional[dict]:
+  path = os.path.join(model_dir, RECORD_FILE)
+  if not tf.io.gfile.exists(path):
+    return None
+  with tf.io.gfile.GFile(path) as f:
+    return json.load(f)

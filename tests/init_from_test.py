@@ -1,0 +1,149 @@
+"""Fine-tuning (--init_from): the source's weights exactly, shared pieces' rows kept
+under a new vocabulary, shapes checked, and the CLI run on real text."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from t2t_keras import modeldir
+from t2t_keras.errors import CheckpointError, ModelDirError
+from t2t_keras.model import create_model
+from t2t_keras.training import init_from
+from tests.conftest import REPO_ROOT
+
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+
+
+def checkpoint_values(path):
+  reader = tf.train.load_checkpoint(path)
+  return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
+          if k.startswith("model/") and k.endswith("VARIABLE_VALUE")}
+
+
+def test_weights_are_the_checkpoints_and_other_shapes_are_refused(tiny_model_dir):
+  config = modeldir.load_model_config(tiny_model_dir)
+  keras.utils.set_random_seed(5)  # other initial weights than the source's
+  model = create_model(config)
+  record = init_from.initialize(model, tiny_model_dir)
+  saved = tf.train.latest_checkpoint(tiny_model_dir)
+  assert record["checkpoint"] == saved and record["optimizer"] == "fresh"
+  source = create_model(config)
+  tf.train.Checkpoint(model=source).read(saved).expect_partial()
+  for mine, theirs in zip(model.weights, source.weights):
+    np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+  assert record["variables"] == len(model.weights)
+  wider = create_model(dataclasses.replace(config, filter_size=48))
+  with pytest.raises(CheckpointError, match=r"has shape \(16, 32\) there but \(16, 48\)"):
+    init_from.initialize(wider, tiny_model_dir, fix="Give the source's flags.")
+  with pytest.raises(ModelDirError, match="no such model directory or checkpoint"):
+    init_from.checkpoint_of(os.path.join(tiny_model_dir, "nothing"))
+
+
+def test_a_new_vocabulary_keeps_the_rows_of_shared_pieces(tiny_model_dir):
+  """--init_from_vocab=new: a row of a piece both vocabularies hold is the source's
+  row of that piece (wherever its id moved); a new piece's row is untouched."""
+  from t2t_keras.data import tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
+  config = modeldir.load_model_config(tiny_model_dir)
+  old = init_from.pieces(tokenizer_lib.load_tokenizer(modeldir.vocab_path(tiny_model_dir)))
+  # Control ids stay; the other pieces reversed, 10 of them replaced by new ones.
+  body = old[4:][::-1]
+  new = old[:4] + [f"NEW{i}" if i % 7 == 0 else p for i, p in enumerate(body)] + ["X", "Y"]
+  keras.utils.set_random_seed(6)
+  model = create_model(dataclasses.replace(config, vocab_size=len(new)))
+  before = {w.path: w.numpy().copy() for w in model.weights}
+  record = init_from.initialize(model, tiny_model_dir, old_pieces=old, new_pieces=new)
+  fresh = sum(p.startswith("NEW") for p in new) + 2
+  assert record["vocabulary"] == "new" and record["pieces_new"] == fresh
+  assert record["pieces_kept"] == len(new) - 4 - fresh
+  source = create_model(config)
+  tf.train.Checkpoint(model=source).read(tf.train.latest_checkpoint(tiny_model_dir)
+                                         ).expect_partial()
+  sized = [(w, s) for w, s in zip(model.weights, source.weights) if w.shape != s.shape]
+  assert sized, "no vocabulary-sized variable"
+  index = {p: i for i, p in enumerate(old)}
+  for weight, theirs in sized:
+    axis = [a for a, (x, y) in enumerate(zip(weight.shape, theirs.shape)) if x != y][0]
+    mine, theirs = np.moveaxis(weight.numpy(), axis, 0), np.moveaxis(theirs.numpy(), axis, 0)
+    start = np.moveaxis(before[weight.path], axis, 0)
+    for i, piece in enumerate(new):
+      if piece in index:
+        np.testing.assert_array_equal(mine[i], theirs[index[piece]])
+      else:
+        np.testing.assert_array_equal(mine[i], start[i])
+  with pytest.raises(CheckpointError, match="same vocabulary"):
+    init_from.initialize(model, tiny_model_dir, old_pieces=old, new_pieces=new,
+                         optimizer=keras.optimizers.Adam())
+
+
+def write_corpus(path, lines, source, target):
+  os.makedirs(path, exist_ok=True)
+  for name in ("train", "dev"):
+    with open(os.path.join(path, f"{name}.en"), "w", encoding="utf-8") as f:
+      f.writelines(line + "\n" for line in source[:lines])
+    with open(os.path.join(path, f"{name}.de"), "w", encoding="utf-8") as f:
+      f.writelines(line + "\n" for line in target[:lines])
+
+
+def train(model_dir, data, *flags):
+  return subprocess.run(
+      [sys.executable, "-m", "t2t_keras.train", "--data_source=files",
+       f"--train_src={data}/train.en", f"--train_tgt={data}/train.de",
+       f"--dev_src={data}/dev.en", f"--dev_tgt={data}/dev.de", "--vocab_size=300",
+       "--hidden_size=32", "--filter_size=64", "--num_heads=2", "--num_hidden_layers=1",
+       "--batch_size=512", "--train_steps=3", "--log_every=1", "--eval_every=1000",
+       "--eval_bleu_sentences=0", "--show_examples=0", "--save_checkpoint_steps=3",
+       f"--model_dir={model_dir}", *flags],
+      cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=600, check=False)
+
+
+@pytest.mark.slow
+def test_fine_tuning_from_the_command_line(shared_data, tmp_path):
+  """A Multi30k run, then runs that start from it: on its vocabulary (the default), on a
+  new one built from other text, with its optimizer; a model of other shape is refused
+  before any step, naming the variable and the fix; a restarted run resumes its own."""
+  def lines(name):
+    with open(os.path.join(shared_data, "multi30k", name), encoding="utf-8") as f:
+      return [l.rstrip("\n") for l in f]
+  en, de = lines("train.en"), lines("train.de")
+  first, second = tmp_path / "data1", tmp_path / "data2"
+  write_corpus(first, 400, en, de)
+  write_corpus(second, 400, en[5000:], de[5000:])
+  source = tmp_path / "source"
+  result = train(source, first)
+  assert result.returncode == 0, result.stderr[-3000:]
+
+  tuned = tmp_path / "tuned"
+  result = train(tuned, second, f"--init_from={source}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert f"initialized from {source}/ckpt-3" in result.stdout, result.stdout[-2000:]
+  record = json.loads((tuned / "init_from.json").read_text())
+  assert record["vocabulary"] == "source" and record["optimizer"] == "fresh"
+  assert ((tuned / "vocab.model").read_bytes() == (source / "vocab.model").read_bytes())
+  again = train(tuned, second, f"--init_from={source}", "--train_steps=6")
+  assert again.returncode == 0 and "initialized from" not in again.stdout
+  assert "resumed from" in again.stdout, again.stdout[-2000:]
+
+  result = train(tmp_path / "new_vocab", second, f"--init_from={source}",
+                 "--init_from_vocab=new", "--vocab_size=280")
+  assert result.returncode == 0, result.stderr[-3000:]
+  record = json.loads((tmp_path / "new_vocab" / "init_from.json").read_text())
+  assert record["vocabulary"] == "new" and record["pieces_kept"] > 100, record
+
+  result = train(tmp_path / "kept", second, f"--init_from={source}/ckpt-3",
+                 "--init_from_optimizer", "--train_steps=5")
+  assert result.returncode == 0, result.stderr[-3000:]
+  record = json.loads((tmp_path / "kept" / "init_from.json").read_text())
+  assert record["optimizer"] == "kept" and record["step"] == 3
+  assert os.path.basename(tf.train.latest_checkpoint(str(tmp_path / "kept"))) == "ckpt-5"
+
+  result = train(tmp_path / "wider", second, f"--init_from={source}", "--filter_size=48")
+  assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+  assert "Fine-tuning needs the source's model shape" in result.stderr
+  assert not tf.train.latest_checkpoint(str(tmp_path / "wider"))
