@@ -282,10 +282,11 @@ def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, stat
     picked = tf.reshape(staying[:, None] * k + tf.gather(parents, staying), [-1])
     state = tf.nest.map_structure(lambda t: tf.gather(t, picked), new.state)
     new = BeamState(new.i, *(tf.gather(t, staying) for t in new[1:6]), state)
-    context = tf.cond(
-        tf.size(leaving) > 0,
-        lambda: tf.nest.map_structure(lambda t: tf.gather(t, staying), context),
-        lambda: context)
+    if tf.nest.flatten(context):  # gathered only when a sentence left
+      context = tf.cond(
+          tf.size(leaving) > 0,
+          lambda: tf.nest.map_structure(lambda t: tf.gather(t, staying), context),
+          lambda: context)
     return new, tf.gather(sentences, staying), context, out_ids, out_scores
 
   def shrink_not_done(loop, sentences, context, out_ids, out_scores):

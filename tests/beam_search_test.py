@@ -269,6 +269,13 @@ def test_shrinking_batch_gives_the_full_batchs_results(alpha, results, graph):
                              rtol=1e-6)
   if not graph:  # eager while_loop: the body runs in Python with concrete shapes
     assert seen_rows[0] == batch * beam and min(seen_rows) < seen_rows[0], seen_rows
+  # Without a context (state only) the batch shrinks alike.
+  alone, alone_scores = bs.beam_search(scorer, tf.fill([batch], BOS_ID),
+                                       initial_state(batch, beam), beam, 12, alpha=alpha,
+                                       num_results=results, shrink=True)
+  np.testing.assert_array_equal(alone.numpy()[:, compared], want_ids.numpy()[:, compared])
+  np.testing.assert_allclose(alone_scores.numpy()[:, compared],
+                             want_scores.numpy()[:, compared], rtol=1e-6)
   with pytest.raises(ValueError, match="reorder_state"):
     bs.beam_search(scorer, tf.fill([1], BOS_ID), initial_state(1, 2), 2, 4, shrink=True,
                    reorder_state=lambda state, parents: state)
