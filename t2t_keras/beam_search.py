@@ -19,9 +19,12 @@ inside an exported SavedModel. The decoder state (e.g. the self-attention key/va
 cache) is any nest of tensors with leading dimension batch * beam (a dimension of size
 0 at the start may grow, see `loop_shape`; not under XLA); it is reordered
 by parent beam once per step, or by the caller's `reorder_state` (t2t_keras' decoder
-under XLA keeps its cache in place and reorders only a table of slots). Per-source
-tensors that never change (cross-attention keys/values, source mask) belong in the
-caller's closure, tiled once with `tile_beams`, and are never reordered.
+under XLA keeps its cache in place and reorders only a table of slots). Per-sentence
+tensors that never change (cross-attention keys/values, source mask) are the search's
+`context` (one row per sentence, shared by its beams) or the caller's closure, and are
+never reordered. With `shrink` (graph mode) a sentence whose results are final leaves
+the batch: its state and context rows are dropped in the same gather as the beam
+reorder, so the remaining steps compute only the sentences still searching.
 """
 
 from __future__ import annotations

@@ -47,8 +47,8 @@ class Ensemble:
                   source_pointer=None, grow=False):
     """The members' average log probabilities (B * K, V) and their updated caches.
 
-    `source_pointer`: (the members' encoder outputs, as `encode` returns them, per
-    hypothesis row; the pointer), when `uses_source_pointer`."""
+    `source_pointer`: (the members' encoder outputs, as `encode` returns them, one
+    row per sentence; the pointer per hypothesis), when `uses_source_pointer`."""
     log_probs, caches = [], []
     for i, (model, model_cache, key_values) in enumerate(
         zip(self.models, cache, cross_key_values)):

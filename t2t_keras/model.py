@@ -266,8 +266,8 @@ class Transformer(keras.Model):
     """Decodes one position for every sequence.
 
     Args:
-      ids: (B * K,) the previous token of each hypothesis (BOS at index 0); K = 1
-        unless `slots` is given.
+      ids: (B * K,) the previous token of each hypothesis (BOS at index 0), the K
+        hypotheses of a sentence consecutive (K = 1 outside beam search).
       index: scalar int, the position being decoded (0-based).
       cache: list of per-layer caches from `init_cache` (or a previous step).
       cross_key_values: from `cross_key_values(encoded)`, a row per sentence (the K

@@ -120,11 +120,14 @@ def prepare(agreement, data_config, train_config, decode_config):
   return datasets, model_config, vocab
 
 
-def init_from_data_config(train_config, data_config):
+def init_from_data_config(train_config, data_config, checkpoint):
   """--init_from with --init_from_vocab=source: the data is tokenized with the source
-  run's vocabulary (its model directory's copy)."""
+  run's vocabulary (its model directory's copy; on a restart, `checkpoint` None, this
+  run's own copy of it when the source is gone)."""
   # pylint: disable=import-outside-toplevel
   import dataclasses
+
+  import tensorflow as tf
 
   from t2t_keras import modeldir
   from t2t_keras.training import init_from
@@ -136,14 +139,20 @@ def init_from_data_config(train_config, data_config):
         "model's vocabulary (--init_from_vocab=source, the default); drop --vocab_file, "
         "or pass --init_from_vocab=new to train on this one (shared pieces keep their "
         "embeddings).")
-  vocab = init_from.source_vocab(train_config.init_from)
-  source = modeldir.data_config_of(init_from.source_dir(
-      init_from.checkpoint_of(train_config.init_from)))
+  if checkpoint is None:  # a restart: as the first run of this model directory chose
+    own = modeldir.data_config_of(train_config.model_dir)
+    vocab = own.vocab_file
+    if not vocab or not tf.io.gfile.exists(vocab):
+      vocab = modeldir.vocab_path(train_config.model_dir)
+    return dataclasses.replace(data_config, vocab_file=vocab, vocab_size=own.vocab_size,
+                               vocab_type=own.vocab_type)
+  vocab = init_from.source_vocab(checkpoint, train_config.init_from)
+  source = modeldir.data_config_of(init_from.source_dir(checkpoint))
   return dataclasses.replace(data_config, vocab_file=vocab, vocab_size=source.vocab_size,
                              vocab_type=source.vocab_type)
 
 
-def start_from(trainer, tokenizer, train_config, chief: bool) -> None:
+def start_from(trainer, tokenizer, train_config, checkpoint: str, chief: bool) -> None:
   """--init_from: the source checkpoint's weights (and with --init_from_optimizer its
   optimizer state) into the new run's model, recorded in init_from.json."""
   # pylint: disable=import-outside-toplevel
@@ -152,11 +161,10 @@ def start_from(trainer, tokenizer, train_config, chief: bool) -> None:
   from t2t_keras.training import init_from
   old_pieces = new_pieces = None
   if train_config.init_from_vocab == "new":
-    path = init_from.checkpoint_of(train_config.init_from)
-    old = tokenizer_lib.load_tokenizer(modeldir.vocab_path(init_from.source_dir(path)))
+    old = tokenizer_lib.load_tokenizer(modeldir.vocab_path(init_from.source_dir(checkpoint)))
     old_pieces, new_pieces = init_from.pieces(old), init_from.pieces(tokenizer)
   record = init_from.initialize(
-      trainer.model, train_config.init_from,
+      trainer.model, checkpoint,
       optimizer=trainer.optimizer if train_config.init_from_optimizer else None,
       old_pieces=old_pieces, new_pieces=new_pieces,
       fix="Fine-tuning needs the source's model shape: give the flags of the model "
@@ -190,10 +198,14 @@ def train() -> None:
   keras.utils.set_random_seed(train_config.seed)
   data_config = t2t_flags.data_config()
   decode_config = t2t_flags.decode_config()
-  fine_tuning = bool(train_config.init_from) and not tf.train.latest_checkpoint(
-      train_config.model_dir)
+  # --init_from applies once, to a model directory without checkpoints; the chief
+  # names the checkpoint every worker starts from.
+  init_checkpoint = None
   if train_config.init_from:
-    data_config = init_from_data_config(train_config, data_config)
+    from t2t_keras.training import init_from
+    if not tf.train.latest_checkpoint(train_config.model_dir):
+      init_checkpoint = init_from.agreed_checkpoint(train_config.init_from, agreement)
+    data_config = init_from_data_config(train_config, data_config, init_checkpoint)
   datasets, model_config, vocab = prepare(agreement, data_config, train_config,
                                           decode_config)
   print(f"training {model_config.encoder_layers}+{model_config.decoder_layers} layers, "
@@ -211,8 +223,8 @@ def train() -> None:
   if change:
     print(change, flush=True)
   trainer = Trainer(model_config, train_config, strategy)
-  if fine_tuning:
-    start_from(trainer, datasets.tokenizer, train_config, agreement.chief)
+  if init_checkpoint:
+    start_from(trainer, datasets.tokenizer, train_config, init_checkpoint, agreement.chief)
   # The key describes what the checkpoints were trained on: recorded with the first
   # checkpoint of this run, not before (a run that fails before saving changes nothing).
   trainer.on_save = lambda step: modeldir.record_plan(train_config.model_dir, plan_key)

@@ -270,9 +270,10 @@ def test_shrinking_batch_gives_the_full_batchs_results(alpha, results, graph):
   if not graph:  # eager while_loop: the body runs in Python with concrete shapes
     assert seen_rows[0] == batch * beam and min(seen_rows) < seen_rows[0], seen_rows
   # Without a context (state only) the batch shrinks alike.
-  alone, alone_scores = bs.beam_search(scorer, tf.fill([batch], BOS_ID),
-                                       initial_state(batch, beam), beam, 12, alpha=alpha,
-                                       num_results=results, shrink=True)
+  def alone_fn():
+    return bs.beam_search(scorer, tf.fill([batch], BOS_ID), initial_state(batch, beam),
+                          beam, 12, alpha=alpha, num_results=results, shrink=True)
+  alone, alone_scores = (tf.function(alone_fn) if graph else alone_fn)()
   np.testing.assert_array_equal(alone.numpy()[:, compared], want_ids.numpy()[:, compared])
   np.testing.assert_allclose(alone_scores.numpy()[:, compared],
                              want_scores.numpy()[:, compared], rtol=1e-6)

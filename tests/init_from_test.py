@@ -80,6 +80,15 @@ def test_a_new_vocabulary_keeps_the_rows_of_shared_pieces(tiny_model_dir):
   with pytest.raises(CheckpointError, match="same vocabulary"):
     init_from.initialize(model, tiny_model_dir, old_pieces=old, new_pieces=new,
                          optimizer=keras.optimizers.Adam())
+  # A new vocabulary of the same size: the rows still follow their pieces.
+  same_size = old[:4] + old[4:][::-1]
+  model = create_model(config)
+  record = init_from.initialize(model, tiny_model_dir, old_pieces=old, new_pieces=same_size)
+  assert record["pieces_kept"] == len(old) - 4 and record["pieces_new"] == 0
+  embedding = [w for w in model.weights if w.shape[0] == len(old)][0]
+  theirs = [w for w in source.weights if w.path == embedding.path][0].numpy()
+  np.testing.assert_array_equal(embedding.numpy()[4:], theirs[4:][::-1])
+  np.testing.assert_array_equal(embedding.numpy()[:4], theirs[:4])
 
 
 def write_corpus(path, lines, source, target):

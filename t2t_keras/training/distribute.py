@@ -112,6 +112,10 @@ class Agreement:
       return flags
     mine = [float(v) for v in any_worker] + [
         float(v) if self.chief else 0.0 for v in chief_decides]
+    return [bool(v > 0) for v in self._total(mine)]
+
+  def _total(self, values) -> list:
+    """The sums over all workers of each worker's `values` (one collective)."""
     if self._sum is None:
       strategy = self.strategy
 
@@ -119,7 +123,13 @@ class Agreement:
         per_replica = strategy.run(lambda: tf.identity(values))
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
       self._sum = tf.function(total)
-    return [bool(v > 0) for v in self._sum(tf.constant(mine, tf.float32)).numpy()]
+    return list(self._sum(tf.constant(values, tf.float32)).numpy())
+
+  def chief_number(self, value: int) -> int:
+    """The chief's `value` (a whole number, |value| < 2**24), on every worker."""
+    if not self.multi_worker:
+      return int(value)
+    return int(round(float(self._total([float(value) if self.chief else 0.0])[0])))
 
   def barrier(self, failed: bool = False) -> bool:
     """Returns once every worker has called it (e.g. after the chief wrote the data);

@@ -57,9 +57,36 @@ def source_dir(path: str) -> str:
   return directory
 
 
-def source_vocab(init_from: str) -> str:
-  """The vocabulary file of the run `--init_from` names (for `--init_from_vocab=source`)."""
-  path = modeldir.vocab_path(source_dir(checkpoint_of(init_from)))
+def agreed_checkpoint(init_from: str, agreement) -> str:
+  """`checkpoint_of(init_from)` as the chief resolves it, on every worker: a model
+  directory's latest checkpoint may change while the workers look (its run still
+  training), and every worker must start from the same weights."""
+  path, failure = None, None
+  if agreement.chief:
+    try:
+      path = checkpoint_of(init_from)
+    except ModelDirError as error:
+      failure = error
+  step = path and averaging._step_of(path)  # pylint: disable=protected-access
+  if agreement.chief and path and (step is None or path != os.path.join(
+      os.path.dirname(path), f"{modeldir.CHECKPOINT_PREFIX}-{step}")):
+    step = None  # a prefix of another name: every worker reads the one given
+  shared = agreement.chief_number(-1 if failure else (step if step is not None else -2))
+  if failure:
+    raise failure
+  if shared == -1:
+    raise ModelDirError(f"--init_from={init_from}: the chief found no checkpoint there "
+                        "(its output says why).")
+  if shared == -2:
+    return path or init_from
+  directory = (init_from if not tf.io.gfile.exists(init_from + ".index")
+               else os.path.dirname(init_from))
+  return os.path.join(directory, f"{modeldir.CHECKPOINT_PREFIX}-{shared}")
+
+
+def source_vocab(checkpoint: str, init_from: str) -> str:
+  """The vocabulary file of the run `checkpoint` belongs to (`--init_from_vocab=source`)."""
+  path = modeldir.vocab_path(source_dir(checkpoint))
   if not tf.io.gfile.exists(path):
     raise ModelDirError(f"--init_from={init_from}: its vocabulary {path} is missing; copy "
                         "the vocabulary that model was trained with there, or pass "
@@ -77,14 +104,19 @@ def pieces(tokenizer) -> Optional[List[str]]:
   return [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
 
 
-def _vocab_axis(old_shape, new_shape, old_size, new_size) -> Optional[int]:
-  """The one axis along which a variable differs, if it is the vocabulary's."""
+def _vocab_axis(name, old_shape, new_shape, old_size, new_size) -> Optional[int]:
+  """The vocabulary-sized axis of a variable (None: it has none): sized `old_size` in
+  the checkpoint and `new_size` in the model, every other axis the same."""
   if len(old_shape) != len(new_shape):
     return None
-  differ = [a for a, (o, n) in enumerate(zip(old_shape, new_shape)) if o != n]
-  if len(differ) == 1 and old_shape[differ[0]] == old_size and new_shape[differ[0]] == new_size:
-    return differ[0]
-  return None
+  axes = [a for a, (o, n) in enumerate(zip(old_shape, new_shape))
+          if o == old_size and n == new_size
+          and all(x == y for b, (x, y) in enumerate(zip(old_shape, new_shape)) if b != a)]
+  if len(axes) > 1:
+    raise CheckpointError(f"variable {name} of shape {tuple(new_shape)} has more than one "
+                          "axis of the vocabulary's size: cannot tell which to map; use "
+                          "--init_from_vocab=source.")
+  return axes[0] if axes else None
 
 
 def initialize(model, init_from: str, optimizer=None, old_pieces=None, new_pieces=None,
@@ -93,10 +125,12 @@ def initialize(model, init_from: str, optimizer=None, old_pieces=None, new_piece
 
   Args:
     model: the new run's built model.
-    init_from: a model directory or checkpoint prefix.
+    init_from: a model directory or checkpoint prefix (on several workers, the one
+      `agreed_checkpoint` returns).
     optimizer: also restore the checkpoint's optimizer state and step (same shapes).
-    old_pieces / new_pieces: the two vocabularies' pieces by id when they differ
-      (`--init_from_vocab=new`): vocabulary-sized axes are mapped piece by piece.
+    old_pieces / new_pieces: the two vocabularies' pieces by id
+      (`--init_from_vocab=new`): vocabulary-sized axes are mapped piece by piece,
+      whether or not the sizes differ.
     fix: what to do when the shapes disagree, for the message.
 
   Returns:
@@ -113,14 +147,17 @@ def initialize(model, init_from: str, optimizer=None, old_pieces=None, new_piece
   shapes = {name: tuple(v.shape) for name, v in variables.items()}
   record = {"checkpoint": path, "vocabulary": "source", "optimizer": "fresh"}
   remap = {}
-  if old_pieces is not None and new_pieces is not None and old_pieces != new_pieces:
+  if old_pieces is not None and new_pieces is not None:
     index = {piece: i for i, piece in enumerate(old_pieces)}
     # Control ids (PAD, EOS, UNK, BOS) keep their roles; pieces match by their text.
     rows = [i if i < 4 else index.get(piece, -1) for i, piece in enumerate(new_pieces)]
     rows = np.array([r if r < len(old_pieces) else -1 for r in rows])
+    # By axis size, not by a change of shape: two vocabularies of the same size
+    # still differ in which piece each row holds.
     for name, entry in entries.items():
-      if name in shapes and entry.shape != shapes[name]:
-        axis = _vocab_axis(entry.shape, shapes[name], len(old_pieces), len(new_pieces))
+      if name in shapes:
+        axis = _vocab_axis(name, entry.shape, shapes[name], len(old_pieces),
+                           len(new_pieces))
         if axis is not None:
           remap[name] = axis
     kept = int(np.sum(rows[4:] >= 0))
@@ -144,12 +181,18 @@ def initialize(model, init_from: str, optimizer=None, old_pieces=None, new_piece
                                  if hasattr(variable.dtype, "as_numpy_dtype")
                                  else tf.as_dtype(variable.dtype).as_numpy_dtype))
   if optimizer is not None:
-    if remap:
+    if record["vocabulary"] == "new":
       raise CheckpointError("--init_from_optimizer keeps the checkpoint's Adam moments, "
                             "which are per vocabulary row: it needs the same vocabulary "
                             "(--init_from_vocab=source).")
     status = tf.train.Checkpoint(model=model, optimizer=optimizer).read(path)
-    status.expect_partial()
+    try:
+      status.assert_existing_objects_matched()
+    except AssertionError as error:
+      raise CheckpointError(
+          f"--init_from_optimizer: {path} holds no optimizer state of this run's kind "
+          f"(e.g. one trained with --dtype=mixed_float16, one not): {str(error)[:300]}. "
+          "Drop --init_from_optimizer to start with a fresh one.") from None
     record.update(optimizer="kept", step=int(optimizer.iterations.numpy()))
   record["variables"] = len(variables)
   return record
