@@ -11,8 +11,8 @@ output (--min_decode_length=1; CTranslate2's beam search never returns one),
 batches of --batch_size sentences in length order (CTranslate2 sorts by length
 itself). Engines:
 
-  graph         the decode CLI in graph mode (`translate.translate`)
-  XLA           the decode CLI with --decode_jit_compile (its default from 256 lines)
+  graph         the decode CLI in graph mode (`translate.translate`; its beam search default)
+  XLA           the decode CLI with --decode_jit_compile
   export        the SavedModel as TF Serving runs it (TF1 session, tensors by name)
   export XLA    the same, exported with --export_jit_compile
   ct2 float32   CTranslate2 on the same weights (`t2t-export --format=ctranslate2`)

@@ -358,8 +358,9 @@ class DecodeConfig:
       "faster on CPU). Batches are padded to --decode_batch_size rows and a power-of-two "
       "source width (16, 32, 64, ...), and each width compiles once (tens of seconds for "
       "a base model), so it pays off from a few hundred sentences: the decode command "
-      "uses it from 256 input sentences on (beams up to 8) unless this flag is given "
-      "either way "
+      "uses it for greedy search and sampling from 256 input sentences on (beam search "
+      "stays in graph mode, where finished sentences leave the batch) unless this flag "
+      "is given either way "
       "(export and training's dev BLEU do not unless it is set). Same translations as "
       "without.", flag="decode_jit_compile")
   min_decode_length: int = setting(

@@ -6,10 +6,12 @@ sorted by length internally; a progress line with sentences/s goes to stderr. Wi
 `--return_beams` every beam is written as `score<TAB>translation`, beams of one input
 on consecutive lines, inputs separated by an empty line. With `--reference_file`,
 sacreBLEU (cased and uncased) and chrF of the output are printed at the end.
-XLA (`translate.translate` pads batches so that it compiles once per source-width
-bucket) is the default from `AUTO_XLA_SENTENCES` input sentences on, where its faster
-steps repay the compilation; `--decode_jit_compile` / `--nodecode_jit_compile` (on the
-command line or in a flagfile) choose either way for any input. `--constrain_trees`
+Beam search runs in graph mode, where a sentence leaves the batch once its result is
+final; greedy search and sampling use XLA (`translate.translate` pads batches so that
+it compiles once per source-width bucket) from `AUTO_XLA_SENTENCES` input sentences on,
+where its faster steps repay the compilation; `--decode_jit_compile` /
+`--nodecode_jit_compile` (on the command line or in a flagfile) choose either way for
+any input. `--constrain_trees`
 (parsing models) lets the beam search write only valid trees over the input's words
 (`parsing.constraint.TreeConstraint`). `--target_prefix_file` (one prefix per input
 line, empty lines free) makes each translation start with its prefix and continues
@@ -70,13 +72,14 @@ flags.DEFINE_integer("alignment_layer", -1,
 flags.DEFINE_integer("alignment_head", -1,
                      "Attention head that aligns; -1 = the average of all heads.")
 
-# From this many input sentences on, decode uses XLA unless --decode_jit_compile says
-# otherwise: each source-width bucket compiles once (about 10-40 s for a base model on
-# 2 cores) and XLA's steps are 1.4-1.5x faster (bench/decode_speed.py, BUILD.md), so a
-# few hundred sentences repay it; the translations are the same (tests/decoding_test.py).
-# Only for beams that keep their cache in place under XLA (decoding.MAX_SLOTTED_BEAM):
-# wider beams reorder it in both modes, and there XLA was slower (parsing, beam 21,
-# 50 sentences: 329 s against 137 s in graph mode, same trees).
+# Greedy search and sampling (one row per hypothesis) use XLA from this many input
+# sentences on, unless --decode_jit_compile says otherwise: each source-width bucket
+# compiles once (about 10-40 s for a base model on 2 cores) and XLA's steps are
+# 1.4-1.5x faster (bench/decode_speed.py), so a few hundred sentences repay it; the
+# translations are the same (tests/decoding_test.py). Beam search stays in graph mode:
+# there a sentence leaves the batch once its result is final, which XLA's fixed shapes
+# cannot do, and on real sentences that wins (Multi30k test2016 with the recipe's model,
+# beam 4: 67 sentences/s in graph mode against 48 with XLA, docs/benchmarks.md).
 AUTO_XLA_SENTENCES = 256
 
 _READS = ("input_file", "output_file", "reference_file", "constrain_trees", "seed",
@@ -95,15 +98,13 @@ def config_from_flags():
 
 def choose_xla(decode_config: DecodeConfig, sentences: int) -> DecodeConfig:
   """--decode_jit_compile as given (command line or flagfile); when not given, XLA for
-  inputs of `AUTO_XLA_SENTENCES` sentences or more, at beams up to
-  `decoding.MAX_SLOTTED_BEAM`."""
-  from t2t_keras import decoding  # pylint: disable=import-outside-toplevel
+  greedy search and sampling of `AUTO_XLA_SENTENCES` sentences or more, graph mode for
+  beam search (see AUTO_XLA_SENTENCES)."""
   if FLAGS["decode_jit_compile"].present:
     return decode_config
   beam = 1 if decode_config.sampling else decode_config.beam_size
   return dataclasses.replace(
-      decode_config, jit_compile=(sentences >= AUTO_XLA_SENTENCES
-                                  and beam <= decoding.MAX_SLOTTED_BEAM))
+      decode_config, jit_compile=sentences >= AUTO_XLA_SENTENCES and beam == 1)
 
 
 def check_alignment_flags(model_config) -> None:
@@ -187,12 +188,12 @@ def run() -> None:
   used = "; ".join(", ".join(l.checkpoints) for l in loaded)
   if decode_config.jit_compile:
     mode = "XLA" + ("" if FLAGS["decode_jit_compile"].present else
-                    f" (from {AUTO_XLA_SENTENCES} sentences on; --nodecode_jit_compile "
-                    "for graph mode)")
+                    f" (one row per input from {AUTO_XLA_SENTENCES} sentences on; "
+                    "--nodecode_jit_compile for graph mode)")
   else:
     mode = "graph mode" + ("" if FLAGS["decode_jit_compile"].present else
-                           f" (XLA from {AUTO_XLA_SENTENCES} sentences on at beams up "
-                           "to 8, or with --decode_jit_compile)")
+                           " (beam search drops finished sentences from the batch; "
+                           "--decode_jit_compile for XLA)")
   print(f"decoding {len(sentences)} sentences with {used}"
         f"{' (ensemble)' if len(loaded) > 1 else ''} ({how}, extra length "
         f"{decode_config.extra_decode_length}; {mode})", file=sys.stderr, flush=True)

@@ -461,10 +461,11 @@ def test_min_decode_length_keeps_eos_away(beam, topk):
 
 
 @pytest.mark.slow
-def test_decode_cli_uses_xla_from_256_sentences_with_the_same_translations(
+def test_decode_cli_chooses_graph_mode_for_beams_and_xla_for_greedy_from_256_sentences(
     tiny_model_dir, tmp_path):
-  """The decode command's default: XLA for 256 sentences or more, graph mode below;
-  --nodecode_jit_compile / --decode_jit_compile force either, and both give the same
+  """The decode command's default: beam search in graph mode (finished sentences leave
+  the batch); greedy search with XLA from 256 sentences on, graph mode below;
+  --decode_jit_compile / --nodecode_jit_compile force either, with the same
   translations."""
   import subprocess  # pylint: disable=import-outside-toplevel
   import sys  # pylint: disable=import-outside-toplevel
@@ -486,20 +487,19 @@ def test_decode_cli_uses_xla_from_256_sentences_with_the_same_translations(
     first = next(l for l in result.stderr.splitlines() if l.startswith("decoding "))
     return first, output.read_text(encoding="utf-8").splitlines()
 
-  line, xla = decode(256)
-  assert line.endswith("; XLA (from 256 sentences on; --nodecode_jit_compile for graph "
-                       "mode))"), line
-  line, graph = decode(256, "--nodecode_jit_compile")
-  assert line.endswith("; graph mode)"), line
-  assert xla == graph and len(xla) == 256
-  line, few = decode(255)
-  assert ("; graph mode (XLA from 256 sentences on at beams up to 8, or with "
-          "--decode_jit_compile))") in line
-  assert few == graph[:255]
-  line, _ = decode(256, "--beam_size=9")  # wide beams reorder the cache: graph mode
-  assert "; graph mode (XLA from 256" in line, line
-  line, forced = decode(3, "--decode_jit_compile")
-  assert line.endswith("; XLA)") and forced == graph[:3], line
+  line, beams = decode(256)
+  assert line.endswith("; graph mode (beam search drops finished sentences from the "
+                       "batch; --decode_jit_compile for XLA))"), line
+  line, forced = decode(256, "--decode_jit_compile")
+  assert line.endswith("; XLA)"), line
+  assert forced == beams and len(beams) == 256
+  line, greedy_xla = decode(256, "--beam_size=1")
+  assert line.endswith("; XLA (one row per input from 256 sentences on; "
+                       "--nodecode_jit_compile for graph mode))"), line
+  line, greedy = decode(256, "--beam_size=1", "--nodecode_jit_compile")
+  assert line.endswith("; graph mode)") and greedy == greedy_xla, line
+  line, few = decode(255, "--beam_size=1")
+  assert "; graph mode (beam search drops" in line and few == greedy[:255], line
 
 
 def prefixes_of(ids, lengths):
