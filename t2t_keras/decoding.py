@@ -171,12 +171,14 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
     cache = model.init_cache(rows, 0 if grow else decode_length)
     return (cache, tf.zeros([rows], tf.int32)) if pointing else cache
 
+  if k == 1 and not config.sampling:
+    step, state = processors.compose(plain_step, plain_state(batch), options, rows)
+    return beam_search_lib.greedy_search(step, start, state, decode_length, context=context,
+                                         shrink=grow)
   if k == 1:
     step, state = processors.compose(
         lambda ids, index, state: plain_step(ids, index, state, context),
         plain_state(batch), options, rows)
-    if not config.sampling:
-      return beam_search_lib.greedy_search(step, start, state, decode_length)
     ids, scores = beam_search_lib.sample_search(
         step, start, state, decode_length, keys, config.seed, topk=config.sampling_topk,
         topp=config.sampling_topp, temperature=config.sampling_temperature)

@@ -280,3 +280,37 @@ def test_shrinking_batch_gives_the_full_batchs_results(alpha, results, graph):
   with pytest.raises(ValueError, match="reorder_state"):
     bs.beam_search(scorer, tf.fill([1], BOS_ID), initial_state(1, 2), 2, 4, shrink=True,
                    reorder_state=lambda state, parents: state)
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_greedy_rows_leave_the_batch_with_the_same_results(graph):
+  """greedy_search(shrink=True): each row leaves when it writes EOS, its table row
+  coming through `context`; ids and log probabilities are the full batch's (sentences
+  that end early, late and never within the limit), and the rows computed shrink."""
+  tables = [make_table(s, eos_bias=bias) for s, bias in
+            ((0, 1.5), (1, 0.0), (2, 4.0), (3, -6.0), (4, 2.0))]
+  batch = len(tables)
+  scorer = history_scorer(tables)
+  seen_rows = []
+
+  def with_context(ids, index, state, context):
+    seen_rows.append(ids.shape[0])
+    logits, (h, _) = scorer(ids, index, (state, context))
+    return logits, h
+
+  def full():
+    return bs.greedy_search(scorer, tf.fill([batch], BOS_ID), initial_state(batch, 1), 9)
+
+  def shrunk():
+    return bs.greedy_search(with_context, tf.fill([batch], BOS_ID),
+                            tf.zeros([batch], tf.int32), 9, context=tf.range(batch),
+                            shrink=True)
+  if graph:
+    full, shrunk = tf.function(full), tf.function(shrunk)
+  (want_ids, want_scores), (ids, scores) = full(), shrunk()
+  np.testing.assert_array_equal(ids.numpy(), want_ids.numpy())
+  np.testing.assert_allclose(scores.numpy(), want_scores.numpy(), rtol=1e-6)
+  lengths = [len(strip(row)) for row in ids.numpy()[:, 0]]
+  assert len(set(lengths)) > 1 and EOS_ID not in ids.numpy()[3, 0], lengths
+  if not graph:
+    assert seen_rows[0] == batch and min(seen_rows) < batch, seen_rows
