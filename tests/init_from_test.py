@@ -156,3 +156,30 @@ def test_fine_tuning_from_the_command_line(shared_data, tmp_path):
   assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
   assert "Fine-tuning needs the source's model shape" in result.stderr
   assert not tf.train.latest_checkpoint(str(tmp_path / "wider"))
+
+
+class FakeAgreement:
+  """A worker of a multi-worker run whose chief found `chief_value` (chief_number)."""
+
+  def __init__(self, chief, chief_value=None):
+    self.chief, self.multi_worker, self.chief_value = chief, True, chief_value
+
+  def chief_number(self, value):
+    return value if self.chief else self.chief_value
+
+
+def test_every_worker_starts_from_the_checkpoint_the_chief_names(tmp_path):
+  """A worker builds the chief's checkpoint (ckpt-<its step>), not its own latest one; a
+  chief that finds nothing stops every worker with a message."""
+  (tmp_path / "ckpt-7.index").write_text("")
+  with open(tmp_path / "checkpoint", "w", encoding="utf-8") as f:
+    f.write('model_checkpoint_path: "ckpt-7"\nall_model_checkpoint_paths: "ckpt-7"\n')
+  chief = init_from.agreed_checkpoint(str(tmp_path), FakeAgreement(True))
+  assert chief == str(tmp_path / "ckpt-7")
+  # The source run wrote ckpt-9 since: the worker still takes the chief's ckpt-7.
+  worker = init_from.agreed_checkpoint(str(tmp_path), FakeAgreement(False, 7))
+  assert worker == str(tmp_path / "ckpt-7")
+  prefix = init_from.agreed_checkpoint(str(tmp_path / "ckpt-7"), FakeAgreement(False, 7))
+  assert prefix == str(tmp_path / "ckpt-7")
+  with pytest.raises(ModelDirError, match="the chief found no checkpoint"):
+    init_from.agreed_checkpoint(str(tmp_path / "none"), FakeAgreement(False, -1))
