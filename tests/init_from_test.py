@@ -91,6 +91,24 @@ def test_a_new_vocabulary_keeps_the_rows_of_shared_pieces(tiny_model_dir):
   np.testing.assert_array_equal(embedding.numpy()[:4], theirs[:4])
 
 
+def test_the_optimizer_option_takes_the_checkpoints_moments_and_step(tmp_path):
+  """--init_from_optimizer: Adam's moments and step are the source run's."""
+  from t2t_keras.configs import ModelConfig, TrainConfig  # pylint: disable=import-outside-toplevel
+  from t2t_keras.training.trainer import Trainer  # pylint: disable=import-outside-toplevel
+  config = ModelConfig(vocab_size=40, hidden_size=16, filter_size=32, num_heads=2,
+                       num_hidden_layers=1)
+  source = Trainer(config, TrainConfig(model_dir=str(tmp_path / "a")))
+  for variable in source.optimizer.variables:
+    variable.assign(tf.fill(variable.shape, tf.cast(3, variable.dtype)))
+  path = tf.train.Checkpoint(model=source.model, optimizer=source.optimizer).save(
+      str(tmp_path / "a" / "ckpt"))
+  tuned = Trainer(config, TrainConfig(model_dir=str(tmp_path / "b")))
+  record = init_from.initialize(tuned.model, path, optimizer=tuned.optimizer)
+  assert record["optimizer"] == "kept" and record["step"] == 3
+  for mine, theirs in zip(tuned.optimizer.variables, source.optimizer.variables):
+    np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+
+
 def write_corpus(path, lines, source, target):
   os.makedirs(path, exist_ok=True)
   for name in ("train", "dev"):
@@ -115,8 +133,8 @@ def train(model_dir, data, *flags):
 @pytest.mark.slow
 def test_fine_tuning_from_the_command_line(shared_data, tmp_path):
   """A Multi30k run, then runs that start from it: on its vocabulary (the default), on a
-  new one built from other text, with its optimizer; a model of other shape is refused
-  before any step, naming the variable and the fix; a restarted run resumes its own."""
+  new one built from other text; a model of other shape is refused before any step,
+  naming the variable and the fix; a restarted run resumes its own."""
   def lines(name):
     with open(os.path.join(shared_data, "multi30k", name), encoding="utf-8") as f:
       return [l.rstrip("\n") for l in f]
@@ -139,18 +157,12 @@ def test_fine_tuning_from_the_command_line(shared_data, tmp_path):
   assert again.returncode == 0 and "initialized from" not in again.stdout
   assert "resumed from" in again.stdout, again.stdout[-2000:]
 
+  # A new vocabulary built from the new data: shared pieces keep their rows.
   result = train(tmp_path / "new_vocab", second, f"--init_from={source}",
                  "--init_from_vocab=new", "--vocab_size=280")
   assert result.returncode == 0, result.stderr[-3000:]
   record = json.loads((tmp_path / "new_vocab" / "init_from.json").read_text())
   assert record["vocabulary"] == "new" and record["pieces_kept"] > 100, record
-
-  result = train(tmp_path / "kept", second, f"--init_from={source}/ckpt-3",
-                 "--init_from_optimizer", "--train_steps=5")
-  assert result.returncode == 0, result.stderr[-3000:]
-  record = json.loads((tmp_path / "kept" / "init_from.json").read_text())
-  assert record["optimizer"] == "kept" and record["step"] == 3
-  assert os.path.basename(tf.train.latest_checkpoint(str(tmp_path / "kept"))) == "ckpt-5"
 
   result = train(tmp_path / "wider", second, f"--init_from={source}", "--filter_size=48")
   assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
