@@ -152,7 +152,7 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
   # longest output possible; and beam search drops a sentence from the batch once its
   # result is final. XLA needs fixed shapes.
   grow = not in_place_cache
-  # What every step reads and never changes, per row: passed to the step as the
+  # What every step reads and never changes, one row per sentence: passed to the step as the
   # search's context, so that it leaves the batch with its sentence.
   context = (cross_key_values, memory_mask, (encoded, inputs) if pointing else ())
 
