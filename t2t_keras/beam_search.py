@@ -103,6 +103,23 @@ def loop_shape(tensor: tf.Tensor) -> tf.TensorShape:
   return tf.TensorShape([None if d == 0 else d for d in tensor.shape.as_list()])
 
 
+def _batch_free(shape: tf.TensorShape) -> tf.TensorShape:
+  """A loop-variable shape whose leading (batch) dimension may shrink (`shrink`)."""
+  if shape.rank in (None, 0):
+    return shape
+  return tf.TensorShape([None]).concatenate(shape[1:])
+
+
+def _keep_context(context, leaving: tf.Tensor, staying: tf.Tensor):
+  """The context rows of the sentences `staying`, gathered only on a step where some
+  sentence is `leaving` (the context never changes otherwise)."""
+  if not tf.nest.flatten(context):
+    return context
+  return tf.cond(tf.size(leaving) > 0,
+                 lambda: tf.nest.map_structure(lambda t: tf.gather(t, staying), context),
+                 lambda: context)
+
+
 class BeamState(NamedTuple):
   """The loop variables of `beam_search` (B batch, K beam, L decode length).
 
@@ -285,24 +302,16 @@ def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, stat
     picked = tf.reshape(staying[:, None] * k + tf.gather(parents, staying), [-1])
     state = tf.nest.map_structure(lambda t: tf.gather(t, picked), new.state)
     new = BeamState(new.i, *(tf.gather(t, staying) for t in new[1:6]), state)
-    if tf.nest.flatten(context):  # gathered only when a sentence left
-      context = tf.cond(
-          tf.size(leaving) > 0,
-          lambda: tf.nest.map_structure(lambda t: tf.gather(t, staying), context),
-          lambda: context)
+    context = _keep_context(context, leaving, staying)
     return new, tf.gather(sentences, staying), context, out_ids, out_scores
 
   def shrink_not_done(loop, sentences, context, out_ids, out_scores):
     del loop, context, out_ids, out_scores
     return tf.size(sentences) > 0
 
-  def leading_free(shape):
-    return shape if shape.rank in (None, 0) else tf.TensorShape([None]).concatenate(
-        shape[1:])
-
-  shrink_shapes = (shapes._replace(state=tf.nest.map_structure(leading_free, shapes.state)),
+  shrink_shapes = (shapes._replace(state=tf.nest.map_structure(_batch_free, shapes.state)),
                    tf.TensorShape([None]),
-                   tf.nest.map_structure(lambda t: leading_free(t.shape), context),
+                   tf.nest.map_structure(lambda t: _batch_free(t.shape), context),
                    tf.TensorShape([None, k, static_length]), tf.TensorShape([None, k]))
   out_ids = tf.fill([batch, k, decode_length], tf.constant(PAD_ID, tf.int32))
   out_scores = tf.fill([batch, k], tf.constant(NEG_INF))
@@ -368,11 +377,7 @@ def _greedy_shrinking(symbols_to_logits, initial_ids, state, decode_length, eos_
                                                 tf.gather(log_probs, leaving))
     staying = tf.cast(tf.where(tf.logical_not(ended))[:, 0], tf.int32)
     state = tf.nest.map_structure(lambda t: tf.gather(t, staying), state)
-    if tf.nest.flatten(context):
-      context = tf.cond(
-          tf.size(leaving) > 0,
-          lambda: tf.nest.map_structure(lambda t: tf.gather(t, staying), context),
-          lambda: context)
+    context = _keep_context(context, leaving, staying)
     return (i + 1, tf.gather(rows, staying), tf.gather(seqs, staying),
             tf.gather(log_probs, staying), tf.gather(ids, staying), state, context,
             out_seqs, out_log_probs)
@@ -381,10 +386,6 @@ def _greedy_shrinking(symbols_to_logits, initial_ids, state, decode_length, eos_
     del i, rest
     return tf.size(rows) > 0
 
-  def free(shape):
-    return shape if shape.rank in (None, 0) else tf.TensorShape([None]).concatenate(
-        shape[1:])
-
   initial = (tf.constant(0), tf.range(batch),
              tf.fill([batch, decode_length], tf.constant(PAD_ID, tf.int32)),
              tf.zeros([batch]), tf.cast(initial_ids, tf.int32), state, context,
@@ -392,8 +393,8 @@ def _greedy_shrinking(symbols_to_logits, initial_ids, state, decode_length, eos_
              tf.zeros([batch]))
   shapes = (tf.TensorShape([]), tf.TensorShape([None]), tf.TensorShape([None, static_length]),
             tf.TensorShape([None]), tf.TensorShape([None]),
-            tf.nest.map_structure(lambda t: free(loop_shape(t)), state),
-            tf.nest.map_structure(lambda t: free(t.shape), context),
+            tf.nest.map_structure(lambda t: _batch_free(loop_shape(t)), state),
+            tf.nest.map_structure(lambda t: _batch_free(t.shape), context),
             tf.TensorShape([None, static_length]), tf.TensorShape([None]))
   _, rows, seqs, log_probs, _, _, _, out_seqs, out_log_probs = tf.while_loop(
       not_done, step, initial, shape_invariants=shapes, maximum_iterations=decode_length)
