@@ -99,11 +99,17 @@ class ModelConfig:
                                      check=DROPOUT)
   relu_dropout: float = setting(0.0, "Dropout after the FFN ReLU.", check=DROPOUT)
   position_embedding: str = setting(
-      "sinusoid", "Sinusoidal (paper) or learned (Table 3 row E) positions.",
-      choices=("sinusoid", "learned"))
+      "sinusoid", "Sinusoidal (paper) or learned (Table 3 row E) positions added to "
+      "the embeddings, or relative positions in self-attention instead (Shaw et al. "
+      "2018, t2t's transformer_relative; --max_relative_position).",
+      choices=("sinusoid", "learned", "relative"))
   max_position: int = setting(
       1024, "Positions a learned position table covers (later positions reuse its "
       "last row).", check=POSITIVE)
+  max_relative_position: int = setting(
+      20, "--position_embedding=relative: distances key - query are clipped to "
+      "[-K, K], K this flag (t2t's default 20); each self-attention layer learns 2K+1 "
+      "key and value embeddings.", check=POSITIVE)
   pre_norm: bool = setting(False, "LayerNorm before each sublayer (t2t's later default); "
                            "false = post-norm as in the paper.")
   norm_epsilon: float = setting(1e-6, "LayerNorm epsilon.")
@@ -144,9 +150,9 @@ class ModelConfig:
             f"--hidden_size={self.hidden_size} is not divisible by --num_heads="
             f"{self.num_heads}: choose sizes that divide, or set --key_size and "
             "--value_size (d_k, d_v per head) explicitly")
-    if self.position_embedding not in ("sinusoid", "learned"):
+    if self.position_embedding not in ("sinusoid", "learned", "relative"):
       problems.append(f"--position_embedding={self.position_embedding!r} must be "
-                      "'sinusoid' or 'learned'")
+                      "'sinusoid', 'learned' or 'relative'")
     if self.dtype not in ("float32", "bfloat16", "mixed_float16", "mixed_bfloat16"):
       problems.append(f"--dtype={self.dtype!r} must be float32, bfloat16 or "
                       "mixed_float16")

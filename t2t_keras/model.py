@@ -119,11 +119,14 @@ class Transformer(keras.Model):
                                               name="encoder_position")
       self.decoder_position = LearnedPosition(c.max_position, c.hidden_size, dtype=policy,
                                               name="decoder_position")
-    else:
+    elif c.position_embedding == "sinusoid":
       self.encoder_position = SinusoidalPosition(dtype=policy, name="encoder_position")
       self.decoder_position = SinusoidalPosition(dtype=policy, name="decoder_position")
-    self.encoder_position.build((None, None, c.hidden_size))
-    self.decoder_position.build((None, None, c.hidden_size))
+    else:  # relative: in self-attention (the layers' max_relative_position), not added
+      self.encoder_position = self.decoder_position = None
+    for position in (self.encoder_position, self.decoder_position):
+      if position is not None:
+        position.build((None, None, c.hidden_size))
     self.encoder_dropout = Dropout(c.layer_prepostprocess_dropout, dtype=policy,
                                    name="encoder_embedding_dropout")
     self.decoder_dropout = Dropout(c.layer_prepostprocess_dropout, dtype=policy,
@@ -132,7 +135,9 @@ class Transformer(keras.Model):
                       num_heads=c.num_heads, key_size=c.head_key_size,
                       value_size=c.head_value_size, dropout=c.layer_prepostprocess_dropout,
                       attention_dropout=c.attention_dropout, relu_dropout=c.relu_dropout,
-                      pre_norm=c.pre_norm, norm_epsilon=c.norm_epsilon, dtype=policy)
+                      pre_norm=c.pre_norm, norm_epsilon=c.norm_epsilon, dtype=policy,
+                      max_relative_position=(c.max_relative_position
+                                             if c.position_embedding == "relative" else 0))
     shape = (None, None, c.hidden_size)
     self.encoder_layers = [EncoderLayer(name=f"encoder_layer_{i}", **layer_args)
                            for i in range(c.encoder_layers)]
@@ -156,6 +161,11 @@ class Transformer(keras.Model):
       self.decoder_norm.build(shape)
     self.built = True
 
+  @staticmethod
+  def _add_position(position, x, start=0):
+    """x plus its absolute position encoding; x itself with relative positions."""
+    return x if position is None else position(x, start=start)
+
   # ---------------------------------------------------------------- teacher forcing
   def encode(self, inputs, training=None, return_attention=False):
     """Encodes source ids (B, S).
@@ -165,7 +175,7 @@ class Transformer(keras.Model):
       self-attention probabilities (B, H, S, S) if `return_attention`.
     """
     mask = padding_mask(inputs)
-    x = self.encoder_position(self.source_embedding(inputs))
+    x = self._add_position(self.encoder_position, self.source_embedding(inputs))
     x = self.encoder_dropout(x, training=training)
     maps = []
     for layer in self.encoder_layers:
@@ -185,7 +195,7 @@ class Transformer(keras.Model):
       if `return_attention`.
     """
     decoder_inputs = shift_right(targets)
-    x = self.decoder_position(self.target_embedding(decoder_inputs))
+    x = self._add_position(self.decoder_position, self.target_embedding(decoder_inputs))
     if self.model_config.source_pointer:
       if inputs is None:
         raise ValueError("this model has a source pointer (--source_pointer): decode "
@@ -288,7 +298,7 @@ class Transformer(keras.Model):
       (float32 logits (B * K, V) for position `index`, updated cache).
     """
     x = self.target_embedding(ids[:, None])  # (B*K, 1, D)
-    x = self.decoder_position(x, start=index)
+    x = self._add_position(self.decoder_position, x, start=index)
     if self.model_config.source_pointer:
       if source_pointer is None:
         raise ValueError("this model has a source pointer (--source_pointer): decode_step "

@@ -200,6 +200,8 @@ def _shape_of(config: ModelConfig) -> dict:
   shape["key_size"], shape["value_size"] = config.head_key_size, config.head_value_size
   if config.position_embedding == "learned":
     shape["max_position"] = config.max_position
+  if config.position_embedding == "relative":
+    shape["max_relative_position"] = config.max_relative_position
   del shape["num_hidden_layers"], shape["num_encoder_layers"], shape["num_decoder_layers"]
   return shape
 

@@ -32,9 +32,10 @@ def shared_data():
   return SHARED_DATA
 
 
-def build_tiny_model_dir(path, seed=0):
+def build_tiny_model_dir(path, seed=0, **model_flags):
   """A model directory as training writes it (config.json, vocab.model, ckpt-7): a tiny
-  random-weight Transformer over a small SentencePiece vocabulary of made-up text."""
+  random-weight Transformer over a small SentencePiece vocabulary of made-up text
+  (`model_flags`: other ModelConfig fields)."""
   # pylint: disable=import-outside-toplevel
   import keras
   import numpy as np
@@ -53,7 +54,7 @@ def build_tiny_model_dir(path, seed=0):
   tokenizer = tokenizer_lib.load_tokenizer(vocab)
   modeldir.save_vocab(tokenizer, path)
   config = ModelConfig(vocab_size=tokenizer.vocab_size, hidden_size=16, filter_size=32,
-                       num_heads=2, num_hidden_layers=2)
+                       num_heads=2, num_hidden_layers=2, **model_flags)
   modeldir.write_or_check_config(path, config, data=DataConfig(source="files"))
   keras.utils.set_random_seed(seed)
   model = create_model(config)

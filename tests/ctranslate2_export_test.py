@@ -41,6 +41,10 @@ CONFIGS = {
         shared_embeddings=False, num_decoder_layers=1),
     "head_size_16_of_32": dataclasses.replace(BASE, key_size=16, value_size=16,
                                               norm_epsilon=1e-3),
+    # Shaw et al.: K = 3, shorter than the sentences, so clipping matters
+    "relative_pre_norm": dataclasses.replace(BASE, pre_norm=True,
+                                             position_embedding="relative",
+                                             max_relative_position=3),
 }
 
 

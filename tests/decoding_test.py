@@ -36,6 +36,22 @@ def pointer_model():
                                   source_pointer=True))
 
 
+@pytest.fixture(scope="module")
+def relative_model():
+  """Relative positions in self-attention (no absolute encoding); K = 3 < the
+  lengths decoded, so clipped distances are exercised."""
+  keras.utils.set_random_seed(5)
+  return create_model(ModelConfig(vocab_size=V, hidden_size=16, filter_size=32,
+                                  num_heads=2, num_hidden_layers=2,
+                                  layer_prepostprocess_dropout=0.0,
+                                  position_embedding="relative", max_relative_position=3))
+
+
+@pytest.fixture
+def models(model, pointer_model, relative_model):
+  return {"plain": model, "pointer": pointer_model, "relative": relative_model}
+
+
 def sources(rng, lengths):
   ids = np.full((len(lengths), max(lengths)), PAD_ID, np.int32)
   for b, n in enumerate(lengths):
@@ -60,17 +76,19 @@ def uncached_scorer(model, inputs, beam, length):
   return fn, state
 
 
-@pytest.mark.parametrize("beam,alpha,slotted,pointer", [
-    (1, 0.0, False, False), (4, 0.6, True, False), (4, 0.6, False, False),
-    (10, 0.3, False, False), (1, 0.0, False, True), (4, 0.6, True, True),
-    (4, 0.6, False, True)])
+@pytest.mark.parametrize("beam,alpha,slotted,which", [
+    (1, 0.0, False, "plain"), (4, 0.6, True, "plain"), (4, 0.6, False, "plain"),
+    (10, 0.3, False, "plain"), (1, 0.0, False, "pointer"), (4, 0.6, True, "pointer"),
+    (4, 0.6, False, "pointer"), (1, 0.0, True, "relative"), (4, 0.6, True, "relative"),
+    (4, 0.6, False, "relative")])
 @pytest.mark.slow
-def test_cached_decoding_equals_uncached(model, pointer_model, beam, alpha, slotted,
-                                         pointer, monkeypatch):
+def test_cached_decoding_equals_uncached(models, beam, alpha, slotted, which,
+                                         monkeypatch):
   # Both cache layouts: beam slots kept in place, and one row per hypothesis reordered.
   # With a source pointer, the search carries each hypothesis' pointer; the uncached
-  # scorer recounts it from the prefix (Transformer.decode).
-  model = pointer_model if pointer else model
+  # scorer recounts it from the prefix (Transformer.decode). With relative positions,
+  # each step's distances (to slotted or grown positions) against teacher forcing's.
+  model = models[which]
   monkeypatch.setattr(decoding, "MAX_SLOTTED_BEAM", max(beam, 4))
   inputs = sources(np.random.default_rng(0), [6, 3, 9])
   # return_beams: all K beams are final (compared below), not only the first.
@@ -91,9 +109,9 @@ def test_cached_decoding_equals_uncached(model, pointer_model, beam, alpha, slot
   np.testing.assert_allclose(scores.numpy(), want_scores.numpy(), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("pointer", [False, True])
-def test_padding_does_not_change_translations(model, pointer_model, pointer):
-  model = pointer_model if pointer else model
+@pytest.mark.parametrize("which", ["plain", "pointer", "relative"])
+def test_padding_does_not_change_translations(models, which):
+  model = models[which]
   inputs = sources(np.random.default_rng(1), [7, 4])
   config = DecodeConfig(beam_size=3, extra_decode_length=5)
   ids, scores = decoding.decode_ids(model, inputs, config, decode_length=12)
@@ -127,9 +145,9 @@ def test_first_beam_is_final_when_the_other_beams_are_not_asked_for(alpha, in_pl
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pointer", [False, True])
-def test_xla_decoding_equals_eager(model, pointer_model, pointer):
-  model = pointer_model if pointer else model
+@pytest.mark.parametrize("which", ["plain", "pointer", "relative"])
+def test_xla_decoding_equals_eager(models, which):
+  model = models[which]
   inputs = sources(np.random.default_rng(2), [5, 8])
   config = DecodeConfig(beam_size=2, alpha=0.6, extra_decode_length=4, return_beams=True)
   eager = decoding.decode_ids(model, inputs, config)

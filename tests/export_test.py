@@ -14,7 +14,7 @@ from t2t_keras import EOS_ID, PAD_ID, loading
 from t2t_keras.configs import DecodeConfig
 from t2t_keras.data import tokenizer as tokenizer_lib
 from t2t_keras.export.saved_model import export_model_dir
-from tests.conftest import REPO_ROOT, SessionModel
+from tests.conftest import REPO_ROOT, SessionModel, build_tiny_model_dir
 
 DECODE = DecodeConfig(beam_size=2, alpha=0.6, extra_decode_length=5, return_beams=True)
 MAX_INPUT = 24
@@ -95,6 +95,17 @@ def assert_fresh_process_equals_eager(model_dir, export_path):
 @pytest.mark.slow
 def test_fresh_process_without_t2t_keras_equals_eager(model_dir, export_path):
   assert_fresh_process_equals_eager(model_dir, export_path)
+
+
+@pytest.mark.slow
+def test_relative_position_model_export_equals_eager(tmp_path):
+  """--position_embedding=relative: the export (each step's distances to the grown
+  cache, in a session without t2t_keras) translates as eager decoding."""
+  model_dir = build_tiny_model_dir(str(tmp_path / "model"), seed=2,
+                                   position_embedding="relative", max_relative_position=3)
+  path = export_model_dir(model_dir, str(tmp_path / "export"), DECODE, MAX_INPUT,
+                          version=1)
+  assert_fresh_process_equals_eager(model_dir, path)
 
 
 @pytest.fixture(scope="module")

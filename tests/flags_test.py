@@ -97,6 +97,14 @@ def test_table3_rows_are_overrides_of_base(overrides, dk, dv, h, n, d, dff):
           model.encoder_layers, model.hidden_size, model.filter_size) == (dk, dv, h, n, d, dff)
 
 
+def test_relative_positions_are_a_flag_and_their_window_is_checked():
+  _, model, _ = parse("--flagfile=flags/base_en_de.cfg", "--position_embedding=relative",
+                      "--max_relative_position=16")
+  assert (model.position_embedding, model.max_relative_position) == ("relative", 16)
+  with pytest.raises(flags.IllegalFlagValueError, match="max_relative_position"):
+    parse("--position_embedding=relative", "--max_relative_position=0")
+
+
 def test_inconsistent_flags_are_refused_with_values():
   with pytest.raises(flags.IllegalFlagValueError, match="hidden_size=512.*num_heads=7"):
     parse("--flagfile=flags/base_en_de.cfg", "--num_heads=7")

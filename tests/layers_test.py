@@ -14,6 +14,8 @@ from t2t_keras.layers.position import sinusoid
 LAYER_CASES = [
     (layers.MultiHeadAttention, dict(num_heads=2, key_size=3, value_size=5, output_size=8,
                                      attention_dropout=0.1)),
+    (layers.MultiHeadAttention, dict(num_heads=2, key_size=3, value_size=5, output_size=8,
+                                     max_relative_position=4)),
     (HeadDense, dict(equation="btd,dhk->bthk", output_shape=(None, 2, 3))),
     (layers.Dropout, dict(rate=0.25, seed=3)),
     (layers.FeedForward, dict(filter_size=12, output_size=8, relu_dropout=0.2)),
@@ -23,7 +25,8 @@ LAYER_CASES = [
     (layers.Residual, dict(pre_norm=True, dropout=0.3, norm_epsilon=1e-3)),
     (layers.EncoderLayer, dict(hidden_size=8, filter_size=12, num_heads=2, key_size=4,
                                value_size=2, dropout=0.2, attention_dropout=0.1,
-                               relu_dropout=0.1, pre_norm=True, norm_epsilon=1e-5)),
+                               relu_dropout=0.1, pre_norm=True, norm_epsilon=1e-5,
+                               max_relative_position=2)),
     (layers.DecoderLayer, dict(hidden_size=8, filter_size=12, num_heads=2, key_size=4,
                                value_size=4, dropout=0.2, pre_norm=False)),
 ]
@@ -80,6 +83,54 @@ def test_attention_matches_numpy_reference():
   expected = np.einsum("bthk,hkd->btd", context, wo)
   np.testing.assert_allclose(np.asarray(probs), expected_probs, atol=1e-6)
   np.testing.assert_allclose(np.asarray(out), expected, atol=1e-5)
+
+
+def test_relative_attention_matches_shaw_et_al_loop():
+  """Relative positions (Shaw et al. 2018, eqs. 3-5) computed one query and key at a
+  time: e_ij = q_i (k_j + a_K[clip(j - i)]) / sqrt(d), z_i = sum_j p_ij (v_j + a_V[..])."""
+  rng = np.random.default_rng(1)
+  limit, length = 2, 6  # distances up to 5: clipped
+  attention = layers.MultiHeadAttention(num_heads=2, key_size=3, value_size=4,
+                                        output_size=5, max_relative_position=limit)
+  attention.build((None, None, 5))
+  for weight in (attention.relative_position_keys, attention.relative_position_values):
+    weight.assign(rng.normal(size=weight.shape).astype("float32"))
+  x = rng.normal(size=(1, length, 5)).astype("float32")
+  mask = np.tril(np.ones((length, length), bool))[None, None]  # causal
+  out, probs = attention(x, attention_mask=mask, return_attention=True)
+  wq, wk, wv, wo = (np.asarray(d.kernel) for d in (
+      attention.query_dense, attention.key_dense, attention.value_dense,
+      attention.output_dense))
+  a_k = np.asarray(attention.relative_position_keys)
+  a_v = np.asarray(attention.relative_position_values)
+  q, k, v = (np.einsum("btd,dhk->bhtk", x, w)[0] for w in (wq, wk, wv))
+  expected_probs = np.zeros((2, length, length))
+  context = np.zeros((length, 2, 4))
+  for h in range(2):
+    for i in range(length):
+      logits = np.full(length, -np.inf)
+      for j in range(i + 1):
+        index = min(max(j - i, -limit), limit) + limit
+        logits[j] = q[h, i] @ (k[h, j] + a_k[index]) / math.sqrt(3)
+      p = np.exp(logits - logits.max())
+      p /= p.sum()
+      expected_probs[h, i] = p
+      for j in range(i + 1):
+        index = min(max(j - i, -limit), limit) + limit
+        context[i, h] += p[j] * (v[h, j] + a_v[index])
+  expected = np.einsum("thk,hkd->td", context, wo)
+  np.testing.assert_allclose(np.asarray(probs)[0], expected_probs, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(out)[0], expected, atol=1e-5)
+
+
+def test_relative_positions_only_in_self_attention():
+  layer = layers.DecoderLayer(hidden_size=8, filter_size=12, num_heads=2, key_size=4,
+                              value_size=4, max_relative_position=3)
+  layer.build((None, None, 8))
+  names = sorted(w.path for w in layer.weights if "relative" in w.path)
+  assert names == ["decoder_layer/self_attention/relative_position_keys",
+                   "decoder_layer/self_attention/relative_position_values"], names
+  assert layer.self_attention.relative_position_keys.shape == (7, 4)
 
 
 def test_feed_forward_is_relu_mlp():

@@ -135,7 +135,7 @@ def test_source_pointer_reads_the_source_at_the_pointer():
   assert np.abs(logits - without).max() > 1e-3
 
 
-@pytest.mark.parametrize("position_embedding", ["sinusoid", "learned"])
+@pytest.mark.parametrize("position_embedding", ["sinusoid", "learned", "relative"])
 def test_position_embeddings_work_and_matter(position_embedding):
   keras.utils.set_random_seed(0)
   model = create_model(tiny_config(position_embedding=position_embedding, max_position=32))
@@ -147,6 +147,11 @@ def test_position_embeddings_work_and_matter(position_embedding):
   assert np.abs(logits[0, 1] - logits[0, 2]).max() > 1e-4
   learned = [w for w in model.weights if "position_embeddings" in w.path]
   assert len(learned) == (2 if position_embedding == "learned" else 0)
+  relative = [w for w in model.weights if "relative_position" in w.path]
+  layers = len(model.encoder_layers) + len(model.decoder_layers)
+  assert len(relative) == (2 * layers if position_embedding == "relative" else 0)
+  if position_embedding == "relative":  # instead of an absolute encoding
+    assert model.encoder_position is None and model.decoder_position is None
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "mixed_float16"])

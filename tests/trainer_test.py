@@ -177,6 +177,13 @@ def test_model_dir_refuses_another_shape(tmp_path):
                      match=r"--hidden_size: saved 16, requested 32.*--num_heads: saved 2"):
     modeldir.write_or_check_config(model_dir, other)
   assert modeldir.load_model_config(model_dir) == MODEL
+  relative = ModelConfig(**{**MODEL.__dict__, "position_embedding": "relative",
+                            "max_relative_position": 8})
+  modeldir.write_or_check_config(str(tmp_path / "r"), relative)
+  with pytest.raises(errors.ModelDirError, match=r"--max_relative_position: saved 8, "
+                     "requested 16"):
+    modeldir.write_or_check_config(str(tmp_path / "r"), ModelConfig(
+        **{**relative.__dict__, "max_relative_position": 16}))
 
 
 @pytest.mark.slow

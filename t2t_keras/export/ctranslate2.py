@@ -11,7 +11,10 @@ What makes the two engines agree (each checked by tests/ctranslate2_export_test.
 - Embeddings are scaled by sqrt(d_model) in both (`scale_embeddings`).
 - Positions: the paper's interleaved sin/cos (t2t_keras) differ from CTranslate2's
   built-in concatenated halves, so the table itself is exported (`encodings`),
-  `max_position` rows (learned positions: the trained table).
+  `max_position` rows (learned positions: the trained table). Relative positions
+  (Shaw et al.) are CTranslate2's `relative_position` spec, as OpenNMT-tf's models
+  convert: each self-attention's key and value embeddings, (2K + 1, head size), with
+  no position table; K is read from their shape.
 - Start and end: the decoder starts from BOS (`decoder_start_token`), sources end with
   EOS (`add_source_eos`); PAD, EOS, UNK and BOS keep their ids and piece strings.
 - LayerNorm epsilon (`layer_norm_epsilon`), pre-norm or post-norm, the final norm of a
@@ -106,6 +109,9 @@ def _projection(dense, heads_out: bool) -> np.ndarray:
 
 
 def _set_attention(spec, attention, residual, self_attention: bool):
+  if attention.max_relative_position:
+    spec.relative_position_keys = _numpy(attention.relative_position_keys)
+    spec.relative_position_values = _numpy(attention.relative_position_values)
   query = _projection(attention.query_dense, True)
   key = _projection(attention.key_dense, True)
   value = _projection(attention.value_dense, True)
@@ -152,7 +158,9 @@ def build_spec(model, config: ModelConfig, tokens: List[str]):
   ct2 = _ctranslate2()
   specs = ct2.specs
   check_supported(config)
-  common = dict(pre_norm=config.pre_norm, head_dim=config.head_key_size)
+  relative = config.position_embedding == "relative"
+  common = dict(pre_norm=config.pre_norm, head_dim=config.head_key_size,
+                relative_position=relative)
   encoder = specs.TransformerEncoderSpec(config.encoder_layers, config.num_heads, **common)
   decoder = specs.TransformerDecoderSpec(config.decoder_layers, config.num_heads, **common)
   spec = specs.TransformerSpec(encoder, decoder)
@@ -166,13 +174,15 @@ def build_spec(model, config: ModelConfig, tokens: List[str]):
   spec.register_target_vocabulary(tokens)
 
   encoder.embeddings[0].weight = _numpy(model.source_embedding.embeddings)
-  encoder.position_encodings.encodings = _positions(model, config, encoder=True)
+  if not relative:
+    encoder.position_encodings.encodings = _positions(model, config, encoder=True)
   for layer_spec, layer in zip(encoder.layer, model.encoder_layers):
     _set_attention(layer_spec.self_attention, layer.self_attention,
                    layer.self_attention_residual, self_attention=True)
     _set_ffn(layer_spec.ffn, layer)
   decoder.embeddings.weight = _numpy(model.target_embedding.embeddings)
-  decoder.position_encodings.encodings = _positions(model, config, encoder=False)
+  if not relative:
+    decoder.position_encodings.encodings = _positions(model, config, encoder=False)
   for layer_spec, layer in zip(decoder.layer, model.decoder_layers):
     _set_attention(layer_spec.self_attention, layer.self_attention,
                    layer.self_attention_residual, self_attention=True)

@@ -18,6 +18,14 @@ Incremental decoding keeps a fixed-size cache {"key": (B, H, K * L, Dk), "value"
 tf.function, under XLA and on TPU. Without XLA the cache may instead grow by one
 position per step (`cache_index=None`): each step then copies and attends over the
 positions decoded so far, not over the longest output possible.
+
+Relative positions (Shaw et al. 2018, tensor2tensor's `transformer_relative`,
+`max_relative_position` K > 0, self-attention only): each layer learns a key and a
+value embedding, shared by its heads, for each distance (key position - query
+position) clipped to [-K, K]. A query's logit for a key adds q . a_K[distance], and its
+output adds the probability-weighted a_V[distance]:
+  e_ts = q_t (k_s + a_K[d_ts])^T / sqrt(Dk),  z_t = sum_s p_ts (v_s + a_V[d_ts]).
+The query is scaled before both dot products, as in t2t, OpenNMT and CTranslate2.
 """
 
 from __future__ import annotations
@@ -113,6 +121,8 @@ class MultiHeadAttention(keras.layers.Layer):
     value_size: Dv, size of each head's values.
     output_size: D, size of the output projection (d_model).
     attention_dropout: dropout rate on the attention probabilities.
+    max_relative_position: K > 0 adds relative position embeddings of distances
+      clipped to [-K, K] (self-attention only; see the module docstring); 0: none.
 
   Call arguments:
     query: (B, T, D) queries.
@@ -138,13 +148,14 @@ class MultiHeadAttention(keras.layers.Layer):
   """
 
   def __init__(self, num_heads, key_size, value_size, output_size, attention_dropout=0.0,
-               **kwargs):
+               max_relative_position=0, **kwargs):
     super().__init__(**kwargs)
     self.num_heads = num_heads
     self.key_size = key_size
     self.value_size = value_size
     self.output_size = output_size
     self.attention_dropout = attention_dropout
+    self.max_relative_position = max_relative_position
 
   def build(self, input_shape):
     dim = input_shape[-1]
@@ -166,7 +177,33 @@ class MultiHeadAttention(keras.layers.Layer):
     for dense in (self.query_dense, self.key_dense, self.value_dense):
       dense.build((None, None, dim))
     self.output_dense.build((None, None, self.num_heads, self.value_size))
+    if self.max_relative_position:
+      window = 2 * self.max_relative_position + 1
+      # OpenNMT-tf's and CTranslate2's names; t2t's are relative_positions_keys/values.
+      self.relative_position_keys = self.add_weight(
+          name="relative_position_keys", shape=(window, self.key_size),
+          initializer=keras.initializers.GlorotUniform())
+      self.relative_position_values = self.add_weight(
+          name="relative_position_values", shape=(window, self.value_size),
+          initializer=keras.initializers.GlorotUniform())
     self.built = True
+
+  def _relative(self, query_positions, key_positions, dtype):
+    """The key and value embeddings of the clipped distances key - query:
+    (T, S, Dk) and (T, S, Dv) for query positions (T,) and key positions (S,); or
+    (S, Dk) and (S, Dv) for one scalar query position (every query of a decoding
+    step); None without relative positions."""
+    if not self.max_relative_position:
+      return None
+    limit = self.max_relative_position
+    query_positions = ops.convert_to_tensor(query_positions, "int32")
+    if len(query_positions.shape) == 0:
+      distance = key_positions - query_positions
+    else:
+      distance = key_positions[None, :] - query_positions[:, None]
+    index = ops.clip(distance, -limit, limit) + limit
+    return (ops.take(ops.cast(self.relative_position_keys, dtype), index, axis=0),
+            ops.take(ops.cast(self.relative_position_values, dtype), index, axis=0))
 
   def compute_key_value(self, memory):
     """Projects memory (B, S, D) to keys (B, H, S, Dk) and values (B, H, S, Dv).
@@ -188,7 +225,11 @@ class MultiHeadAttention(keras.layers.Layer):
       return self._call_shared(q, key_value, attention_mask, return_attention)
     q = ops.transpose(q, (0, 2, 1, 3))  # (B, H, T, Dk)
     k, v = self.compute_key_value(query if memory is None else memory)
-    probs, context = self._attend(q, k, v, attention_mask, training)
+    relative = None
+    if memory is None and self.max_relative_position:
+      positions = ops.arange(ops.shape(query)[1], dtype="int32")
+      relative = self._relative(positions, positions, q.dtype)
+    probs, context = self._attend(q, k, v, attention_mask, training, relative)
     output = self.output_dense(ops.transpose(context, (0, 2, 1, 3)))  # (B, T, D)
     return (output, probs) if return_attention else output
 
@@ -213,16 +254,28 @@ class MultiHeadAttention(keras.layers.Layer):
                         (rows, length, self.num_heads, -1))
     return output, ops.transpose(probs, (0, 2, 1, 3))
 
-  def _attend(self, q, k, v, attention_mask, training):
-    """softmax(q k^T / sqrt(Dk)) v per head: q (B, H, T, Dk), k/v (B, H, S, Dk/Dv)."""
+  def _attend(self, q, k, v, attention_mask, training, relative=None):
+    """softmax(q k^T / sqrt(Dk)) v per head: q (B, H, T, Dk), k/v (B, H, S, Dk/Dv);
+    `relative`: the distance embeddings from `_relative`, (T, S, D*) or (S, D*)."""
     q = q * ops.cast(1.0 / (self.key_size ** 0.5), q.dtype)
     logits = ops.einsum("bhtk,bhsk->bhts", q, k)  # (B, H, T, S)
+    if relative is not None:
+      if len(relative[0].shape) == 2:  # one query position: (S, Dk)
+        logits = logits + ops.einsum("bhtk,sk->bhts", q, relative[0])
+      else:  # a matmul per query position: (T, B * H, Dk) x (T, Dk, S)
+        logits = logits + ops.einsum("bhtk,tsk->bhts", q, relative[0])
     logits = ops.cast(logits, "float32")
     if attention_mask is not None:
       logits = ops.where(attention_mask, logits, _MASK_VALUE)
     probs = ops.softmax(logits, axis=-1)
     weights = self.dropout(ops.cast(probs, self.compute_dtype), training=training)
-    return probs, ops.einsum("bhts,bhsk->bhtk", weights, v)  # (B, H, T, Dv)
+    context = ops.einsum("bhts,bhsk->bhtk", weights, v)  # (B, H, T, Dv)
+    if relative is not None:
+      if len(relative[1].shape) == 2:
+        context = context + ops.einsum("bhts,sk->bhtk", weights, relative[1])
+      else:
+        context = context + ops.einsum("bhts,tsk->bhtk", weights, relative[1])
+    return probs, context
 
   def _call_cached(self, q, query, attention_mask, cache, cache_index, return_attention):
     """One decoding step of self-attention over the beam-slotted cache.
@@ -247,7 +300,17 @@ class MultiHeadAttention(keras.layers.Layer):
     # (B * K, 1, H, Dk) -> (B, H, K, Dk): the K hypotheses are the queries of sentence b.
     q = ops.transpose(ops.reshape(q, (batch, -1, self.num_heads, self.key_size)),
                       (0, 2, 1, 3))
-    probs, context = self._attend(q, k, v, attention_mask, training=False)
+    relative = None
+    if self.max_relative_position:
+      if cache_index is None:  # positions 0 ... t, the query at t
+        keys = ops.arange(ops.shape(k)[2], dtype="int32")
+        relative = self._relative(ops.shape(k)[2] - 1, keys, q.dtype)
+      else:  # K slots of L positions; every query at cache_index
+        slots = ops.shape(q)[2]
+        keys = ops.tile(ops.arange(ops.shape(k)[2] // slots, dtype="int32"), (slots,))
+        relative = self._relative(cache_index, keys, q.dtype)
+    probs, context = self._attend(q, k, v, attention_mask, training=False,
+                                  relative=relative)
     context = ops.reshape(ops.transpose(context, (0, 2, 1, 3)),
                           (-1, 1, self.num_heads, self.value_size))  # (B * K, 1, H, Dv)
     output = self.output_dense(context)  # (B * K, 1, D)
@@ -258,5 +321,6 @@ class MultiHeadAttention(keras.layers.Layer):
     config = super().get_config()
     config.update(num_heads=self.num_heads, key_size=self.key_size,
                   value_size=self.value_size, output_size=self.output_size,
-                  attention_dropout=self.attention_dropout)
+                  attention_dropout=self.attention_dropout,
+                  max_relative_position=self.max_relative_position)
     return config

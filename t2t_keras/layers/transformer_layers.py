@@ -55,15 +55,17 @@ def _common_config(layer):
               value_size=layer.value_size, dropout=layer.dropout,
               attention_dropout=layer.attention_dropout,
               relu_dropout=layer.relu_dropout, pre_norm=layer.pre_norm,
-              norm_epsilon=layer.norm_epsilon)
+              norm_epsilon=layer.norm_epsilon,
+              max_relative_position=layer.max_relative_position)
 
 
 class _TransformerLayer(keras.layers.Layer):
-  """Holds the hyperparameters shared by encoder and decoder layers."""
+  """Holds the hyperparameters shared by encoder and decoder layers
+  (`max_relative_position`: relative positions in self-attention, see attention.py)."""
 
   def __init__(self, hidden_size, filter_size, num_heads, key_size, value_size,
                dropout=0.1, attention_dropout=0.0, relu_dropout=0.0, pre_norm=False,
-               norm_epsilon=1e-6, **kwargs):
+               norm_epsilon=1e-6, max_relative_position=0, **kwargs):
     super().__init__(**kwargs)
     self.hidden_size = hidden_size
     self.filter_size = filter_size
@@ -75,10 +77,12 @@ class _TransformerLayer(keras.layers.Layer):
     self.relu_dropout = relu_dropout
     self.pre_norm = pre_norm
     self.norm_epsilon = norm_epsilon
+    self.max_relative_position = max_relative_position
 
-  def _attention(self, name):
+  def _attention(self, name, relative=False):
     return MultiHeadAttention(self.num_heads, self.key_size, self.value_size,
                               self.hidden_size, self.attention_dropout,
+                              self.max_relative_position if relative else 0,
                               dtype=self.dtype_policy, name=name)
 
   def _residual(self, name):
@@ -108,7 +112,7 @@ class EncoderLayer(_TransformerLayer):
 
   def build(self, input_shape):
     shape = (None, None, self.hidden_size)
-    self.self_attention = self._attention("self_attention")
+    self.self_attention = self._attention("self_attention", relative=True)
     self.self_attention_residual = self._residual("self_attention_residual")
     self.ffn = self._feed_forward()
     self.ffn_residual = self._residual("ffn_residual")
@@ -148,7 +152,7 @@ class DecoderLayer(_TransformerLayer):
 
   def build(self, input_shape):
     shape = (None, None, self.hidden_size)
-    self.self_attention = self._attention("self_attention")
+    self.self_attention = self._attention("self_attention", relative=True)
     self.self_attention_residual = self._residual("self_attention_residual")
     self.cross_attention = self._attention("cross_attention")
     self.cross_attention_residual = self._residual("cross_attention_residual")
