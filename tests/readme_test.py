@@ -40,7 +40,8 @@ def test_ci_runs_readme_test_command():
   # needed and installs the test extras before running pytest.
   assert command.startswith("python3 -m venv .venv && ")
   assert '.venv/bin/pip install -e ".[test]"' in command
-  assert re.search(r"\.venv/bin/python -m pytest -q( -n \d+ --dist loadfile)? tests$", command)
+  assert re.search(r"\.venv/bin/python -m pytest -q( -n \d+ --dist loadfile)?"
+                   r"( --durations=\d+)? tests$", command)
 
 
 def _fresh_copy(destination):
