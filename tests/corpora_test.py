@@ -4,6 +4,9 @@ the batch plan and the training dataset (issue 35)."""
 import collections
 import dataclasses
 import logging
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -12,6 +15,7 @@ import tensorflow as tf
 from t2t_keras.configs import DataConfig
 from t2t_keras.data import cache, corpora, pipeline, sources
 from t2t_keras.errors import ConfigError, DataError
+from tests.conftest import REPO_ROOT
 
 FIRST_IDS = (10, 1000)  # corpus c's i-th pair starts with id FIRST_IDS[c] + i
 
@@ -223,3 +227,36 @@ def test_files_of_two_corpora_are_cached_each_and_mixed(tmp_path, caplog):
   names = collections.Counter(src.split()[0] for src, _ in
                               sources.data_source(config).python_pairs("train"))
   assert names == {"alpha": 400, "beta": 100}
+
+
+@pytest.mark.slow
+def test_train_command_logs_the_counts_of_each_corpus(tmp_path):
+  """`python -m t2t_keras.train` on two small corpora weighted 1,3: a few steps of a
+  tiny model, and the log line of each corpus (pairs, multiplicity, shares)."""
+  words = "ein der Mann Frau Hund läuft a the man woman dog runs".split()
+  rng = np.random.default_rng(1)
+  for name, n in (("a", 200), ("b", 100)):
+    lines = [" ".join(rng.choice(words, rng.integers(2, 7))) for _ in range(n)]
+    for side in ("en", "de"):
+      _write(str(tmp_path / f"{name}.{side}"), lines)
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+  result = subprocess.run(
+      [sys.executable, "-m", "t2t_keras.train", "--data_source=files",
+       f"--train_src={tmp_path}/a.en,{tmp_path}/b.en",
+       f"--train_tgt={tmp_path}/a.de,{tmp_path}/b.de", "--train_weights=1,3",
+       "--vocab_size=60", "--hidden_size=16", "--filter_size=32", "--num_heads=2",
+       "--num_hidden_layers=1", "--batch_size=256", "--max_length=32",
+       "--train_steps=2", "--log_every=1", "--save_checkpoint_steps=2",
+       "--eval_bleu_sentences=0", "--show_examples=0", f"--model_dir={tmp_path}/m"],
+      cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  lines = [line.split("] ", 1)[-1] for line in result.stderr.splitlines()
+           if "Corpus " in line]
+  assert lines == [
+      f"Corpus 1/2 {tmp_path}/a.en: 200 pairs kept, weight 1 (by size), x1 an epoch = "
+      "200 of 500 pairs; share requested 40.0%, achieved 40.0%",
+      f"Corpus 2/2 {tmp_path}/b.en: 100 pairs kept, weight 3 (by size), x3 an epoch = "
+      "300 of 500 pairs; share requested 60.0%, achieved 60.0%"], result.stderr[-3000:]
+  # The resolved flags in the model directory keep the corpora and their weights.
+  with open(tmp_path / "m" / "config.json", encoding="utf-8") as f:
+    assert '"train_weights": "1,3"' in f.read()
