@@ -197,6 +197,11 @@ class DataConfig:
       choices=("tags", "words"))
   tfds_name: str = setting("wmt14_translate/de-en", "tensorflow-datasets name.")
   tfds_data_dir: Optional[str] = setting(None, "tensorflow-datasets data directory.")
+  tfds_train_subsets: Optional[str] = setting(
+      None, "Train on these training sub-datasets of the WMT --tfds_name, comma-"
+      "separated (wmt14_translate/de-en: europarl_v7,commoncrawl,newscommentary_v9), "
+      "each prepared as a dataset of its own and mixed by --train_weights; unset = the "
+      "whole training split as one corpus.")
   source_lang: str = setting("en", "Source language (TFDS direction).")
   target_lang: str = setting("de", "Target language (TFDS direction).")
   synthetic_task: str = setting("copy", "Offline algorithmic task.",

@@ -453,7 +453,8 @@ class TfdsSource(Source):
   kind = "tfds"
   summary = ("a tensorflow-datasets translation dataset (--tfds_name, --source_lang, "
              "--target_lang; its validation split is the dev set)")
-  reads = ("tfds_name", "tfds_data_dir", "source_lang", "target_lang")
+  reads = ("tfds_name", "tfds_data_dir", "source_lang", "target_lang",
+           "tfds_train_subsets", "train_weights", "train_weights_by")
 
   def problems(self):
     problems = super().problems()
@@ -461,7 +462,30 @@ class TfdsSource(Source):
       problems.append(f"--source_lang and --target_lang are both "
                       f"{self.config.source_lang!r}: name the two languages of the pair, "
                       "one each")
+    subsets = corpora.split_list(self.config.tfds_train_subsets)
+    if not all(subsets):
+      problems.append(f"--tfds_train_subsets={self.config.tfds_train_subsets} has an "
+                      "empty name between commas")
+    elif len(set(subsets)) < len(subsets):
+      problems.append(f"--tfds_train_subsets={self.config.tfds_train_subsets} names a "
+                      "sub-dataset twice: name each once and weight it with "
+                      "--train_weights")
+    elif self.config.train_weights and not subsets:
+      problems.append(f"--train_weights={self.config.train_weights} weights the training "
+                      "sub-datasets of --tfds_train_subsets (e.g. europarl_v7,commoncrawl,"
+                      "newscommentary_v9): name them, or drop --train_weights")
+    else:
+      problems += corpora.weight_problems(self.config.train_weights, len(subsets),
+                                          "--tfds_train_subsets")
     return problems
+
+  def corpora(self, split):
+    subsets = corpora.split_list(self.config.tfds_train_subsets) if (
+        split == "train") else []
+    if len(subsets) < 2:
+      return super().corpora(split)
+    return [(name, dataclasses.replace(self.config, tfds_train_subsets=name,
+                                       train_weights=None)) for name in subsets]
 
   def has_split(self, split):
     return True
@@ -474,6 +498,13 @@ class TfdsSource(Source):
 
   def _raw_pairs(self, split):
     src, tgt = self.config.source_lang, self.config.target_lang
+    parts = self.corpora(split)
+    if len(parts) > 1:  # several sub-datasets (the vocabulary): one after the other
+      ds = None
+      for _, config in parts:
+        pairs = TfdsSource(config)._raw_pairs(split)  # pylint: disable=protected-access
+        ds = pairs if ds is None else ds.concatenate(pairs)
+      return ds
     # Pick sides by language name: TFDS supervised keys are ('de', 'en'), so the
     # paper's EN->DE direction is the supervised pair swapped.
     return tfds_reader.load(self.config, split).map(lambda ex: (ex[src], ex[tgt]))
