@@ -177,9 +177,22 @@ class DataConfig:
                         flag="data_source")
   train_src: Optional[str] = setting(
       None, "Training source file, one sentence per line (--data_source=parsing: a .mrg "
-      "file of bracketed trees).")
+      "file of bracketed trees); several corpora comma-separated (a.en,b.en), mixed by "
+      "--train_weights.")
   train_tgt: Optional[str] = setting(
-      None, "Training target file, line-aligned with source.")
+      None, "Training target file, line-aligned with source; several comma-separated, "
+      "one per --train_src file, in the same order.")
+  train_weights: Optional[str] = setting(
+      None, "Several training corpora (--train_src=a.en,b.en, or --tfds_train_subsets): "
+      "one positive weight each, comma-separated (e.g. 1,3); unset = 1 each. Each "
+      "corpus's pairs are trained on a whole number of times an epoch, chosen to give it "
+      "its share (t2t_keras/data/corpora.py); the training log shows requested and "
+      "achieved shares.")
+  train_weights_by: str = setting(
+      "size", "How --train_weights share an epoch. size: in proportion to weight x pairs "
+      "(weights 1,3: the second corpus's pairs are seen 3 times as often); weight: in "
+      "proportion to the weight alone, whatever the corpus's size.",
+      choices=("size", "weight"))
   dev_src: Optional[str] = setting(
       None, "Dev source file (evaluation during training; parsing: a .mrg file).")
   dev_tgt: Optional[str] = setting(None, "Dev target file.")
@@ -190,6 +203,11 @@ class DataConfig:
       choices=("tags", "words"))
   tfds_name: str = setting("wmt14_translate/de-en", "tensorflow-datasets name.")
   tfds_data_dir: Optional[str] = setting(None, "tensorflow-datasets data directory.")
+  tfds_train_subsets: Optional[str] = setting(
+      None, "Train on these training sub-datasets of the WMT --tfds_name, comma-"
+      "separated (wmt14_translate/de-en: europarl_v7,commoncrawl,newscommentary_v9), "
+      "each prepared as a dataset of its own and mixed by --train_weights; unset = the "
+      "whole training split as one corpus.")
   source_lang: str = setting("en", "Source language (TFDS direction).")
   target_lang: str = setting("de", "Target language (TFDS direction).")
   synthetic_task: str = setting("copy", "Offline algorithmic task.",

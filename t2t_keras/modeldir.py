@@ -149,7 +149,11 @@ def append_flags(model_dir: str, flags_text: str) -> None:
 # ---------------------------------------------------------------- the batch plan
 def plan_key(data_config: DataConfig, train_config, replicas: int) -> dict:
   """What decides which pairs each step trains on (see t2t_keras.data.plan)."""
-  return {"replicas": replicas, "accum_steps": train_config.accum_steps,
+  key = {}
+  if data_config.train_weights:  # several corpora (absent before them: records compare)
+    key = {"train_weights": data_config.train_weights,
+           "train_weights_by": data_config.train_weights_by}
+  return {**key, "replicas": replicas, "accum_steps": train_config.accum_steps,
           # The plan's run length (kept under its first name, so that older records
           # still compare): steps kept on one bucket with static shapes.
           "steps_per_loop": (min(train_config.steps_per_loop, train_config.static_run_steps)

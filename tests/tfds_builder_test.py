@@ -20,7 +20,7 @@ import tensorflow as tf
 import tree
 
 from t2t_keras.configs import DataConfig
-from t2t_keras.data import sources
+from t2t_keras.data import pipeline, sources
 from tests.conftest import REPO_ROOT
 
 tfds = pytest.importorskip("tensorflow_datasets")
@@ -154,3 +154,43 @@ def test_headline_command_offline_ends_with_a_data_message(tmp_path):
   assert "--data_source=files" in message and "Traceback" not in result.stderr
   # The message came from the probe, before tfds' retry loop started downloading.
   assert not tf.io.gfile.exists(str(tmp_path / "tfds" / "downloads"))
+
+
+def test_training_subsets_are_datasets_of_their_own_mixed_by_weights(tmp_path, monkeypatch):
+  """--tfds_train_subsets with --train_weights: each WMT sub-dataset is prepared by the
+  real builder (`wmt_translate` with a config of that one subset, offline as above),
+  cached on its own and trained on its multiplicity; dev stays newstest2013."""
+  data_dir = str(tmp_path / "tfds")
+  by_url = _fake_archives(str(tmp_path / "archives"), tfds.builder(NAME, data_dir=data_dir))
+  monkeypatch.setattr(tfds.download.DownloadManager, "download_and_extract",
+                      lambda self, urls: tree.map_structure(by_url.__getitem__, urls))
+  monkeypatch.setattr(requests, "head", lambda url, **kwargs: None)
+  config = DataConfig(source="tfds", tfds_name=NAME, tfds_data_dir=data_dir,
+                      source_lang="en", target_lang="de",
+                      tfds_train_subsets="europarl_v7,newscommentary_v9",
+                      train_weights="1,3", data_dir=str(tmp_path / "data"), vocab_size=80,
+                      max_length=128, batch_size=512)
+  source = sources.data_source(config)
+  parts = source.corpora("train")
+  assert [name for name, _ in parts] == ["europarl_v7", "newscommentary_v9"]
+  for name, part in parts:  # each subset alone, from its own prepared dataset
+    pairs = sorted(s.decode() for s, _ in
+                   sources.data_source(part).text_pairs("train").as_numpy_iterator())
+    assert pairs == sorted(f"{name} {en}" for en in ENGLISH)
+    assert tfds.builder("wmt_translate/de-en." + name, data_dir=data_dir).is_prepared()
+  assert len(list(source.python_pairs("train"))) == 10  # the vocabulary sees both
+  data = pipeline.make_datasets(config)
+  assert data.train_fn.mixture.multiplicity == (1, 3)
+  assert data.train_fn.mixture.summary()[1].startswith(
+      "Corpus 2/2 newscommentary_v9: 5 pairs kept, weight 3 (by size), x3")
+  firsts = [s.split()[0] for b in pipeline.train_dataset(config, data.tokenizer,
+                                                         repeat=False)
+            for s in data.tokenizer.detokenize(b["inputs"]).numpy().tolist() if s]
+  assert firsts.count(b"newscommentary_v9") >= 3 * firsts.count(b"europarl_v7") - 5
+  assert firsts.count(b"europarl_v7") >= 5
+  dev = sorted(s.decode() for s, _ in source.text_pairs("dev").as_numpy_iterator())
+  assert dev == sorted(f"newstest2013 {en}" for en in ENGLISH)
+  bad = DataConfig(**{**config.__dict__, "tfds_train_subsets": "europarl_v7,gigafren"})
+  with pytest.raises(sources.DataError, match="'gigafren' is no training sub-dataset of "
+                     "wmt14_translate/de-en; it has europarl_v7, commoncrawl"):
+    pipeline.make_datasets(bad)

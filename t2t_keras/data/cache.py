@@ -141,6 +141,11 @@ class TokenizedSplit:
   invalid_utf8: int
   groups: Optional[dict] = None
 
+  @property
+  def corpus_sizes(self) -> Tuple[int, ...]:
+    """Pairs of each corpus (one here; several: `corpora.CorpusSplits`)."""
+    return (len(self.lengths),)
+
   @functools.cached_property
   def present(self) -> List[int]:
     """The padded lengths that occur, ascending (one group of files each)."""

@@ -42,7 +42,7 @@ from absl import logging
 
 from t2t_keras import EOS_ID, PAD_ID
 from t2t_keras.configs import DataConfig
-from t2t_keras.data import cache, plan, sources
+from t2t_keras.data import cache, corpora, plan, sources
 from t2t_keras.data import tokenizer as tokenizer_lib
 
 
@@ -104,15 +104,22 @@ def split_stats(split: cache.TokenizedSplit, max_length: int) -> SplitStats:
 
 def load_split(config: DataConfig, split: str, tokenizer
                ) -> Optional[cache.TokenizedSplit]:
-  """A split as ids: generated (synthetic) or from the tokenized cache (text)."""
+  """A split as ids: generated (synthetic) or from the tokenized cache (text); a split
+of several corpora (`Source.corpora`) caches each on its own and puts them side by
+side (`corpora.CorpusSplits`)."""
   source = sources.data_source(config)
   if not source.is_text:
     src, tgt, lengths = source.examples(split)
     lengths = np.stack([lengths, lengths], axis=1).astype(np.int32)
     return cache.TokenizedSplit(path=None, lengths=lengths, invalid_utf8=0,
                                 groups=cache.group_by_length(src, tgt, lengths))
-  return cache.tokenized_split(config, split, tokenizer,
-                               tokenizer_lib.tokenizer_digest(tokenizer))
+  key = tokenizer_lib.tokenizer_digest(tokenizer)
+  parts = source.corpora(split) if source.has_split(split) else []
+  if len(parts) < 2:
+    return cache.tokenized_split(config, split, tokenizer, key)
+  return corpora.CorpusSplits(
+      [cache.tokenized_split(part, split, tokenizer, key) for _, part in parts],
+      [name for name, _ in parts])
 
 
 _CHUNK_ROWS = 64  # Rows of similar length padded together before unbatching.
@@ -124,11 +131,12 @@ def _loaded(load: Callable[[], tuple], inner: Callable[..., tf.data.Dataset]
   iterator, wherever the dataset graph runs (no Python there)."""
   # Ragged tensors pass as (values, row_splits): plain tensors, shared, not re-encoded.
   def components():
-    return tuple((r.values, r.row_splits) for r in load())
+    return tuple((r.values, r.row_splits) if isinstance(r, tf.RaggedTensor) else (r,)
+                 for r in load())
 
   def unpack(*parts):
-    return inner(*(tf.RaggedTensor.from_row_splits(v, s, validate=False)
-                   for v, s in parts))
+    return inner(*(tf.RaggedTensor.from_row_splits(*p, validate=False) if len(p) == 2
+                   else p[0] for p in parts))
 
   return tf.data.Dataset.from_tensors(0).map(lambda _: components()).flat_map(unpack)
 
@@ -214,9 +222,16 @@ class TrainData:
   batch is then gathered from them by `plan` ops. Plans (small host-side tables) are
   shared by all datasets of one TrainData.
 
+  Several corpora (`corpora.CorpusSplits`) are mixed by --train_weights: `mixture`
+  says how many times an epoch each corpus's pairs are trained on (None: one corpus).
+
   Args:
     config: data configuration; batch_size is the per-replica token budget.
     split: the tokenized training split.
+
+  Raises:
+    ConfigError: weights that no multiplicities within bounds can give
+      (`corpora.mixture`).
   """
 
   def __init__(self, config: DataConfig, split: cache.TokenizedSplit):
@@ -226,6 +241,17 @@ class TrainData:
     self.static_shapes = config.static_shapes
     self.lengths = bucket_boundaries(config.bucket_min, config.max_length,
                                      config.bucket_growth)
+    self.mixture = None
+    sizes = split.corpus_sizes
+    if len(sizes) > 1:
+      lengths = split.lengths
+      keep = (lengths.min(axis=1) > 0) & (lengths.max(axis=1) + 1 <= config.max_length)
+      kept = np.bincount(np.repeat(np.arange(len(sizes)), sizes)[keep],
+                         minlength=len(sizes))
+      self.mixture = corpora.mixture(
+          split.names, kept.tolist(), corpora.parse_weights(config.train_weights,
+                                                            len(sizes)),
+          config.train_weights_by)
     self._plans = {}
     self._lock = threading.Lock()
 
@@ -235,9 +261,10 @@ class TrainData:
     with self._lock:
       key = (group, steps_per_run)
       if key not in self._plans:
-        self._plans[key] = plan.BatchPlan(self.split.lengths, self.lengths,
-                                          self.config.batch_size, group=group,
-                                          seed=self.config.seed, run=steps_per_run)
+        self._plans[key] = plan.BatchPlan(
+            self.split.lengths, self.lengths, self.config.batch_size, group=group,
+            seed=self.config.seed, run=steps_per_run, corpus_sizes=self.split.corpus_sizes,
+            multiplicity=self.mixture and self.mixture.multiplicity)
       return self._plans[key]
 
   def bucket_shape(self, bucket: int) -> List[int]:
@@ -311,10 +338,10 @@ class TrainData:
           (tf.fill([per_step], epoch), tf.fill([per_step], pool), tf.fill([per_step], k),
            tf.range(per_step, dtype=tf.int64)))
 
-    def batches(src, tgt):
+    def batches(src, tgt, table):  # table: held copy -> row of src and tgt
       def batch(epoch, pool, k, slot):
-        rows = tf.gather(starts, pool) + batch_plan.positions(
-            epoch, pool, k, slot, per_step, pipelines, pipeline_id)
+        rows = tf.gather(table, tf.gather(starts, pool) + batch_plan.positions(
+            epoch, pool, k, slot, per_step, pipelines, pipeline_id))
         out = {}
         for key, ids in (("inputs", src), ("targets", tgt)):
           padded = _with_eos(tf.gather(ids, rows))
@@ -424,6 +451,9 @@ def make_datasets(config: DataConfig) -> Datasets:
     raise sources.DataError(
         f"No training pairs left: {train_stats.summary('train', config.max_length)}. "
         "Check the training files, or raise --max_length.")
+  train_fn = TrainData(config, train)
+  for line in train_fn.mixture.summary() if train_fn.mixture else []:
+    logging.info("%s", line)
   eval_stats = eval_fn = None
   if dev is not None:
     eval_stats = split_stats(dev, config.max_length)
@@ -434,5 +464,5 @@ def make_datasets(config: DataConfig) -> Datasets:
     eval_fn = lambda ctx=None: eval_dataset(config, input_context=ctx, split=dev)  # noqa: E731
   return Datasets(
       tokenizer=tokenizer, vocab_size=tokenizer.vocab_size,
-      train_fn=TrainData(config, train),
+      train_fn=train_fn,
       eval_fn=eval_fn, train_stats=train_stats, eval_stats=eval_stats)

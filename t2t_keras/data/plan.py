@@ -38,6 +38,15 @@ the corpus, and the pairs of a step do not depend on P, nor on how a pipeline's
 batches are split among its replicas and micro-batches: 2 workers train on the batches
 of one process with 2 replicas, and of 1 replica accumulating 2 micro-batches.
 
+Several corpora (corpora.py). The pairs are numbered corpus after corpus, and each
+pair of corpus c stands for m_c copies (its multiplicity): in a length's block of
+ranks, each corpus's pairs of that length come m_c times over (copy j of its t-th pair
+at j x a_c + t, a_c its pairs of the length), so the copies are dealt to the shares like
+any pair, an epoch trains each m_c times, and everything above counts copies (pool
+sizes, units, shares). A pipeline holds each pair's ids once and a table from its
+copies' positions to those rows (`share_loader`). With one corpus (m = 1) the ranks,
+and so the batches, are those of a plan without corpora.
+
 Order. The units are shuffled, in runs of up to `run` consecutive units of one pool
 (run > 1 with static shapes and several steps per compiled call: one loop, one shape;
 a pool's last run may be shorter, and the trainer's call then runs fewer steps). The
@@ -51,7 +60,7 @@ from __future__ import annotations
 import collections
 import functools
 import threading
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -94,19 +103,34 @@ class BatchPlan:
     seed: the run's seed; the same seed gives the same plan on every host.
     run: consecutive steps that share a pool (the steps of one compiled call with
       --steps_per_loop, so that a TPU loop runs on one shape); see `steps_left_in_run`.
+    corpus_sizes: pairs of each corpus, whose pairs `lengths` holds corpus after corpus
+      (default: one corpus).
+    multiplicity: copies of each corpus's pairs an epoch (`corpora.Mixture`; default
+      1 each).
   """
 
   def __init__(self, lengths: np.ndarray, boundaries: Sequence[int], batch_size: int,
-               group: int, seed: int, run: int = 1):
+               group: int, seed: int, run: int = 1,
+               corpus_sizes: Optional[Sequence[int]] = None,
+               multiplicity: Optional[Sequence[int]] = None):
     lengths = np.asarray(lengths).reshape([-1, 2])
     padded = lengths.max(axis=1) + 1 if len(lengths) else np.zeros([0], np.int64)
     keep = (lengths.min(axis=1) > 0) & (padded <= boundaries[-1]) if len(lengths) else (
         padded > 0)
+    sizes = list(corpus_sizes or [len(lengths)])
+    if sum(sizes) != len(lengths):
+      raise ValueError(f"corpus_sizes={sizes} do not add up to the {len(lengths)} pairs")
+    self.multiplicity = np.asarray(multiplicity or [1] * len(sizes), np.int64)
+    if len(self.multiplicity) != len(sizes) or (self.multiplicity < 1).any():
+      raise ValueError(f"multiplicity={list(self.multiplicity)}: one positive integer "
+                       f"per corpus of {sizes}")
+    self._corpus = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)
     self.boundaries = list(boundaries)
     self.rows = [max(1, batch_size // length) for length in boundaries]
     self.group, self.seed, self.run = group, seed, run
-    self.counts = np.bincount(np.searchsorted(self.boundaries, padded[keep]),
-                              minlength=len(boundaries))  # kept pairs per bucket
+    self.counts = np.bincount(  # kept pairs per bucket, copies counted
+        np.searchsorted(self.boundaries, padded[keep]), minlength=len(boundaries),
+        weights=self.multiplicity[self._corpus[keep]]).astype(np.int64)
     pools = _pools(self.counts, np.asarray(self.rows) * group)
     if not pools:
       raise ValueError("no training pair fits a bucket: every pair is empty or longer "
@@ -200,8 +224,10 @@ class BatchPlan:
   def share_loader(self, split, pools: Sequence[int], pipelines: int,
                    pipeline_id: int) -> Callable[[], Tuple[tf.RaggedTensor, ...]]:
     """TF ops holding input pipeline `pipeline_id`'s share of `pools` (see Hosts):
-    (source, target) ragged ids [pairs, None], pool after pool, in the order
-    `positions` indexes; they read only the files of the pools' lengths.
+    (source, target) ragged ids [pairs, None] and the int64 [copies] rows of them in
+    the order `positions` indexes (pool after pool); they read only the files of the
+    pools' lengths. Each pair's ids are held once, however many copies of it the
+    pipeline trains on (several corpora); with one corpus the rows are 0, 1, ...
 
     Args:
       split: a `cache.TokenizedSplit` (its `read` ops and `present` lengths).
@@ -209,19 +235,29 @@ class BatchPlan:
       pipelines: input pipelines in all.
       pipeline_id: this one.
     """
-    kept_per_length = self._kept_per_length
+    per_corpus = self._kept_per_length_corpus  # [length, corpus]
+    kept_per_length = per_corpus.sum(axis=1)
+    copies = per_corpus @ self.multiplicity  # ranks per length
     files, offsets, whole = [], [], []  # offsets: ranks of each file's first kept pair
     for p in pools:
       lo, hi = self.pool_lengths(p)
       present = [n for n in split.present if lo < n <= hi]
       files += present
-      offsets += (np.cumsum(kept_per_length[present]) - kept_per_length[present]).tolist()
+      offsets += (np.cumsum(copies[present]) - copies[present]).tolist()
       whole += [self.tiny(p)] * len(present)  # held by every pipeline
-    path = split.path
+    path, multiplicity = split.path, self.multiplicity.tolist()
+
+    def ranked(kept, n):  # kept pairs of length n -> their copies in rank order
+      if all(m == 1 for m in multiplicity):
+        return kept
+      ends = np.cumsum(per_corpus[n]).tolist()
+      return tf.concat([tf.tile(kept[end - count:end], [m]) for end, count, m in
+                        zip(ends, per_corpus[n].tolist(), multiplicity)], axis=0)
 
     def load():
       # File after file (control dependencies): the peak holds one file, not all.
-      parts, previous = [], []
+      parts, tables, previous = [], [], []
+      held = tf.constant(0, tf.int64)  # rows held so far
       for n, offset, everything in zip(files, offsets, whole):
         with tf.control_dependencies(previous):
           src, tgt, counts = split.read([n])
@@ -231,33 +267,47 @@ class BatchPlan:
             message=f"the cache files of {path} for length {n} disagree with its "
             "lengths.npy: delete that directory and rerun to tokenize again")
         with tf.control_dependencies([check]):
+          kept = ranked(kept, n)
           rank = offset + tf.range(tf.size(kept, tf.int64))
         per_step = self.group // pipelines
         mine = tf.boolean_mask(kept, tf.equal(rank % self.group // per_step, pipeline_id)
                                | everything)
-        parts.append([tf.gather(tf.RaggedTensor.from_row_lengths(x, counts[:, i]), mine)
+        rows, table = tf.unique(mine, out_idx=tf.int64)  # in order: 0, 1, ... at m = 1
+        parts.append([tf.gather(tf.RaggedTensor.from_row_lengths(x, counts[:, i]), rows)
                       for i, x in enumerate((src, tgt))])
+        tables.append(held + table)
+        held += tf.size(rows, tf.int64)
         previous = [parts[-1][1].flat_values]
-      return tuple(tf.concat([part[i] for part in parts], axis=0) for i in range(2))
+      return tuple(tf.concat([part[i] for part in parts], axis=0) for i in range(2)) + (
+          tf.concat(tables, axis=0),)
 
     return load
 
   # Host side.
 
   @functools.cached_property
-  def _kept_per_length(self) -> np.ndarray:
-    """Pairs with no empty side, per padded length (up to max_length)."""
-    lengths = self._lengths
-    return np.bincount(lengths.max(axis=1)[lengths.min(axis=1) > 0] + 1,
-                       minlength=self.boundaries[-1] + 1)
+  def _kept_per_length_corpus(self) -> np.ndarray:
+    """Pairs with no empty side, per padded length (up to max_length) and corpus."""
+    lengths, corpora = self._lengths, len(self.multiplicity)
+    keep = lengths.min(axis=1) > 0
+    padded = lengths.max(axis=1)[keep] + 1
+    rows = max(self.boundaries[-1], int(padded.max()) if len(padded) else 0) + 1
+    return np.bincount(padded * corpora + self._corpus[keep], minlength=rows * corpora
+                       ).reshape([rows, corpora])[:self.boundaries[-1] + 1]
 
   @functools.cached_property
   def _kept_order(self) -> np.ndarray:
-    """The kept pairs in the order the input reads them: by padded length, then
-    corpus order (for `unit`)."""
+    """The kept pairs' copies in rank order: by padded length, then corpus order, each
+    corpus's pairs of a length m_c times over (for `unit`)."""
     padded = self._lengths.max(axis=1) + 1
     kept = np.flatnonzero((self._lengths.min(axis=1) > 0) & (padded <= self.boundaries[-1]))
-    return kept[np.argsort(padded[kept], kind="stable")]
+    order = kept[np.argsort(padded[kept], kind="stable")]
+    if (self.multiplicity == 1).all():
+      return order
+    key = padded[order] * len(self.multiplicity) + self._corpus[order]
+    blocks = np.split(order, np.flatnonzero(np.diff(key)) + 1)
+    return np.concatenate([np.tile(b, self.multiplicity[self._corpus[b[0]]])
+                           for b in blocks])
 
   def _epoch(self, number: int) -> Tuple[np.ndarray, ...]:
     with self._lock:

@@ -30,6 +30,7 @@ offline-first is t2t_keras.data.tfds_reader's.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import time
@@ -41,7 +42,7 @@ from absl import logging
 
 from t2t_keras import NUM_RESERVED_IDS, parsing
 from t2t_keras.configs import DataConfig, ModelConfig
-from t2t_keras.data import textfiles, tfds_reader
+from t2t_keras.data import corpora, textfiles, tfds_reader
 from t2t_keras.errors import DataError
 
 SYNTHETIC_TASKS = ("copy", "reverse")
@@ -174,6 +175,14 @@ class Source:
     del model_config
     return []
 
+  def corpora(self, split: str) -> List[Tuple[str, DataConfig]]:
+    """The split's corpora as (name, a config of this source reading that corpus
+    alone): several only for a training split of several corpora (--train_weights,
+    t2t_keras/data/corpora.py), each tokenized and cached on its own; else the one
+    corpus, named by the split, with this source's own config."""
+    _check_split(split)
+    return [(split, self.config)]
+
   def check_files(self, split: str) -> dict:
     """Scans the split's raw files before they are read (only sources with
     `scanned_before_reading`; call `cache.validated_files`, which stores the result).
@@ -239,8 +248,10 @@ class FileSource(Source):
   """Line-aligned parallel text files (--train_src/--train_tgt, --dev_src/--dev_tgt)."""
 
   kind = "files"
-  summary = "line-aligned text files (--train_src/--train_tgt, --dev_src/--dev_tgt)"
-  reads = ("train_src", "train_tgt", "dev_src", "dev_tgt")
+  summary = ("line-aligned text files (--train_src/--train_tgt, several comma-separated "
+             "with --train_weights; --dev_src/--dev_tgt)")
+  reads = ("train_src", "train_tgt", "dev_src", "dev_tgt", "train_weights",
+           "train_weights_by")
   dev_help = "set --dev_src and --dev_tgt"
   scanned_before_reading = True
 
@@ -250,13 +261,48 @@ class FileSource(Source):
       problems.insert(0, "--data_source=files needs --train_src and --train_tgt (line-"
                       "aligned source and target files): name the training files, or "
                       "use --data_source=synthetic")
-    elif not config.train_tgt:
+      return problems
+    if not config.train_tgt:
       problems.insert(0, f"--data_source=files needs --train_tgt (the target file, "
                       f"line-aligned with --train_src={config.train_src})")
+      return problems
+    src, tgt = corpora.split_list(config.train_src), corpora.split_list(config.train_tgt)
+    if len(src) != len(tgt):
+      problems.insert(0, f"--train_src names {len(src)} files and --train_tgt {len(tgt)} "
+                      f"(--train_src={config.train_src}, --train_tgt={config.train_tgt}): "
+                      "give one target file per source file, comma-separated, in the "
+                      "same order")
+    elif not all(src + tgt):
+      problems.insert(0, f"--train_src={config.train_src} / --train_tgt="
+                      f"{config.train_tgt} has an empty file name between commas")
+    else:
+      problems += corpora.weight_problems(config.train_weights, len(src),
+                                          "--train_src/--train_tgt")
     return problems
 
+  def corpus_paths(self, split: str) -> List[Tuple[str, str]]:
+    """(source, target) paths of each corpus of a split ([] if it is unset).
+
+    Raises:
+      DataError: the files are not given in pairs (`problems`).
+    """
+    _check_split(split)
+    config = self.validate().config
+    if split == "dev":
+      return [(config.dev_src, config.dev_tgt)] if config.dev_src else []
+    return list(zip(corpora.split_list(config.train_src),
+                    corpora.split_list(config.train_tgt)))
+
+  def corpora(self, split):
+    paths = self.corpus_paths(split)
+    if len(paths) < 2:
+      return super().corpora(split)
+    return [(src, dataclasses.replace(self.config, train_src=src, train_tgt=tgt,
+                                      train_weights=None)) for src, tgt in paths]
+
   def paths(self, split: str) -> Optional[Tuple[str, str]]:
-    """(source, target) paths of a split, None if it is unset.
+    """(source, target) paths of a split, None if it is unset (several training
+    corpora: comma-separated, see `corpus_paths`).
 
     Raises:
       DataError: the files are not both given (`problems`).
@@ -271,17 +317,20 @@ class FileSource(Source):
     return self.paths(split) is not None
 
   def check_files(self, split):
-    paths = self.paths(split)
-    start = time.time()
-    src, tgt = textfiles.validate_parallel_files(*paths, self.config.skip_invalid_utf8)
-    invalid = sorted(set(src.invalid_lines) | set(tgt.invalid_lines))
-    for scan in (src, tgt):
-      if scan.invalid_lines:
-        logging.warning("%s: %d lines of invalid UTF-8 will be skipped (first: line %d)",
-                        scan.path, len(scan.invalid_lines), scan.invalid_lines[0])
-    logging.info("Validated %s and %s: %d lines each in %.1fs", *paths, src.num_lines,
-                 time.time() - start)
-    return {"num_lines": src.num_lines, "invalid_pairs": len(invalid)}
+    result = {"num_lines": 0, "invalid_pairs": 0}
+    for paths in self.corpus_paths(split):
+      start = time.time()
+      src, tgt = textfiles.validate_parallel_files(*paths, self.config.skip_invalid_utf8)
+      invalid = sorted(set(src.invalid_lines) | set(tgt.invalid_lines))
+      for scan in (src, tgt):
+        if scan.invalid_lines:
+          logging.warning("%s: %d lines of invalid UTF-8 will be skipped (first: line "
+                          "%d)", scan.path, len(scan.invalid_lines), scan.invalid_lines[0])
+      logging.info("Validated %s and %s: %d lines each in %.1fs", *paths, src.num_lines,
+                   time.time() - start)
+      result["num_lines"] += src.num_lines
+      result["invalid_pairs"] += len(invalid)
+    return result
 
   def dev_pairs(self, n):
     """The first `n` lines of --dev_src and --dev_tgt (undecodable bytes replaced)."""
@@ -301,30 +350,31 @@ class FileSource(Source):
     return sources, references
 
   def fingerprint(self, split, shared_vocab=False):
-    paths = self.paths(split)
-    if paths is None:
+    paths = self.corpus_paths(split)
+    if not paths:
       return None
-    fps = [textfiles.file_fingerprint(p) for p in paths]
+    fps = [textfiles.file_fingerprint(p) for pair in paths for p in pair]
     return {"files": sorted(fps, key=json.dumps) if shared_vocab else fps}
 
   def _raw_pairs(self, split):
-    paths = self.paths(split)
-    if paths is None:
-      return None
-    return tf.data.Dataset.zip(tuple(tf.data.TextLineDataset(p) for p in paths))
+    ds = None
+    for paths in self.corpus_paths(split):  # corpus after corpus
+      pairs = tf.data.Dataset.zip(tuple(tf.data.TextLineDataset(p) for p in paths))
+      ds = pairs if ds is None else ds.concatenate(pairs)
+    return ds
 
   def python_pairs(self, split="train"):
-    paths = self.paths(split)
-    if paths is None:
-      return
-    with textfiles.open_binary(paths[0]) as fs, textfiles.open_binary(paths[1]) as ft:
-      for src, tgt in zip(fs, ft):
-        try:
-          yield src.decode("utf-8").rstrip("\r\n"), tgt.decode("utf-8").rstrip("\r\n")
-        except UnicodeDecodeError:
-          if not self.config.skip_invalid_utf8:
-            raise DataError(f"{paths[0]} / {paths[1]}: invalid UTF-8; validate the "
-                            "files first or set --skip_invalid_utf8") from None
+    """Every corpus's pairs, corpus after corpus (the vocabulary samples them all)."""
+    for paths in self.corpus_paths(split):
+      with textfiles.open_binary(paths[0]) as fs, textfiles.open_binary(paths[1]) as ft:
+        for src, tgt in zip(fs, ft):
+          try:
+            yield (src.decode("utf-8").rstrip("\r\n"),
+                   tgt.decode("utf-8").rstrip("\r\n"))
+          except UnicodeDecodeError:
+            if not self.config.skip_invalid_utf8:
+              raise DataError(f"{paths[0]} / {paths[1]}: invalid UTF-8; validate the "
+                              "files first or set --skip_invalid_utf8") from None
 
 
 class TreebankSource(Source):
@@ -403,7 +453,8 @@ class TfdsSource(Source):
   kind = "tfds"
   summary = ("a tensorflow-datasets translation dataset (--tfds_name, --source_lang, "
              "--target_lang; its validation split is the dev set)")
-  reads = ("tfds_name", "tfds_data_dir", "source_lang", "target_lang")
+  reads = ("tfds_name", "tfds_data_dir", "source_lang", "target_lang",
+           "tfds_train_subsets", "train_weights", "train_weights_by")
 
   def problems(self):
     problems = super().problems()
@@ -411,7 +462,30 @@ class TfdsSource(Source):
       problems.append(f"--source_lang and --target_lang are both "
                       f"{self.config.source_lang!r}: name the two languages of the pair, "
                       "one each")
+    subsets = corpora.split_list(self.config.tfds_train_subsets)
+    if not all(subsets):
+      problems.append(f"--tfds_train_subsets={self.config.tfds_train_subsets} has an "
+                      "empty name between commas")
+    elif len(set(subsets)) < len(subsets):
+      problems.append(f"--tfds_train_subsets={self.config.tfds_train_subsets} names a "
+                      "sub-dataset twice: name each once and weight it with "
+                      "--train_weights")
+    elif self.config.train_weights and not subsets:
+      problems.append(f"--train_weights={self.config.train_weights} weights the training "
+                      "sub-datasets of --tfds_train_subsets (e.g. europarl_v7,commoncrawl,"
+                      "newscommentary_v9): name them, or drop --train_weights")
+    else:
+      problems += corpora.weight_problems(self.config.train_weights, len(subsets),
+                                          "--tfds_train_subsets")
     return problems
+
+  def corpora(self, split):
+    subsets = corpora.split_list(self.config.tfds_train_subsets) if (
+        split == "train") else []
+    if len(subsets) < 2:
+      return super().corpora(split)
+    return [(name, dataclasses.replace(self.config, tfds_train_subsets=name,
+                                       train_weights=None)) for name in subsets]
 
   def has_split(self, split):
     return True
@@ -424,6 +498,13 @@ class TfdsSource(Source):
 
   def _raw_pairs(self, split):
     src, tgt = self.config.source_lang, self.config.target_lang
+    parts = self.corpora(split)
+    if len(parts) > 1:  # several sub-datasets (the vocabulary): one after the other
+      ds = None
+      for _, config in parts:
+        pairs = TfdsSource(config)._raw_pairs(split)  # pylint: disable=protected-access
+        ds = pairs if ds is None else ds.concatenate(pairs)
+      return ds
     # Pick sides by language name: TFDS supervised keys are ('de', 'en'), so the
     # paper's EN->DE direction is the supervised pair swapped.
     return tfds_reader.load(self.config, split).map(lambda ex: (ex[src], ex[tgt]))

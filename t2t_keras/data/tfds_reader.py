@@ -3,6 +3,14 @@
 TFDS prepares a dataset by downloading it; when the files are not there and the
 network is not either, the loader says which URLs it needs and where to put the
 prepared data (`--tfds_data_dir`), instead of a long stack trace.
+
+A WMT dataset's training split is several sub-datasets concatenated (wmt14_translate/
+de-en: europarl_v7, commoncrawl, newscommentary_v9), and its examples do not say which
+they came from. To weight them (--tfds_train_subsets with --train_weights), each
+sub-dataset is its own dataset: TFDS's `wmt_translate` builder with a custom
+`WmtConfig` of the same language pair and that one training subset (the way TFDS
+documents for choosing subsets), prepared, cached and fingerprinted on its own; the
+dev split stays the named dataset's.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from typing import List
 import tensorflow as tf
 
 from t2t_keras.configs import DataConfig
+from t2t_keras.data import corpora
 from t2t_keras.errors import DataError
 
 # TFDS split names of the WMT builders for our two splits.
@@ -93,11 +102,12 @@ def _check_download_reachable(builder, config: DataConfig) -> None:
             config, config.tfds_data_dir or "the default ~/tensorflow_datasets")) from None
 
 
-def load(config: DataConfig, split: str) -> tf.data.Dataset:
-  """The TFDS split as a dataset of feature dicts keyed by language.
+def _builder(config: DataConfig, split: str):
+  """The TFDS builder of a split: --tfds_name's, or (training, --tfds_train_subsets,
+  one subset) that of the one sub-dataset (module docstring).
 
-  The dataset is prepared on first use (downloaded and converted by its real TFDS
-  builder into --tfds_data_dir); an unreachable download fails fast with what to do.
+  Raises:
+    DataError: an unknown name, a dataset without sub-datasets, an unknown subset.
   """
   import tensorflow_datasets as tfds  # Heavy import, only for this source.
 
@@ -107,6 +117,39 @@ def load(config: DataConfig, split: str) -> tf.data.Dataset:
     raise DataError(f"--tfds_name={config.tfds_name!r}: tensorflow-datasets cannot build "
                     f"it ({type(e).__name__}: {str(e).splitlines()[0][:300]}). Use a "
                     "name of `tfds.list_builders()`, e.g. wmt14_translate/de-en.") from None
+  subsets = corpora.split_list(config.tfds_train_subsets) if split == "train" else []
+  if not subsets:
+    return builder
+  if len(subsets) > 1:
+    raise ValueError(f"one sub-dataset at a time, not {subsets} (TfdsSource.corpora)")
+  from tensorflow_datasets.translate import wmt  # pylint: disable=import-outside-toplevel
+
+  available = getattr(builder, "subsets", {}).get(tfds.Split.TRAIN) if isinstance(
+      builder, wmt.WmtTranslate) else None
+  if not available:
+    raise DataError(f"--tfds_train_subsets={config.tfds_train_subsets}: "
+                    f"--tfds_name={config.tfds_name} is no WMT dataset of sub-datasets; "
+                    "drop --tfds_train_subsets, or name a WMT dataset such as "
+                    "wmt14_translate/de-en")
+  if subsets[0] not in available:
+    raise DataError(f"--tfds_train_subsets: {subsets[0]!r} is no training sub-dataset "
+                    f"of {config.tfds_name}; it has {', '.join(available)}")
+  subset = wmt.WmtConfig(
+      name=subsets[0], language_pair=builder.builder_config.language_pair,
+      version=str(builder.info.version), url=builder.builder_config.url,
+      citation=builder.builder_config.citation,
+      description=f"{config.tfds_name}, training sub-dataset {subsets[0]} (t2t_keras)",
+      subsets={tfds.Split.TRAIN: [subsets[0]]})
+  return tfds.builder("wmt_translate", config=subset, data_dir=config.tfds_data_dir)
+
+
+def load(config: DataConfig, split: str) -> tf.data.Dataset:
+  """The TFDS split as a dataset of feature dicts keyed by language.
+
+  The dataset is prepared on first use (downloaded and converted by its real TFDS
+  builder into --tfds_data_dir); an unreachable download fails fast with what to do.
+  """
+  builder = _builder(config, split)
   languages = sorted(builder.info.features.keys())
   for lang in (config.source_lang, config.target_lang):
     if lang not in languages:
@@ -126,10 +169,14 @@ def load(config: DataConfig, split: str) -> tf.data.Dataset:
 
 
 def fingerprint(config: DataConfig, split: str) -> dict:
-  """What identifies a TFDS split's content (name, version, split, direction)."""
+  """What identifies a TFDS split's content (name, version, split, direction, and
+  the training sub-datasets when --tfds_train_subsets chooses them)."""
   import tensorflow_datasets as tfds
 
   builder = tfds.builder(config.tfds_name, data_dir=config.tfds_data_dir)
-  return {"tfds": config.tfds_name, "version": str(builder.info.version),
-          "split": _TFDS_SPLITS[split], "src": config.source_lang,
-          "tgt": config.target_lang}
+  fp = {"tfds": config.tfds_name, "version": str(builder.info.version),
+        "split": _TFDS_SPLITS[split], "src": config.source_lang,
+        "tgt": config.target_lang}
+  if split == "train" and config.tfds_train_subsets:
+    fp["subsets"] = corpora.split_list(config.tfds_train_subsets)
+  return fp
