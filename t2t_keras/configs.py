@@ -193,6 +193,16 @@ class DataConfig:
       "(weights 1,3: the second corpus's pairs are seen 3 times as often); weight: in "
       "proportion to the weight alone, whatever the corpus's size.",
       choices=("size", "weight"))
+  target_language_tags: Optional[str] = setting(
+      None, "Multilingual models: the language each training corpus translates into, "
+      "comma-separated in --train_src's order (e.g. de,en with --train_src=a.en,a.de "
+      "--train_tgt=a.de,a.en). Every source starts with its pair's target-language tag "
+      "<2xx>, one vocabulary piece; decode with --target_language "
+      "(t2t_keras/language_tags.py).")
+  dev_target_language: Optional[str] = setting(
+      None, "With --target_language_tags: the target language of --dev_src/--dev_tgt "
+      "(default: the first corpus's), also the language an export translates into by "
+      "default.")
   dev_src: Optional[str] = setting(
       None, "Dev source file (evaluation during training; parsing: a .mrg file).")
   dev_tgt: Optional[str] = setting(None, "Dev target file.")

@@ -64,6 +64,10 @@ flags.DEFINE_string("target_prefix_file", None,
                     "Target prefixes, line-aligned with the input (an empty line decodes "
                     "freely): each translation starts with its line's prefix and the "
                     "search continues from there.")
+flags.DEFINE_string("target_language", None,
+                    "A multilingual model's target language (--target_language_tags at "
+                    "training): its tag <2xx> starts every source. Default: the dev "
+                    "files' language.")
 flags.DEFINE_string("output_alignments", None,
                     "Write word alignments (Pharaoh 'i-j', 0-based source-target word "
                     "indices) to this file, one line per output line.")
@@ -85,7 +89,7 @@ AUTO_XLA_SENTENCES = 256
 _READS = ("input_file", "output_file", "reference_file", "constrain_trees", "seed",
           "sampling_topk", "sampling_topp", "sampling_temperature", "num_samples",
           "output_alignments", "alignment_layer", "alignment_head", "decode_batch_tokens",
-          "target_prefix_file")
+          "target_prefix_file", "target_language")
 
 
 def config_from_flags():
@@ -143,10 +147,10 @@ def run() -> None:
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
 
-  from t2t_keras import loading, modeldir, translate
+  from t2t_keras import language_tags, loading, modeldir, translate
   from t2t_keras.parsing.constraint import TreeConstraint
   from t2t_keras.data.textfiles import read_text_lines
-  from t2t_keras.errors import DataError
+  from t2t_keras.errors import ConfigError, DataError
 
   tf.get_logger().setLevel("WARNING")
   # Every flag is checked before any work: the model's shape, the outputs, the inputs.
@@ -159,6 +163,11 @@ def run() -> None:
     logging.warning(warning)
   if FLAGS.output_alignments:
     check_alignment_flags(model_config)
+  try:
+    target_language = language_tags.check_request(
+        FLAGS.target_language, modeldir.data_config_of(model_dirs[0]), "--target_language")
+  except ValueError as error:
+    raise ConfigError(str(error)) from None
   outputs.check_paths({"--output_file": FLAGS.output_file,
                        "--output_alignments": FLAGS.output_alignments},
                       {"--input_file": FLAGS.input_file,
@@ -208,7 +217,8 @@ def run() -> None:
   results = translate.translate(model, tokenizer, sentences, decode_config,
                                max_input_length=FLAGS.max_input_length,
                                tree_constraint=constraint,
-                               target_prefixes=aligned.get("target_prefix_file"))
+                               target_prefixes=aligned.get("target_prefix_file"),
+                               target_language=target_language)
   note = translate.truncation_note(sum(r.truncated for r in results), len(results),
                                    FLAGS.max_input_length)
   if note:

@@ -57,10 +57,13 @@ def dev_bleu_hook(model, tokenizer, data_config, decode_config, n: int,
                     "--eval_bleu_sentences=0).")
   sources, references = pairs
   decode_fn = decoding.make_decode_fn(model, decode_config)
+  from t2t_keras import language_tags
+  language = language_tags.default_language(data_config)  # the dev files' (or None)
 
   def hook(step):
     outputs = translate.translate(model, tokenizer, sources, decode_config,
-                                 decode_fn=decode_fn, progress=False)
+                                 decode_fn=decode_fn, progress=False,
+                                 target_language=language)
     report = metrics.bleu_report([o.texts[0] for o in outputs], [references])
     if model_dir:
       from t2t_keras import modeldir

@@ -68,7 +68,8 @@ def translate(model, tokenizer, sentences: Sequence[str], config: DecodeConfig,
               max_input_length: int = 0, decode_fn: Optional[Callable] = None,
               progress: bool = True,
               tree_constraint: Optional[TreeConstraint] = None,
-              target_prefixes: Optional[Sequence[str]] = None) -> List[Translation]:
+              target_prefixes: Optional[Sequence[str]] = None,
+              target_language: Optional[str] = None) -> List[Translation]:
   """Translates strings; the result is in input order.
 
   Sentences are tokenized in the graph, sorted by length and decoded in batches of
@@ -92,6 +93,8 @@ def translate(model, tokenizer, sentences: Sequence[str], config: DecodeConfig,
     target_prefixes: one string per sentence (may be empty) that its translation
       must start with (`processors.TargetPrefix`); a given `decode_fn` must then come
       from `make_decode_fn(..., target_prefix=True)`.
+    target_language: a multilingual model's target language: its tag (language_tags.py)
+      starts every source, counted in `max_input_length`.
   """
   if not sentences:
     return []
@@ -105,9 +108,10 @@ def translate(model, tokenizer, sentences: Sequence[str], config: DecodeConfig,
     prefixes = [list(p) for p in tokenizer.tokenize(tf.constant(list(target_prefixes),
                                                                 tf.string)).to_list()]
   ids = tokenizer.tokenize(tf.constant(list(sentences))).to_list()
+  tag = [tokenizer.tag_id(target_language)] if target_language else []
   sources, truncated = [], []
   for seq in ids:
-    seq = list(seq) + [EOS_ID]
+    seq = tag + list(seq) + [EOS_ID]
     truncated.append(bool(max_input_length) and len(seq) > max_input_length)
     if truncated[-1]:
       seq = seq[:max_input_length - 1] + [EOS_ID]

@@ -37,6 +37,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from t2t_keras import language_tags
 from t2t_keras.configs import DataConfig
 from t2t_keras.data import leftovers, sources
 
@@ -192,14 +193,19 @@ def _progress(ds: tf.data.Dataset, what: str) -> tf.data.Dataset:
   return ds.enumerate(start=1).map(log)
 
 
-def tokenize_pairs(text: tf.data.Dataset, tokenizer, what: Optional[str] = "pairs"
-                   ) -> tf.data.Dataset:
+def tokenize_pairs(text: tf.data.Dataset, tokenizer, what: Optional[str] = "pairs",
+                   source_tag: Optional[int] = None) -> tf.data.Dataset:
   """(source, target) strings -> batches of ragged ids, tokenized in parallel.
 
-  Progress is logged as "Tokenizing <what>: ..." unless `what` is None.
+  Progress is logged as "Tokenizing <what>: ..." unless `what` is None. `source_tag`:
+  an id put before every source (a target-language tag, language_tags.py).
   """
   def tokenize(src, tgt):
-    return tokenizer.tokenize(src), tokenizer.tokenize(tgt)
+    src_ids = tokenizer.tokenize(src)
+    if source_tag is not None:
+      tags = tf.fill([src_ids.nrows(), 1], tf.constant(source_tag, src_ids.dtype))
+      src_ids = tf.concat([tf.RaggedTensor.from_tensor(tags), src_ids], axis=1)
+    return src_ids, tokenizer.tokenize(tgt)
 
   ds = text.batch(BATCH_ROWS).map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
   return ds if what is None else _progress(ds, what)
@@ -247,12 +253,14 @@ def _build(config: DataConfig, split: str, tokenizer, path: str, invalid: int):
   """Tokenizes a split into a new build directory of `path`, then commits it."""
   leftovers.sweep(abandoned_candidates(os.path.dirname(path)), "tokenized-cache build")
   text = sources.data_source(config).text_pairs(split)
+  language = language_tags.split_language(config, split)
+  tag = tokenizer.tag_id(language) if language else None
   name = f"build-{uuid.uuid4().hex[:12]}"
   build = os.path.join(path, name)
   start = time.time()
   logging.info("Tokenizing the %s split into %s", split, build)
   tf.io.gfile.makedirs(build)
-  flat = tokenize_pairs(text, tokenizer, split).map(
+  flat = tokenize_pairs(text, tokenizer, split, source_tag=tag).map(
       lambda s, t: (s.flat_values, t.flat_values,
                     tf.stack([s.row_lengths(), t.row_lengths()], axis=1)))
   lengths = _write_ids(flat, build)

@@ -40,7 +40,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from t2t_keras import NUM_RESERVED_IDS, parsing
+from t2t_keras import NUM_RESERVED_IDS, language_tags, parsing
 from t2t_keras.configs import DataConfig, ModelConfig
 from t2t_keras.data import corpora, textfiles, tfds_reader
 from t2t_keras.errors import DataError
@@ -251,7 +251,7 @@ class FileSource(Source):
   summary = ("line-aligned text files (--train_src/--train_tgt, several comma-separated "
              "with --train_weights; --dev_src/--dev_tgt)")
   reads = ("train_src", "train_tgt", "dev_src", "dev_tgt", "train_weights",
-           "train_weights_by")
+           "train_weights_by", "target_language_tags", "dev_target_language")
   dev_help = "set --dev_src and --dev_tgt"
   scanned_before_reading = True
 
@@ -278,6 +278,7 @@ class FileSource(Source):
     else:
       problems += corpora.weight_problems(config.train_weights, len(src),
                                           "--train_src/--train_tgt")
+      problems += language_tags.problems(config, len(src))
     return problems
 
   def corpus_paths(self, split: str) -> List[Tuple[str, str]]:
@@ -297,8 +298,11 @@ class FileSource(Source):
     paths = self.corpus_paths(split)
     if len(paths) < 2:
       return super().corpora(split)
+    languages = language_tags.split(self.config.target_language_tags) or [None] * len(
+        paths)
     return [(src, dataclasses.replace(self.config, train_src=src, train_tgt=tgt,
-                                      train_weights=None)) for src, tgt in paths]
+                                      train_weights=None, target_language_tags=language))
+            for (src, tgt), language in zip(paths, languages)]
 
   def paths(self, split: str) -> Optional[Tuple[str, str]]:
     """(source, target) paths of a split, None if it is unset (several training
@@ -354,7 +358,12 @@ class FileSource(Source):
     if not paths:
       return None
     fps = [textfiles.file_fingerprint(p) for pair in paths for p in pair]
-    return {"files": sorted(fps, key=json.dumps) if shared_vocab else fps}
+    fp = {"files": sorted(fps, key=json.dumps) if shared_vocab else fps}
+    if self.config.target_language_tags:  # the vocabulary's tags, the split's sources'
+      fp["tags"] = (language_tags.languages(self.config) if shared_vocab else
+                    language_tags.split(self.config.target_language_tags) if split == "train"
+                    else language_tags.split_language(self.config, split))
+    return fp
 
   def _raw_pairs(self, split):
     ds = None

@@ -26,14 +26,14 @@ import random
 import re
 import time
 import uuid
-from typing import Callable, Iterable, Iterator, List, Optional, Tuple
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import sentencepiece as spm
 import tensorflow as tf
 import tensorflow_text as tf_text
 from absl import logging
 
-from t2t_keras import BOS_ID, EOS_ID, NUM_RESERVED_IDS, PAD_ID, UNK_ID
+from t2t_keras import BOS_ID, EOS_ID, NUM_RESERVED_IDS, PAD_ID, UNK_ID, language_tags
 from t2t_keras.configs import DataConfig
 from t2t_keras.data import cache, leftovers, sources
 
@@ -86,6 +86,7 @@ class SentencePieceTokenizer(tf.Module):
     self.vocab_size = processor.get_piece_size()
     self.vocab_file = vocab_file
     self.model_proto = model_proto
+    self._processor = processor
     self._sp = tf_text.SentencepieceTokenizer(model=model_proto, out_type=tf.int32)
 
   def tokenize(self, strings) -> tf.RaggedTensor:
@@ -95,6 +96,21 @@ class SentencePieceTokenizer(tf.Module):
   def detokenize(self, ids) -> tf.Tensor:
     """Ids (..., T), dense or ragged -> strings (...); stops at EOS, skips PAD/BOS."""
     return _uniform(self._sp.detokenize(strip_special_ids(ids)))
+
+  def tag_id(self, language: str) -> int:
+    """The id of a target-language tag piece (language_tags.py).
+
+    Raises:
+      DataError: the vocabulary has no such piece (built without that tag).
+    """
+    piece = language_tags.tag(language)
+    index = self._processor.piece_to_id(piece)
+    if index == UNK_ID or self._processor.id_to_piece(index) != piece:
+      raise sources.DataError(
+          f"Vocabulary {self.vocab_file or '<bytes>'} has no piece {piece}: it was built "
+          "without that target-language tag (--target_language_tags when the vocabulary "
+          "was built); rebuild it with the tags, or drop the target language.")
+    return index
 
 
 class IntegerTokenizer(tf.Module):
@@ -171,7 +187,8 @@ def sample_sentences(pairs: Iterable[Tuple[str, str]], max_sentences: int,
 
 def train_sentencepiece(sentences: List[str], vocab_file: str, vocab_size: int,
                         vocab_type: str = "bpe", verbose: bool = False,
-                        split_by_unicode_script: bool = True) -> str:
+                        split_by_unicode_script: bool = True,
+                        user_defined_symbols: Sequence[str] = ()) -> str:
   """Trains a SentencePiece model with t2t_keras's reserved ids; writes it atomically.
 
   Args:
@@ -182,6 +199,7 @@ def train_sentencepiece(sentences: List[str], vocab_file: str, vocab_size: int,
     verbose: let SentencePiece log its training progress.
     split_by_unicode_script: SentencePiece's option of that name: no piece mixes
       scripts (letters and punctuation). Parsing turns it off (see module docstring).
+    user_defined_symbols: pieces kept whole (target-language tags, language_tags.py).
 
   Returns:
     vocab_file.
@@ -204,6 +222,7 @@ def train_sentencepiece(sentences: List[str], vocab_file: str, vocab_size: int,
         vocab_size=vocab_size, pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID,
         bos_id=BOS_ID, hard_vocab_limit=False, character_coverage=1.0,
         split_by_unicode_script=split_by_unicode_script,
+        user_defined_symbols=list(user_defined_symbols),
         num_threads=min(os.cpu_count() or 1, 16), minloglevel=0 if verbose else 2)
   except RuntimeError as error:
     # "... Vocabulary size is smaller than required_chars. 20 vs 31. ..."
@@ -320,7 +339,9 @@ def build_vocab(config: DataConfig,
   sample = sample_sentences(pairs(), config.vocab_sample_sentences, config.seed)
   return train_sentencepiece(sample, path, config.vocab_size, config.vocab_type,
                              verbose=verbose,
-                             split_by_unicode_script=source.split_by_unicode_script)
+                             split_by_unicode_script=source.split_by_unicode_script,
+                             user_defined_symbols=[language_tags.tag(language) for language
+                                                   in language_tags.languages(config)])
 
 
 def load_or_build_tokenizer(config: DataConfig, **build_kwargs):

@@ -1,0 +1,154 @@
+"""Target-language tags (t2t_keras/language_tags.py): the flags' checks, the vocabulary's
+tag pieces, each corpus's sources starting with its tag in the tokenized cache, and
+decode's --target_language (issue 35)."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from t2t_keras import language_tags, translate
+from t2t_keras.configs import DataConfig, DecodeConfig
+from t2t_keras.data import pipeline, sources
+from t2t_keras.errors import DataError
+from tests.conftest import REPO_ROOT
+
+WORDS_EN = "the a man woman dog cat runs sits on in park street red small".split()
+WORDS_DE = "der ein Mann Frau Hund Katze läuft sitzt auf im Park Straße rot klein".split()
+
+
+def _write(path, lines):
+  with open(path, "w", encoding="utf-8") as f:
+    f.write("\n".join(lines) + "\n")
+
+
+def _corpus(tmp_path, n=120, seed=0):
+  """English and German files whose lines are word-for-word translations."""
+  rng = np.random.default_rng(seed)
+  en, de = [], []
+  for _ in range(n):
+    words = rng.integers(0, len(WORDS_EN), rng.integers(2, 7))
+    en.append(" ".join(WORDS_EN[w] for w in words))
+    de.append(" ".join(WORDS_DE[w] for w in words))
+  for name, lines in (("train.en", en), ("train.de", de), ("dev.en", en[:8]),
+                      ("dev.de", de[:8])):
+    _write(str(tmp_path / name), lines)
+  return tmp_path
+
+
+def _bidirectional(path, **overrides):
+  """EN->DE and DE->EN from the same files, tagged de and en."""
+  flags = dict(source="files", train_src=f"{path}/train.en,{path}/train.de",
+               train_tgt=f"{path}/train.de,{path}/train.en", target_language_tags="de,en",
+               dev_src=f"{path}/dev.en", dev_tgt=f"{path}/dev.de",
+               data_dir=str(path / "data"), vocab_size=80, max_length=32, batch_size=256)
+  flags.update(overrides)
+  return DataConfig(**flags)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (dict(target_language_tags="de"), "names 1 languages for 2 training corpora"),
+    (dict(target_language_tags="de,e n"), "'e n'.*must be a language code"),
+    (dict(target_language_tags=None, dev_target_language="de"),
+     "--dev_target_language=de needs --target_language_tags"),
+])
+def test_tag_flags_are_checked_naming_the_flag(tmp_path, overrides, message):
+  config = _bidirectional(tmp_path, **overrides)
+  with pytest.raises(DataError, match=message):
+    sources.data_source(config).validate()
+
+
+def test_languages_and_the_language_of_each_split():
+  config = DataConfig(source="files", train_src="a,b,c", train_tgt="x,y,z",
+                      target_language_tags="de,en,de", dev_target_language="fr")
+  assert language_tags.languages(config) == ["de", "en", "fr"]
+  assert language_tags.default_language(config) == "fr"
+  parts = sources.data_source(config).corpora("train")
+  assert [language_tags.split_language(c, "train") for _, c in parts] == ["de", "en", "de"]
+  assert language_tags.check_request(None, config, "--target_language") == "fr"
+  with pytest.raises(ValueError, match="--target_language=it: this model has tags for "
+                     "de, en, fr only"):
+    language_tags.check_request("it", config, "--target_language")
+  with pytest.raises(ValueError, match="trained without --target_language_tags"):
+    language_tags.check_request("de", DataConfig(), "--target_language")
+
+
+@pytest.mark.slow
+def test_each_corpus_sources_start_with_its_tag_in_the_cache(tmp_path):
+  config = _bidirectional(_corpus(tmp_path))
+  data = pipeline.make_datasets(config)
+  tokenizer = data.tokenizer
+  de, en = tokenizer.tag_id("de"), tokenizer.tag_id("en")
+  assert de != en and min(de, en) > 3
+  # A tag is one piece, never split, and the words around it tokenize as without it.
+  assert tokenizer.tokenize(["<2de>"]).to_list() != [[de]]  # text: "▁" + tag (why ids)
+  with pytest.raises(DataError, match="has no piece <2fr>"):
+    tokenizer.tag_id("fr")
+  split = data.train_fn.split
+  src, _, counts = (t.numpy() for t in split.read(split.present))
+  firsts = src[np.cumsum(counts[:, 0]) - counts[:, 0]]
+  assert sorted(set(firsts.tolist())) == sorted([de, en])
+  assert (firsts == de).sum() == (firsts == en).sum() == 120
+  # The dev split's sources carry the dev language's tag (the first corpus's: de).
+  dev = pipeline.load_split(config, "dev", tokenizer)
+  dev_src, _, dev_counts = (t.numpy() for t in dev.read(dev.present))
+  assert set(dev_src[np.cumsum(dev_counts[:, 0]) - dev_counts[:, 0]].tolist()) == {de}
+  # Untagged, the same files make another vocabulary and other caches.
+  plain = _bidirectional(tmp_path, target_language_tags=None)
+  assert (sources.data_source(plain).fingerprint("train", shared_vocab=True)
+          != sources.data_source(config).fingerprint("train", shared_vocab=True))
+
+
+@pytest.mark.slow
+def test_translate_puts_the_tag_first_and_counts_it(tmp_path):
+  from t2t_keras.configs import ModelConfig  # pylint: disable=import-outside-toplevel
+  from t2t_keras.model import create_model  # pylint: disable=import-outside-toplevel
+  config = _bidirectional(_corpus(tmp_path))
+  tokenizer = pipeline.make_datasets(config).tokenizer
+  model = create_model(ModelConfig(vocab_size=tokenizer.vocab_size, hidden_size=16,
+                                   filter_size=32, num_heads=2, num_hidden_layers=1))
+  decode = DecodeConfig(beam_size=1, extra_decode_length=2)
+  plain = translate.translate(model, tokenizer, ["the dog runs"], decode, progress=False)
+  tagged = translate.translate(model, tokenizer, ["the dog runs"], decode, progress=False,
+                               target_language="en", max_input_length=3)
+  assert tagged[0].source_ids[0] == tokenizer.tag_id("en")
+  assert tagged[0].source_ids[1:-1] == plain[0].source_ids[:1] and tagged[0].truncated
+
+
+@pytest.mark.slow
+def test_train_and_decode_commands_with_target_languages(tmp_path):
+  """`python -m t2t_keras.train` on EN->DE and DE->EN tagged, then decode: the model
+  answers --target_language=en and de, refuses a language it has no tag for, naming
+  its languages."""
+  path = _corpus(tmp_path)
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+  model_dir = str(tmp_path / "m")
+  train = subprocess.run(
+      [sys.executable, "-m", "t2t_keras.train", "--data_source=files",
+       f"--train_src={path}/train.en,{path}/train.de",
+       f"--train_tgt={path}/train.de,{path}/train.en", "--target_language_tags=de,en",
+       f"--dev_src={path}/dev.en", f"--dev_tgt={path}/dev.de", "--vocab_size=80",
+       "--hidden_size=16", "--filter_size=32", "--num_heads=2", "--num_hidden_layers=1",
+       "--batch_size=256", "--max_length=32", "--train_steps=3", "--log_every=1",
+       "--save_checkpoint_steps=3", "--eval_every=3", "--eval_bleu_sentences=4",
+       "--show_examples=0", f"--model_dir={model_dir}"],
+      cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+  assert train.returncode == 0, train.stderr[-3000:]
+  assert "bleu" in train.stdout + train.stderr  # dev BLEU, decoded with dev's tag
+
+  def decode(*extra):
+    return subprocess.run(
+        [sys.executable, "-m", "t2t_keras.decode", f"--model_dir={model_dir}",
+         "--beam_size=1", "--extra_decode_length=3", *extra], input="the dog runs\n",
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+
+  for language in ("en", "de"):
+    result = decode(f"--target_language={language}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(result.stdout.splitlines()) == 1
+  refused = decode("--target_language=fr")
+  assert refused.returncode != 0
+  assert "--target_language=fr: this model has tags for de, en only" in refused.stderr
+  assert "Traceback" not in refused.stderr
