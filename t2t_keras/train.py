@@ -260,7 +260,8 @@ def train() -> None:
     from t2t_keras.checkpoints import listed_checkpoints
     from t2t_keras.export import saved_model
     translator = saved_model.Translator(trainer.model, datasets.tokenizer, decode_config,
-                                        FLAGS.max_input_length, vocab_file=vocab)
+                                        FLAGS.max_input_length, vocab_file=vocab,
+                                        data_config=data_config)
     path = saved_model.export(translator, FLAGS.export_dir or
                               modeldir.default_export_dir(train_config.model_dir),
                               model_dir=train_config.model_dir,  # for the model card

@@ -8,12 +8,13 @@ import sys
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from t2t_keras import language_tags, translate
 from t2t_keras.configs import DataConfig, DecodeConfig
 from t2t_keras.data import pipeline, sources
 from t2t_keras.errors import DataError
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, SessionModel
 
 WORDS_EN = "the a man woman dog cat runs sits on in park street red small".split()
 WORDS_DE = "der ein Mann Frau Hund Katze läuft sitzt auf im Park Straße rot klein".split()
@@ -144,11 +145,36 @@ def test_train_and_decode_commands_with_target_languages(tmp_path):
          "--beam_size=1", "--extra_decode_length=3", *extra], input="the dog runs\n",
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
 
+  decoded = {}
   for language in ("en", "de"):
     result = decode(f"--target_language={language}")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert len(result.stdout.splitlines()) == 1
+    decoded[language] = result.stdout.splitlines()
+    assert len(decoded[language]) == 1
+  default = decode()
+  assert default.stdout.splitlines() == decoded["de"]  # the dev files' language
   refused = decode("--target_language=fr")
   assert refused.returncode != 0
   assert "--target_language=fr: this model has tags for de, en only" in refused.stderr
   assert "Traceback" not in refused.stderr
+
+  # The export, loaded as TF Serving loads it: translate_to_language per row, as the
+  # decode command; serving_default into the default language; unknown ones refused.
+  export_dir = str(tmp_path / "export")
+  exported = subprocess.run(
+      [sys.executable, "-m", "t2t_keras.export", f"--model_dir={model_dir}",
+       f"--export_dir={export_dir}", "--export_version=1", "--beam_size=1",
+       "--extra_decode_length=3"],
+      cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+  assert exported.returncode == 0, exported.stderr[-3000:]
+  served = SessionModel(os.path.join(export_dir, "1"))
+  out = served.run("translate_to_language", inputs=np.array(["the dog runs"] * 2, object),
+                   target_language=np.array(["en", "de"], object))
+  assert [t.decode() for t in out["outputs"]] == decoded["en"] + decoded["de"]
+  plain = served.run(inputs=np.array(["the dog runs"], object))
+  assert [t.decode() for t in plain["outputs"]] == decoded["de"]
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"target_language \W{0,2}fr\W{0,2}: this model translates "
+                     "into de, en only"):
+    served.run("translate_to_language", inputs=np.array(["a", "b"], object),
+               target_language=np.array(["de", "fr"], object))

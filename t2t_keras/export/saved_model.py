@@ -18,6 +18,13 @@ Signatures:
     of serving_default, each starting with its row's prefix (an empty prefix decodes
     freely), the search continuing after it, as CTranslate2's `target_prefix`
     (interactive translation, terminology); graph mode in every export.
+  translate_to_language (multilingual models, `--target_language_tags` at training):
+    inputs string [B] and target_language string [B] ("de", "en", ...) -> the outputs
+    of serving_default, each row translated into its language (its tag starts the
+    source, language_tags.py; an unknown language is INVALID_ARGUMENT naming the
+    model's languages). serving_default and translate_with_prefix translate into the
+    model's default language (its dev files'); translate_ids clients put the tag id
+    (the piece `<2xx>` of assets/vocab.model) first themselves.
 
 Parsing models exported with `--constrain_trees` carry the tree constraint
 (`parsing.constraint.TreeConstraint`) in both signatures: every output is a valid
@@ -61,7 +68,7 @@ from typing import Optional
 import tensorflow as tf
 
 from t2t_keras import EOS_ID, PAD_ID
-from t2t_keras import decoding, model_card
+from t2t_keras import decoding, language_tags, model_card
 from t2t_keras.configs import DecodeConfig
 from t2t_keras.export import ExportSettings, publish
 
@@ -108,8 +115,18 @@ class Translator(tf.Module):
 
   def __init__(self, model, tokenizer, config: DecodeConfig, max_input_length: int,
                vocab_file: Optional[str] = None, tree_constraint=None,
-               jit_compile: bool = False, limits: Optional[RequestLimits] = None):
+               jit_compile: bool = False, limits: Optional[RequestLimits] = None,
+               data_config=None):
     super().__init__(name="translator")
+    # A multilingual model's target languages: name -> tag id (language_tags.py).
+    self.languages = [] if data_config is None else language_tags.languages(data_config)
+    self.default_tag = None
+    if self.languages:
+      ids = [tokenizer.tag_id(language) for language in self.languages]
+      self.default_tag = ids[self.languages.index(
+          language_tags.default_language(data_config))]
+      self.tag_table = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
+          tf.constant(self.languages), tf.constant(ids, tf.int32)), default_value=-1)
     self.model = model
     self.limits = (limits or RequestLimits()).validate()
     self.vocab_size = int(model.model_config.vocab_size)
@@ -136,6 +153,10 @@ class Translator(tf.Module):
     self.serve_with_prefix = tf.function(self._serve_with_prefix, input_signature=[
         tf.TensorSpec([None], tf.string, name="inputs"),
         tf.TensorSpec([None], tf.string, name="target_prefix")], autograph=False)
+    if self.languages:
+      self.serve_to_language = tf.function(self._serve_to_language, input_signature=[
+          tf.TensorSpec([None], tf.string, name="inputs"),
+          tf.TensorSpec([None], tf.string, name="target_language")], autograph=False)
 
   def check_shape(self, inputs: tf.Tensor, what: str, widths: tf.Tensor) -> tf.Tensor:
     """`inputs` once its rows and the widths of its rows are within the limits.
@@ -172,11 +193,18 @@ class Translator(tf.Module):
     with tf.control_dependencies([check]):
       return tf.identity(ids)
 
-  def encode_strings(self, strings: tf.Tensor) -> tf.Tensor:
-    """Strings [B] -> int32 ids [B, S] ending with EOS, truncated, PAD after."""
+  def encode_strings(self, strings: tf.Tensor, tags: Optional[tf.Tensor] = None
+                     ) -> tf.Tensor:
+    """Strings [B] -> int32 ids [B, S] ending with EOS, truncated, PAD after; a
+    multilingual model's sources start with `tags` [B] (default: the default
+    language's tag), counted in max_input_length."""
     strings = tf.strings.unicode_transcode(strings, "UTF-8", "UTF-8", errors="replace",
                                            replacement_char=0xFFFD)
-    tokens = self.tokenizer.tokenize(strings)
+    tokens = tf.cast(self.tokenizer.tokenize(strings), tf.int32)
+    if self.default_tag is not None:
+      if tags is None:
+        tags = tf.fill([tf.shape(strings)[0]], self.default_tag)
+      tokens = tf.concat([tf.RaggedTensor.from_tensor(tags[:, None]), tokens], axis=1)
     tokens = tokens[:, :self.max_input_length - 1]
     eos = tf.fill([tf.shape(strings)[0], 1], EOS_ID)
     return tf.concat([tf.cast(tokens, tf.int32), eos], axis=1).to_tensor(PAD_ID)
@@ -274,6 +302,32 @@ class Translator(tf.Module):
     return outputs
 
 
+  def _serve_to_language(self, inputs, target_language):
+    """`serving_default` with a target language per row (`translate_to_language`)."""
+    inputs = self.check_shape(inputs, "bytes", tf.strings.length(inputs))
+    batch = tf.shape(inputs)[0]
+    tags = self.tag_table.lookup(target_language)
+    unknown = tf.where(tags < 0, target_language, "")
+    checks = [
+        _check(tf.equal(tf.shape(target_language)[0], batch),
+               "request with {} inputs but {} target_language rows: give one language "
+               "per input", batch, tf.shape(target_language)[0]),
+        _check(tf.reduce_all(tags >= 0),
+               "request with target_language {}: this model translates into "
+               f"{', '.join(self.languages)} only (--target_language_tags at training)",
+               tf.strings.reduce_join(tf.boolean_mask(unknown, tags < 0), separator=", "))]
+    with tf.control_dependencies(checks):
+      inputs = tf.concat([inputs, [""]], axis=0)
+      tags = tf.concat([tags, [self.default_tag]], axis=0)
+    ids = self.check_tokens(self.encode_strings(inputs, tags), batch)
+    output_ids, scores = self._decode(ids, batch)
+    texts = self.tokenizer.detokenize(output_ids)[:batch]
+    scores = scores[:batch]
+    outputs = {"outputs": texts[:, 0], "scores": scores[:, 0]}
+    if self.config.return_beams:
+      outputs.update(beams=texts, beam_scores=scores)
+    return outputs
+
   def _serve_with_prefix(self, inputs, target_prefix):
     """`serving_default` with a target prefix per row (empty: free): each output starts
     with its prefix's pieces (`processors.TargetPrefix`). The search runs in graph mode
@@ -332,6 +386,8 @@ def export(translator: Translator, export_dir: str, version: Optional[int] = Non
   signatures = {"serving_default": translator.serve,
                 "translate_ids": translator.translate_ids,
                 "translate_with_prefix": translator.serve_with_prefix}
+  if translator.languages:
+    signatures["translate_to_language"] = translator.serve_to_language
   tf.saved_model.save(translator, tmp, signatures=signatures)
   tf.io.gfile.makedirs(os.path.join(tmp, os.path.dirname(LIMITS_FILE)))
   with tf.io.gfile.GFile(os.path.join(tmp, LIMITS_FILE), "w") as f:
@@ -448,7 +504,8 @@ def export_model_dir(model_dir: str, export_dir: str, decode_config, max_input_l
   translator = Translator(
       loaded.model, loaded.tokenizer, decode_config, max_input_length,
       vocab_file=vocab if getattr(loaded.tokenizer, "model_proto", None) else None,
-      tree_constraint=constraint, jit_compile=jit_compile, limits=limits)
+      tree_constraint=constraint, jit_compile=jit_compile, limits=limits,
+      data_config=loaded.data_config)
   return export(translator, export_dir, version or None, model_dir,
                 loaded.checkpoints)
 
