@@ -178,3 +178,24 @@ def test_train_and_decode_commands_with_target_languages(tmp_path):
                      "into de, en only"):
     served.run("translate_to_language", inputs=np.array(["a", "b"], object),
                target_language=np.array(["de", "fr"], object))
+
+  # CTranslate2: the tag is a source token of its vocabulary (t2t-ct2-translate).
+  pytest.importorskip("ctranslate2")
+  ct2_dir = str(tmp_path / "ct2")
+  converted = subprocess.run(
+      [sys.executable, "-m", "t2t_keras.export", f"--model_dir={model_dir}",
+       f"--export_dir={ct2_dir}", "--format=ctranslate2"],
+      cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+  assert converted.returncode == 0, converted.stderr[-3000:]
+  (tmp_path / "in.txt").write_text("the dog runs\n", encoding="utf-8")
+
+  def ct2(language):
+    return subprocess.run(
+        [sys.executable, "-m", "t2t_keras.tools.ct2_translate", f"--model={ct2_dir}",
+         f"--input_file={tmp_path}/in.txt", "--beam_size=1", "--extra_decode_length=3",
+         f"--target_language={language}"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+
+  assert ct2("en").stdout.splitlines() == decoded["en"]
+  missing = ct2("fr")
+  assert missing.returncode != 0 and "has no piece <2fr>" in missing.stderr

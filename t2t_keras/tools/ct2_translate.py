@@ -50,6 +50,9 @@ flags.DEFINE_integer("max_input_length", 256,
 flags.DEFINE_integer("extra_decode_length", 50,
                      "A translation has at most its source's length + this many subwords "
                      "(t2t_keras.decode's --extra_decode_length).", lower_bound=0)
+flags.DEFINE_string("target_language", None,
+                    "A multilingual model's target language (--target_language_tags at "
+                    "training): its tag piece <2xx> starts every source.")
 FLAGS = flags.FLAGS
 
 
@@ -120,7 +123,14 @@ def main(argv):
     if os.path.exists(spm_path):
       import sentencepiece  # pylint: disable=import-outside-toplevel
       processor = sentencepiece.SentencePieceProcessor(model_file=spm_path)
-      encode = lambda line: processor.encode(line, out_type=str)  # noqa: E731
+      tag = []
+      if FLAGS.target_language:
+        tag = [f"<2{FLAGS.target_language}>"]
+        if processor.piece_to_id(tag[0]) == processor.unk_id():
+          sys.exit(f"error: --target_language={FLAGS.target_language}: the model's "
+                   f"vocabulary has no piece {tag[0]} (it was trained without that "
+                   "target-language tag)")
+      encode = lambda line: tag + processor.encode(line, out_type=str)  # noqa: E731
       decode = processor.decode_pieces
     else:  # the synthetic tasks: ids as words
       encode = str.split
