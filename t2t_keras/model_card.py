@@ -46,9 +46,10 @@ CARD_FORMAT = 1  # bumped when a field changes meaning
 
 # The DataConfig fields that name the training data, by --data_source.
 _DATA_FIELDS = {
-    "files": ("train_src", "train_tgt", "dev_src", "dev_tgt"),
+    "files": ("train_src", "train_tgt", "dev_src", "dev_tgt", "target_language_tags",
+              "dev_target_language"),
     "parsing": ("train_src", "dev_src", "parsing_linearization"),
-    "tfds": ("tfds_name", "source_lang", "target_lang"),
+    "tfds": ("tfds_name", "source_lang", "target_lang", "tfds_train_subsets"),
     "synthetic": ("synthetic_task", "synthetic_vocab_size", "synthetic_min_length",
                   "synthetic_max_length", "synthetic_train_size"),
 }
@@ -66,6 +67,8 @@ def training_data(data: dict) -> dict:
   for name, value in sorted(data.items()):
     if (name in names or name.startswith("train_")) and value not in (None, ""):
       picked[name] = value
+  if "train_weights" not in picked:  # how weights share an epoch, without weights
+    picked.pop("train_weights_by", None)
   return picked
 
 
