@@ -64,10 +64,6 @@ flags.DEFINE_string("target_prefix_file", None,
                     "Target prefixes, line-aligned with the input (an empty line decodes "
                     "freely): each translation starts with its line's prefix and the "
                     "search continues from there.")
-flags.DEFINE_string("target_language", None,
-                    "A multilingual model's target language (--target_language_tags at "
-                    "training): its tag <2xx> starts every source. Default: the dev "
-                    "files' language.")
 flags.DEFINE_string("output_alignments", None,
                     "Write word alignments (Pharaoh 'i-j', 0-based source-target word "
                     "indices) to this file, one line per output line.")

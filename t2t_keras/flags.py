@@ -203,6 +203,11 @@ def define_decode_flags(f):
                 "with --parsing_linearization=words each after its word copied, "
                 "balanced brackets, no empty constituents), instead of repairing "
                 "outputs afterwards.")
+  f.DEFINE_string("target_language", None,
+                  "A multilingual model's target language (--target_language_tags at "
+                  "training): its tag <2xx> starts every source (decode, score; export: "
+                  "the language serving_default translates into). Default: the dev "
+                  "files' language.")
   f.register_validator("average_last_n", lambda v: v >= 0,
                        message="--average_last_n must be >= 0.")
   f.register_validator("max_input_length", lambda v: v >= 2,
@@ -268,7 +273,7 @@ _MODEL_FLAGS = tuple(flag_name(field) for field in dataclasses.fields(ModelConfi
 _DECODE_FLAGS = tuple(flag_name(field) for field in dataclasses.fields(DecodeConfig)
                       if field.name in _SHARED_DECODE_FIELDS) + (
                           "max_input_length", "checkpoint_path", "average_last_n",
-                          "decode_dtype", "constrain_trees")
+                          "decode_dtype", "constrain_trees", "target_language")
 
 
 def _data_flags(fields) -> tuple:

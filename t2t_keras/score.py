@@ -38,15 +38,15 @@ def run() -> None:
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
 
-  from t2t_keras import loading, modeldir, scoring, translate
+  from t2t_keras import language_tags, loading, modeldir, scoring, translate
   from t2t_keras.data.textfiles import read_text_lines
-  from t2t_keras.errors import DataError
+  from t2t_keras.errors import ConfigError, DataError
 
   tf.get_logger().setLevel("WARNING")
   model_dirs = t2t_flags.model_dirs()
   for warning in t2t_flags.check_inference_flags(
       sys.argv, modeldir.load_model_config(model_dirs[0]), "score",
-      reads=("source_file", "target_file", "output_file", "per_token"),
+      reads=("source_file", "target_file", "output_file", "per_token", "target_language"),
       requested_vocab_size=modeldir.data_config_of(model_dirs[0]).vocab_size):
     logging.warning(warning)
   outputs.check_paths({"--output_file": FLAGS.output_file},
@@ -58,15 +58,21 @@ def run() -> None:
     raise DataError(f"--source_file {FLAGS.source_file} has {len(sources)} lines but "
                     f"--target_file {FLAGS.target_file} has {len(targets)}: they must be "
                     "line-aligned (one target per source).")
+  try:
+    language = language_tags.check_request(
+        FLAGS.target_language, modeldir.data_config_of(model_dirs[0]), "--target_language")
+  except ValueError as error:
+    raise ConfigError(str(error)) from None
   checkpoint_path, average_last_n = t2t_flags.checkpoint_choice(sys.argv)
   model, loaded = loading.load_ensemble(model_dirs, checkpoint_path, average_last_n,
                                           FLAGS.decode_dtype)
   tokenizer = loaded[0].tokenizer
+  tag = [tokenizer.tag_id(language)] if language else []  # the source's first piece
   print(f"scoring {len(sources)} pairs with "
         f"{'; '.join(', '.join(l.checkpoints) for l in loaded)}", file=sys.stderr,
         flush=True)
-  source_ids = [scoring.with_eos(s) for s in tokenizer.tokenize(tf.constant(sources or
-                                                                            [""])).to_list()]
+  source_ids = [scoring.with_eos(tag + s) for s in tokenizer.tokenize(tf.constant(
+      sources or [""])).to_list()]
   target_ids = [scoring.with_eos(t) for t in tokenizer.tokenize(tf.constant(targets or
                                                                             [""])).to_list()]
   if not sources:

@@ -153,6 +153,19 @@ def test_train_and_decode_commands_with_target_languages(tmp_path):
     assert len(decoded[language]) == 1
   default = decode()
   assert default.stdout.splitlines() == decoded["de"]  # the dev files' language
+  # Scoring reads the tag too: a pair scores as the decoder saw it.
+  (tmp_path / "src.txt").write_text("the dog runs\n", encoding="utf-8")
+  (tmp_path / "tgt.txt").write_text(decoded["en"][0] + "\n", encoding="utf-8")
+  scores = {}
+  for language in ("en", "de"):
+    scored = subprocess.run(
+        [sys.executable, "-m", "t2t_keras.score", f"--model_dir={model_dir}",
+         f"--source_file={tmp_path}/src.txt", f"--target_file={tmp_path}/tgt.txt",
+         f"--target_language={language}"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    scores[language] = float(scored.stdout.split()[0])
+  assert scores["en"] != scores["de"]
   refused = decode("--target_language=fr")
   assert refused.returncode != 0
   assert "--target_language=fr: this model has tags for de, en only" in refused.stderr
@@ -173,6 +186,16 @@ def test_train_and_decode_commands_with_target_languages(tmp_path):
   assert [t.decode() for t in out["outputs"]] == decoded["en"] + decoded["de"]
   plain = served.run(inputs=np.array(["the dog runs"], object))
   assert [t.decode() for t in plain["outputs"]] == decoded["de"]
+  # --target_language at export: serving_default translates into it.
+  to_english = subprocess.run(
+      [sys.executable, "-m", "t2t_keras.export", f"--model_dir={model_dir}",
+       f"--export_dir={export_dir}", "--export_version=2", "--beam_size=1",
+       "--extra_decode_length=3", "--target_language=en"],
+      cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+  assert to_english.returncode == 0, to_english.stderr[-3000:]
+  english = SessionModel(os.path.join(export_dir, "2")).run(
+      inputs=np.array(["the dog runs"], object))
+  assert [t.decode() for t in english["outputs"]] == decoded["en"]
   with pytest.raises(tf.errors.InvalidArgumentError,
                      match=r"target_language \W{0,2}fr\W{0,2}: this model translates "
                      "into de, en only"):

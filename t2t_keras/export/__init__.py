@@ -57,6 +57,8 @@ class ExportSettings:
     max_request_rows, max_string_bytes, max_request_tokens: the SavedModel's
       per-request limits.
     quantization: CTranslate2's weight type (None: float32).
+    target_language: a multilingual model's language for serving_default (None: the
+      dev files').
   """
 
   model_dir: str
@@ -73,6 +75,7 @@ class ExportSettings:
   max_string_bytes: int = 16384
   max_request_tokens: int = 16384
   quantization: Optional[str] = None
+  target_language: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +146,8 @@ SAVED_MODEL = Format(
     help="TensorFlow Serving (strings in, translations out)",
     module="t2t_keras.export.saved_model",
     carries=("beam_size", "alpha", "extra_decode_length", "return_beams",
-             "min_decode_length", "max_input_length", "decode_dtype", "constrain_trees"),
+             "min_decode_length", "max_input_length", "decode_dtype", "constrain_trees",
+             "target_language"),
     instead={
         "decode_batch_size": "a request is one batch (its rows are the client's, at most "
                              "--max_request_rows; TF Serving's batching merges requests "
@@ -168,6 +172,8 @@ CTRANSLATE2 = Format(
         "extra_decode_length": f"give it when translating: {_CT2_TOOL} "
                                "--extra_decode_length, or translate_batch("
                                "max_decoding_length=source length + N)",
+        "target_language": f"give it when translating: {_CT2_TOOL} --target_language "
+                           "(the tag token <2xx> first in each source)",
         "max_input_length": f"give it when translating: {_CT2_TOOL} --max_input_length, "
                             "or translate_batch(max_input_length=...)",
         "return_beams": "ask for them when translating: translate_batch("

@@ -70,6 +70,7 @@ import tensorflow as tf
 from t2t_keras import EOS_ID, PAD_ID
 from t2t_keras import decoding, language_tags, model_card
 from t2t_keras.configs import DecodeConfig
+from t2t_keras.errors import ExportError
 from t2t_keras.export import ExportSettings, publish
 
 
@@ -116,15 +117,21 @@ class Translator(tf.Module):
   def __init__(self, model, tokenizer, config: DecodeConfig, max_input_length: int,
                vocab_file: Optional[str] = None, tree_constraint=None,
                jit_compile: bool = False, limits: Optional[RequestLimits] = None,
-               data_config=None):
+               data_config=None, target_language: Optional[str] = None):
     super().__init__(name="translator")
-    # A multilingual model's target languages: name -> tag id (language_tags.py).
+    # A multilingual model's target languages: name -> tag id (language_tags.py);
+    # serving_default translates into `target_language` (default: the dev files').
     self.languages = [] if data_config is None else language_tags.languages(data_config)
     self.default_tag = None
+    if data_config is not None:
+      try:
+        target_language = language_tags.check_request(target_language, data_config,
+                                                      "--target_language")
+      except ValueError as error:
+        raise ExportError(str(error)) from None
     if self.languages:
       ids = [tokenizer.tag_id(language) for language in self.languages]
-      self.default_tag = ids[self.languages.index(
-          language_tags.default_language(data_config))]
+      self.default_tag = ids[self.languages.index(target_language)]
       self.tag_table = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
           tf.constant(self.languages), tf.constant(ids, tf.int32)), default_value=-1)
     self.model = model
@@ -473,7 +480,8 @@ def export_model_dir(model_dir: str, export_dir: str, decode_config, max_input_l
                      checkpoint_path=None, average_last_n: int = 0, version: int = 0,
                      constrain_trees: bool = False, jit_compile: bool = False,
                      limits: Optional[RequestLimits] = None,
-                     dtype: Optional[str] = None) -> str:
+                     dtype: Optional[str] = None,
+                     target_language: Optional[str] = None) -> str:
   """Loads model_dir and exports it; returns the versioned export path.
 
   `constrain_trees`: a parsing model's export writes only valid trees (ExportError
@@ -505,7 +513,7 @@ def export_model_dir(model_dir: str, export_dir: str, decode_config, max_input_l
       loaded.model, loaded.tokenizer, decode_config, max_input_length,
       vocab_file=vocab if getattr(loaded.tokenizer, "model_proto", None) else None,
       tree_constraint=constraint, jit_compile=jit_compile, limits=limits,
-      data_config=loaded.data_config)
+      data_config=loaded.data_config, target_language=target_language)
   return export(translator, export_dir, version or None, model_dir,
                 loaded.checkpoints)
 
@@ -527,7 +535,8 @@ def export_from_settings(settings: ExportSettings) -> str:
                           settings.max_input_length, settings.checkpoint_path,
                           settings.average_last_n, settings.version,
                           settings.constrain_trees, jit_compile=settings.jit_compile,
-                          limits=limits_of(settings), dtype=settings.decode_dtype)
+                          limits=limits_of(settings), dtype=settings.decode_dtype,
+                          target_language=settings.target_language)
 
 
 def describe(path: str, settings: ExportSettings) -> str:
