@@ -23,8 +23,8 @@ Signatures:
     of serving_default, each row translated into its language (its tag starts the
     source, language_tags.py; an unknown language is INVALID_ARGUMENT naming the
     model's languages). serving_default and translate_with_prefix translate into the
-    model's default language (its dev files'); translate_ids clients put the tag id
-    (the piece `<2xx>` of assets/vocab.model) first themselves.
+    export's `--target_language` (default: the dev files'); translate_ids clients put
+    the tag id (the piece `<2xx>` of assets/vocab.model) first themselves.
 
 Parsing models exported with `--constrain_trees` carry the tree constraint
 (`parsing.constraint.TreeConstraint`) in both signatures: every output is a valid
@@ -301,6 +301,10 @@ class Translator(tf.Module):
     inputs = tf.concat([inputs, [""]], axis=0)
     ids = self.check_tokens(self.encode_strings(inputs), batch)
     output_ids, scores = self._decode(ids, batch)
+    return self._outputs(output_ids, scores, batch)
+
+  def _outputs(self, output_ids, scores, batch):
+    """The string signatures' outputs of the first `batch` rows (the request's)."""
     texts = self.tokenizer.detokenize(output_ids)[:batch]  # [B, K]
     scores = scores[:batch]
     outputs = {"outputs": texts[:, 0], "scores": scores[:, 0]}
@@ -328,12 +332,7 @@ class Translator(tf.Module):
       tags = tf.concat([tags, [self.default_tag]], axis=0)
     ids = self.check_tokens(self.encode_strings(inputs, tags), batch)
     output_ids, scores = self._decode(ids, batch)
-    texts = self.tokenizer.detokenize(output_ids)[:batch]
-    scores = scores[:batch]
-    outputs = {"outputs": texts[:, 0], "scores": scores[:, 0]}
-    if self.config.return_beams:
-      outputs.update(beams=texts, beam_scores=scores)
-    return outputs
+    return self._outputs(output_ids, scores, batch)
 
   def _serve_with_prefix(self, inputs, target_prefix):
     """`serving_default` with a target prefix per row (empty: free): each output starts
@@ -357,12 +356,7 @@ class Translator(tf.Module):
     output_ids, scores = decoding.decode_ids(self.model, ids, self.config,
                                              tree_constraint=self.tree_constraint,
                                              target_prefix=prefix.to_tensor(PAD_ID))
-    texts = self.tokenizer.detokenize(output_ids)[:batch]
-    scores = scores[:batch]
-    outputs = {"outputs": texts[:, 0], "scores": scores[:, 0]}
-    if self.config.return_beams:
-      outputs.update(beams=texts, beam_scores=scores)
-    return outputs
+    return self._outputs(output_ids, scores, batch)
 
 
 def export(translator: Translator, export_dir: str, version: Optional[int] = None,
