@@ -52,6 +52,12 @@ def setting(default, help: Optional[str] = None, *, flag: Optional[str] = None, 
       "help": help, "flag": flag, "choices": choices, "check": check})
 
 
+def split_list(value: Optional[str]) -> List[str]:
+  """A comma-separated flag value: "a,b" -> ["a", "b"] (blanks around commas dropped);
+  None or "" -> []."""
+  return [part.strip() for part in value.split(",")] if value else []
+
+
 def flag_name(field: dataclasses.Field) -> str:
   """The flag a config field is read from."""
   return field.metadata.get("flag") or field.name

@@ -27,6 +27,7 @@ import re
 from typing import List, Optional
 
 from t2t_keras.configs import DataConfig
+from t2t_keras.configs import split_list as split  # "de,en" -> ["de", "en"]
 
 _CODE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,15}")
 
@@ -34,11 +35,6 @@ _CODE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,15}")
 def tag(language: str) -> str:
   """The vocabulary piece of a target language: "de" -> "<2de>"."""
   return f"<2{language}>"
-
-
-def split(value: Optional[str]) -> List[str]:
-  """"de, en" -> ["de", "en"]; None or "" -> []."""
-  return [part.strip() for part in value.split(",")] if value else []
 
 
 def problems(config: DataConfig, corpora: int) -> List[str]:

@@ -38,17 +38,13 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
+from t2t_keras.configs import split_list
 from t2t_keras.errors import ConfigError
 
 TOLERANCE = 0.05  # relative error of a share that needs no larger multiplicities
 REFUSE = 0.10  # relative error of a share that refuses the weights
 MAX_EPOCH_PAIRS = 100_000_000  # copies an epoch may hold (one int64 of table each)
 WEIGHTS_BY = ("size", "weight")
-
-
-def split_list(value: Optional[str]) -> List[str]:
-  """"a,b" -> ["a", "b"] (blanks around commas dropped); None or "" -> []."""
-  return [part.strip() for part in value.split(",")] if value else []
 
 
 def weight_problems(weights: Optional[str], corpora: int, names: str) -> List[str]:
