@@ -11,6 +11,13 @@ kernels of the two cores overlap, so the shares are of the summed kernel time, n
 the wall time; a wall time per kernel near the mean kernel time says that dispatch, not
 arithmetic, is what the step costs.
 
+`--model_dir` (and `--src`) instead exports a trained model directory the same way and
+traces batches of real sentences (the first `batches` lines of `--src`, sorted by length
+as a client batches) through the `serving_default` signature, strings in:
+
+    python bench/profile_decode.py --model_dir=/tmp/m30k --average_last_n=3 \
+        --src=../shared/data/multi30k/test2016.en --batches=1,32
+
 `--gemm_rows=128` instead times the decoder step's matmul shapes alone (rows x d_model
 x d_ff, rows x d_model x vocabulary, ...; XLA, float32) against the machine's measured
 square-matmul peak: the ceiling any decoding step of that many rows can reach.
@@ -40,6 +47,10 @@ flags.DEFINE_integer("vocab_size", 32000, "Shared vocabulary size.")
 flags.DEFINE_integer("hidden_size", 512, "d_model (smaller for smoke runs).")
 flags.DEFINE_integer("filter_size", 2048, "d_ff.")
 flags.DEFINE_integer("num_hidden_layers", 6, "Layers per stack.")
+flags.DEFINE_string("model_dir", None, "A trained model directory to export and trace "
+                    "on real sentences instead of the random-weight workload.")
+flags.DEFINE_string("src", None, "With --model_dir: source sentences, one per line.")
+flags.DEFINE_integer("average_last_n", 0, "With --model_dir: average the last N checkpoints.")
 flags.DEFINE_integer("top", 15, "Op types to print per batch size.")
 flags.DEFINE_integer("gemm_rows", 0, "If > 0: time the step's matmul shapes at this many "
                      "rows (batch x beam) instead of profiling the export.")
@@ -99,41 +110,63 @@ def main(argv):
   import keras
   import numpy as np
   import tensorflow as tf
+  import sentencepiece
   import tensorflow_text  # noqa: F401
 
-  from t2t_keras import EOS_ID
+  from t2t_keras import EOS_ID, modeldir
   from t2t_keras.export import saved_model
   from t2t_keras.configs import DecodeConfig, ModelConfig
   from t2t_keras.model import create_model
 
   print(f"machine: {machine()}")
   keras.utils.set_random_seed(0)
-  config = ModelConfig(vocab_size=FLAGS.vocab_size, hidden_size=FLAGS.hidden_size,
-                       filter_size=FLAGS.filter_size,
-                       num_hidden_layers=FLAGS.num_hidden_layers)
-  model = create_model(config)
+  if not FLAGS.model_dir:
+    config = ModelConfig(vocab_size=FLAGS.vocab_size, hidden_size=FLAGS.hidden_size,
+                         filter_size=FLAGS.filter_size,
+                         num_hidden_layers=FLAGS.num_hidden_layers)
+    model = create_model(config)
   decode_config = DecodeConfig(beam_size=FLAGS.beam_size, alpha=0.6,
                                extra_decode_length=FLAGS.extra_decode_length)
   with tempfile.TemporaryDirectory() as tmp:
-    translator = saved_model.Translator(model, IdTokenizer(), decode_config,
-                                        max_input_length=FLAGS.length + 1)
-    path = saved_model.export(translator, tmp, version=1)
+    if FLAGS.model_dir:
+      path = saved_model.export_model_dir(
+          FLAGS.model_dir, tmp, DecodeConfig(beam_size=FLAGS.beam_size, alpha=0.0,
+                                             min_decode_length=1, extra_decode_length=50),
+          max_input_length=256, average_last_n=FLAGS.average_last_n)
+    else:
+      translator = saved_model.Translator(model, IdTokenizer(), decode_config,
+                                          max_input_length=FLAGS.length + 1)
+      path = saved_model.export(translator, tmp, version=1)
     graph = tf.Graph()
     session = tf.compat.v1.Session(graph=graph)
     with graph.as_default():
       meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], path)
-    signature = meta.signature_def["translate_ids"]
-    feed = signature.inputs["input_ids"].name
-    fetch = signature.outputs["output_ids"].name
+    if FLAGS.model_dir:
+      signature = meta.signature_def["serving_default"]
+      feed, fetch = signature.inputs["inputs"].name, signature.outputs["outputs"].name
+      with open(FLAGS.src, encoding="utf-8") as f:
+        lines = [line.rstrip("\n") for line in f]
+      spm = sentencepiece.SentencePieceProcessor(model_file=modeldir.vocab_path(FLAGS.model_dir))
+    else:
+      signature = meta.signature_def["translate_ids"]
+      feed = signature.inputs["input_ids"].name
+      fetch = signature.outputs["output_ids"].name
     rng = np.random.default_rng(0)
     for batch in (int(b) for b in FLAGS.batches):
-      ids = rng.integers(4, FLAGS.vocab_size, (batch, FLAGS.length)).astype("int32")
-      ids[:, -1] = EOS_ID
+      if FLAGS.model_dir:
+        ids = np.array(sorted(lines[:batch], key=lambda line: len(line.split())),
+                       dtype=object)
+      else:
+        ids = rng.integers(4, FLAGS.vocab_size, (batch, FLAGS.length)).astype("int32")
+        ids[:, -1] = EOS_ID
       session.run(fetch, {feed: ids})  # warm up
       start = time.perf_counter()
       out = session.run(fetch, {feed: ids})
       wall = time.perf_counter() - start
-      steps = int(out.shape[-1])
+      if FLAGS.model_dir:  # decoding steps: the pieces of the longest output, with EOS
+        steps = 1 + max(len(spm.encode(text.decode("utf-8"))) for text in out)
+      else:
+        steps = int(out.shape[-1])
       options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
       metadata = tf.compat.v1.RunMetadata()
       session.run(fetch, {feed: ids}, options=options, run_metadata=metadata)

@@ -155,16 +155,20 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
   # What every step reads and never changes, one row per sentence: passed to the step as the
   # search's context, so that it leaves the batch with its sentence.
   context = (cross_key_values, memory_mask, (encoded, inputs) if pointing else ())
+  # The pre-softmax projection, transposed once here rather than in every step.
+  output_kernel = model.output_kernel()
 
   def plain_step(ids, index, state, context):
     cross, mask, source = context
     if not pointing:
-      return model.decode_step(ids, index, state, cross, mask, grow=grow)
+      return model.decode_step(ids, index, state, cross, mask, grow=grow,
+                               output_kernel=output_kernel)
     cache, pointer = state
     encoded_rows, source_ids = source
     pointer = advance_pointer(pointer, ids, per_row(source_ids, k))
     logits, cache = model.decode_step(ids, index, cache, cross, mask,
-                                      source_pointer=(encoded_rows, pointer), grow=grow)
+                                      source_pointer=(encoded_rows, pointer), grow=grow,
+                                      output_kernel=output_kernel)
     return logits, (cache, pointer)
 
   def plain_state(rows):
@@ -208,7 +212,7 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
       pointer = advance_pointer(pointer, ids, source_rows)  # per hypothesis
       extra["source_pointer"] = (encoded, pointer)
     logits, cache = model.decode_step(ids, index, cache, cross_key_values, memory_mask,
-                                      slots=slots, **extra)
+                                      slots=slots, output_kernel=output_kernel, **extra)
     return logits, (cache, slots, pointer)
 
   def reorder(state, parents):

@@ -43,8 +43,12 @@ class Ensemble:
     return tuple(m.init_cache(batch_size, max_length, beam_size=beam_size)
                  for m in self.models)
 
+  def output_kernel(self):
+    """The members' pre-softmax projections, for `decode_step(..., output_kernel=)`."""
+    return tuple(m.output_kernel() for m in self.models)
+
   def decode_step(self, ids, index, cache, cross_key_values, memory_mask, slots=None,
-                  source_pointer=None, grow=False):
+                  source_pointer=None, grow=False, output_kernel=None):
     """The members' average log probabilities (B * K, V) and their updated caches.
 
     `source_pointer`: (the members' encoder outputs, as `encode` returns them, one
@@ -56,9 +60,9 @@ class Ensemble:
       if getattr(model, "uses_source_pointer", False):
         encoded, pointer = source_pointer
         extra["source_pointer"] = (encoded[i], pointer)
-      logits, model_cache = model.decode_step(ids, index, model_cache, key_values,
-                                              memory_mask, slots=slots, grow=grow,
-                                              **extra)
+      logits, model_cache = model.decode_step(
+          ids, index, model_cache, key_values, memory_mask, slots=slots, grow=grow,
+          output_kernel=None if output_kernel is None else output_kernel[i], **extra)
       log_probs.append(tf.nn.log_softmax(tf.cast(logits, tf.float32)))
       caches.append(model_cache)
     if len(log_probs) == 1:

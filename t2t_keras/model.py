@@ -247,10 +247,16 @@ class Transformer(keras.Model):
                         encoded)  # (B, G * T, S) @ (B, S, D)
     return self.source_pointer_projection(ops.reshape(picked, (rows, length, -1)))
 
-  def _logits(self, x):
+  def _logits(self, x, output_kernel=None):
     if self.model_config.pre_norm:
       x = self.decoder_norm(x)
-    return self.softmax_embedding.logits(x)
+    return self.softmax_embedding.logits(x, output_kernel)
+
+  def output_kernel(self):
+    """The (D, V) pre-softmax projection that `decode_step(..., output_kernel=)` takes:
+    computed once per decoded batch, not once per step (see
+    `SharedEmbedding.output_kernel`)."""
+    return self.softmax_embedding.output_kernel()
 
   # ---------------------------------------------------------------- incremental decoding
   def cross_key_values(self, encoded):
@@ -272,7 +278,7 @@ class Transformer(keras.Model):
             for _ in self.decoder_layers]
 
   def decode_step(self, ids, index, cache, cross_key_values, memory_mask, slots=None,
-                  source_pointer=None, grow=False):
+                  source_pointer=None, grow=False, output_kernel=None):
     """Decodes one position for every sequence.
 
     Args:
@@ -293,6 +299,8 @@ class Transformer(keras.Model):
         step's, starting from 0).
       grow: the cache grows (`init_cache(B, 0)`, one position appended per step;
         graph mode only: XLA needs the fixed size); not with `slots`.
+      output_kernel: `output_kernel()`, taken once before the loop (faster); None
+        computes it in the step.
 
     Returns:
       (float32 logits (B * K, V) for position `index`, updated cache).
@@ -325,7 +333,7 @@ class Transformer(keras.Model):
                              cross_key_value=key_value, cache=layer_cache,
                              cache_index=None if grow else index)
       new_cache.append(layer_cache)
-    return self._logits(x)[:, 0], new_cache
+    return self._logits(x, output_kernel)[:, 0], new_cache
 
   # ---------------------------------------------------------------- config
   def get_config(self):

@@ -65,7 +65,9 @@ class MinLength(Processor):
     def step(logits, ids, index, state):
       del ids
       is_eos = tf.equal(tf.range(tf.shape(logits)[-1]), EOS_ID)[None, :]
-      return tf.where(is_eos & (index < self.min_length), NEG_INF, logits), state
+      # Only the first steps pay for a pass over (R, V).
+      return only_when(index < self.min_length,
+                       lambda: tf.where(is_eos, NEG_INF, logits), logits), state
     return step, ()
 
 
@@ -102,9 +104,21 @@ class LengthLimit(Processor):
   def start(self, rows: Rows):
     def step(logits, ids, index, limits):
       del ids
-      eos_only = tf.where(tf.equal(tf.range(tf.shape(logits)[-1]), EOS_ID), 0.0, NEG_INF)
-      return tf.where((index >= limits - 1)[:, None], eos_only[None, :], logits), limits
+      at_limit = index >= limits - 1  # (R,)
+
+      def force_eos():
+        eos_only = tf.where(tf.equal(tf.range(tf.shape(logits)[-1]), EOS_ID), 0.0, NEG_INF)
+        return tf.where(at_limit[:, None], eos_only[None, :], logits)
+      return only_when(tf.reduce_any(at_limit), force_eos, logits), limits
     return step, tf.cast(rows.limits, tf.int32)  # the state: each row's limit
+
+
+def only_when(condition: tf.Tensor, adjust: Callable[[], tf.Tensor],
+              logits: tf.Tensor) -> tf.Tensor:
+  """`adjust()` when `condition` holds, else `logits` untouched: a processor that
+  changes the logits on few steps skips its pass over the whole (R, V) tensor on the
+  others (each such pass costs about as much as a step's smaller matmuls)."""
+  return tf.cond(condition, adjust, lambda: logits)
 
 
 def compose(symbols_to_logits, state, processors: Sequence[Processor], rows: Rows):

@@ -233,6 +233,23 @@ def test_top_k_rows_equals_top_k(vocab, jit):
                                 got_values.numpy())
 
 
+@pytest.mark.parametrize("vocab", [8000, 32000, 32003, 50])
+def test_top_k_log_probs_equal_log_softmax_then_top_k(vocab):
+  logits = 4.0 * tf.random.stateless_normal([5, vocab], seed=[vocab, 2])
+  logits = tf.concat([logits, tf.fill([1, vocab], -1.0e9)], 0)  # a dead row
+  got_values, got_ids = tf.function(lambda v: bs.top_k_log_probs(v, 8))(logits)
+  want_values, want_ids = tf.math.top_k(tf.nn.log_softmax(logits), 8)
+  np.testing.assert_allclose(got_values.numpy(), want_values.numpy(), rtol=1e-6, atol=1e-5)
+  np.testing.assert_array_equal(got_ids.numpy()[:5], want_ids.numpy()[:5])
+
+
+def test_chunks_divide_the_vocabulary_when_they_can():
+  assert bs._chunk_size(8000, 128) == 125  # 64 chunks, no pad
+  assert bs._chunk_size(32000, 128) == 128
+  assert bs._chunk_size(32003, 128) == 128  # prime: padded
+  assert 8000 % bs._chunk_size(8000, 128) == 0
+
+
 @pytest.mark.parametrize("alpha,results,graph", [(0.0, 1, False), (0.6, 1, True),
                                                  (0.6, 4, False), (0.0, 4, True)])
 def test_shrinking_batch_gives_the_full_batchs_results(alpha, results, graph):

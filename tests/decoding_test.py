@@ -130,7 +130,8 @@ def test_first_beam_is_final_when_the_other_beams_are_not_asked_for(alpha, in_pl
   eager = create_model(ModelConfig(vocab_size=V, hidden_size=16, filter_size=32,
                                    num_heads=2, num_hidden_layers=1))
   original = eager.softmax_embedding.logits
-  eager.softmax_embedding.logits = lambda x: original(x) + tf.one_hot(EOS_ID, V) * 1.5
+  eager.softmax_embedding.logits = (
+      lambda x, kernel=None: original(x, kernel) + tf.one_hot(EOS_ID, V) * 1.5)
   inputs = sources(np.random.default_rng(5), [6, 2, 9, 4, 7, 3])
   first, everything = (decoding.decode_ids(
       eager, inputs, DecodeConfig(beam_size=4, alpha=alpha, extra_decode_length=12,
@@ -465,7 +466,7 @@ def test_min_decode_length_keeps_eos_away(beam, topk):
                                    num_heads=2, num_hidden_layers=1))
   bias = eager.softmax_embedding  # push EOS far above every other token
   original = bias.logits
-  bias.logits = lambda x: original(x) + tf.one_hot(EOS_ID, V) * 50.0
+  bias.logits = lambda x, kernel=None: original(x, kernel) + tf.one_hot(EOS_ID, V) * 50.0
   try:
     inputs = sources(np.random.default_rng(1), [5, 3])
     for minimum in (0, 3):

@@ -42,10 +42,21 @@ class SharedEmbedding(keras.layers.Layer):
     return ops.cast(embedded, self.compute_dtype) * ops.cast(
         self.hidden_size ** 0.5, self.compute_dtype)
 
-  def logits(self, hidden):
-    """Maps (..., D) decoder outputs to float32 logits (..., V) with the same matrix."""
-    kernel = ops.cast(self.embeddings, self.compute_dtype)
-    return ops.cast(ops.matmul(hidden, ops.transpose(kernel)), "float32")
+  def output_kernel(self):
+    """The pre-softmax projection (D, V): the matrix transposed, in the compute dtype.
+
+    Decoding takes it once per batch and passes it to every step (`logits(...,
+    output_kernel=)`): inside a graph, a transpose that feeds the matmul directly is
+    folded into a MatMul with transpose_b, which TensorFlow's CPU kernel runs at a
+    half to a tenth of the plain one's speed on a step's few rows (bench/: 4 rows x
+    256 x 8,000 in 3.8 ms against 0.4 ms)."""
+    return ops.transpose(ops.cast(self.embeddings, self.compute_dtype))
+
+  def logits(self, hidden, output_kernel=None):
+    """Maps (..., D) decoder outputs to float32 logits (..., V) with the same matrix
+    (or `output_kernel`, this layer's `output_kernel()` computed once by the caller)."""
+    kernel = self.output_kernel() if output_kernel is None else output_kernel
+    return ops.cast(ops.matmul(hidden, kernel), "float32")
 
   def get_config(self):
     config = super().get_config()
