@@ -22,14 +22,18 @@ def cpu_model() -> str:
   return platform.processor() or platform.machine() or "unknown CPU"
 
 
-def session_signature(path: str, signature_name: str, input_name: str, output_name: str):
+def session_signature(path: str, signature_name: str, input_name: str, output_name: str,
+                      threads: int = 0):
   """A SavedModel loaded as tensorflow_model_server loads it (the TF1 session loader,
-  tensors fed and fetched by name): a function numpy input -> numpy output."""
+  tensors fed and fetched by name): a function numpy input -> numpy output, safe to
+  call from several threads (as the server runs concurrent requests). `threads` > 0:
+  threads per op (`--tensorflow_intra_op_parallelism`)."""
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
   import tensorflow_text  # noqa: F401  (the exported graph's ops)
   graph = tf.Graph()
-  session = tf.compat.v1.Session(graph=graph)
+  config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads)
+  session = tf.compat.v1.Session(graph=graph, config=config)
   with graph.as_default():
     meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], path)
   signature = meta.signature_def[signature_name]

@@ -24,6 +24,13 @@ per engine: sentences/s, target tokens/s (SentencePiece pieces, EOS excluded), m
 longest output per batch (the fewest steps a batch can take), sacreBLEU, outputs
 identical to CTranslate2 float32, and the ratio to CTranslate2 float32.
 
+--parallel_batches=N decodes N batches at a time in every engine, each batch's ops on
+cores / N threads: the decode CLI's --decode_parallel_batches; the export engines'
+client sends N requests at once to a session configured as `tensorflow_model_server
+--tensorflow_intra_op_parallelism=<cores / N>` runs it; CTranslate2 with
+inter_threads=N, intra_threads=cores / N (its setting for throughput). 1 (default):
+one batch at a time on all cores everywhere (CTranslate2's default threads).
+
 --latency_requests=N then measures latency as a server sees it: one sentence per
 request, the first N lines in file order, through the export engines (the SavedModel
 in a TF1 session, as TF Serving runs it) and CTranslate2's `translate_batch` of one
@@ -32,8 +39,10 @@ engines take turns, one request each. Printed per engine: p50, p90 and p99 in ms
 mean output length, and the p50 and p99 ratios to CTranslate2 float32.
 """
 
+import concurrent.futures
 import dataclasses
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -62,6 +71,8 @@ flags.DEFINE_list("engines", ["graph", "XLA", "export", "export XLA", "ct2 float
                   "Engines to run (see the module docstring).")
 flags.DEFINE_boolean("int8", False, "Also CTranslate2 int8.")
 flags.DEFINE_integer("threads", 0, "CTranslate2 intra_threads (0: its default).")
+flags.DEFINE_integer("parallel_batches", 1, "Batches decoded at a time by every engine "
+                     "(see the module docstring); latency needs 1.")
 flags.DEFINE_integer("latency_requests", 0, "Also time this many one-sentence requests "
                      "(the first lines in file order) through the export engines and "
                      "CTranslate2 (0: no latency run).")
@@ -91,13 +102,28 @@ def main(argv):
   loaded = loading.load(FLAGS.model_dir, average_last_n=FLAGS.average_last_n,
                         dtype="float32")
   spm = sentencepiece.SentencePieceProcessor(model_file=modeldir.vocab_path(FLAGS.model_dir))
-  peak = common.matmul_peak()
+  cores = len(os.sched_getaffinity(0))
+  threads = max(1, cores // FLAGS.parallel_batches)
+  if FLAGS.parallel_batches > 1:
+    if FLAGS.latency_requests:
+      raise app.UsageError("--latency_requests times one request at a time: use "
+                           "--parallel_batches=1")
+    # The peak of all cores, measured before this process limits its threads per op.
+    peak = float(subprocess.run(
+        [sys.executable, "-c", "from bench import common; print(common.matmul_peak())"],
+        cwd=REPO, capture_output=True, text=True, check=True).stdout.split()[-1])
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+  else:
+    peak = common.matmul_peak()
   print(f"{common.machine()}; matmul peak {peak / 1e9:.1f} GFLOP/s; CTranslate2 "
         f"{ctranslate2.__version__}; {FLAGS.src}: {len(sources)} sentences; beam "
         f"{FLAGS.beam_size}, batch {FLAGS.batch_size}, alpha {FLAGS.alpha}, min length "
-        f"{FLAGS.min_decode_length}", flush=True)
+        f"{FLAGS.min_decode_length}; {FLAGS.parallel_batches} batch(es) at a time, "
+        f"{threads if FLAGS.parallel_batches > 1 else 'all'} threads per op", flush=True)
   base = DecodeConfig(beam_size=FLAGS.beam_size, alpha=FLAGS.alpha, extra_decode_length=50,
-                      batch_size=FLAGS.batch_size, min_decode_length=FLAGS.min_decode_length)
+                      batch_size=FLAGS.batch_size, min_decode_length=FLAGS.min_decode_length,
+                      parallel_batches=FLAGS.parallel_batches)
   tmp = tempfile.mkdtemp(prefix="decode_real_")
   engines = {}
 
@@ -115,18 +141,23 @@ def main(argv):
                                         base, max_input_length=256,
                                         average_last_n=FLAGS.average_last_n,
                                         jit_compile=jit)
-    run = common.session_signature(path, "serving_default", "inputs", "outputs")
+    run = common.session_signature(path, "serving_default", "inputs", "outputs",
+                                   threads=threads if FLAGS.parallel_batches > 1 else 0)
     exported["export XLA" if jit else "export"] = run
     # As a client batches: length-sorted batches of batch_size sentences.
     order = sorted(range(len(sources)), key=lambda i: len(sources[i].split()))
 
     def decode():
       out = [None] * len(sources)
-      for begin in range(0, len(order), FLAGS.batch_size):
+
+      def request(begin):
         chunk = order[begin:begin + FLAGS.batch_size]
         texts = run(np.array([sources[i] for i in chunk], dtype=object))
         for i, text in zip(chunk, texts):
           out[i] = text.decode("utf-8")
+      # N client threads, each with one request in flight.
+      with concurrent.futures.ThreadPoolExecutor(FLAGS.parallel_batches) as pool:
+        list(pool.map(request, range(0, len(order), FLAGS.batch_size)))
       return out
     return decode
 
@@ -134,7 +165,12 @@ def main(argv):
     path = os.path.join(tmp, f"ct2_{quantization}")
     ct2_export.export(loaded.model, loaded.model_config, loaded.tokenizer, path,
                       quantization=quantization)
-    translator = ctranslate2.Translator(path, device="cpu", intra_threads=FLAGS.threads)
+    if FLAGS.parallel_batches > 1:
+      translator = ctranslate2.Translator(path, device="cpu",
+                                          inter_threads=FLAGS.parallel_batches,
+                                          intra_threads=FLAGS.threads or threads)
+    else:
+      translator = ctranslate2.Translator(path, device="cpu", intra_threads=FLAGS.threads)
     tokens = [spm.encode(s, out_type=str) for s in sources]
     exported[f"ct2 {quantization}"] = lambda line: [
         spm.decode_pieces(r.hypotheses[0]) for r in translator.translate_batch(

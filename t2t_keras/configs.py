@@ -393,6 +393,14 @@ class DecodeConfig:
       "fewer rows, short ones up to --decode_batch_size. 0 = sentences only. A sentence "
       "longer than the cap is decoded alone.", flag="decode_batch_tokens",
       check=AT_LEAST_0)
+  parallel_batches: int = setting(
+      0, "Batches the decode command decodes at the same time, each on its share of the "
+      "CPU cores (CTranslate2's inter_threads): a decoding step is many small ops that one "
+      "batch cannot spread over several cores, so N batches side by side, each with "
+      "cores / N threads per op, are faster (test2016 on 2 cores: about 1.6x). 0 = one "
+      "per CPU core on a machine without GPUs, at most one per batch of the input; 1 = "
+      "one batch at a time, every core on it.", flag="decode_parallel_batches",
+      check=AT_LEAST_0)
   jit_compile: bool = setting(
       False, "Decode with XLA (Transformer base in bench/decode_speed.py: 1.4-1.5x "
       "faster on CPU). Batches are padded to --decode_batch_size rows and a power-of-two "

@@ -59,7 +59,7 @@ flags.DEFINE_string("output_file", None, "Where translations go (default stdout)
 flags.DEFINE_string("reference_file", None, "Reference translations: print BLEU and chrF.")
 t2t_flags.define_settings(DecodeConfig, ("sampling_topk", "sampling_topp",
                                          "sampling_temperature", "num_samples",
-                                         "batch_tokens"))
+                                         "batch_tokens", "parallel_batches"))
 flags.DEFINE_string("target_prefix_file", None,
                     "Target prefixes, line-aligned with the input (an empty line decodes "
                     "freely): each translation starts with its line's prefix and the "
@@ -85,6 +85,7 @@ AUTO_XLA_SENTENCES = 256
 _READS = ("input_file", "output_file", "reference_file", "constrain_trees", "seed",
           "sampling_topk", "sampling_topp", "sampling_temperature", "num_samples",
           "output_alignments", "alignment_layer", "alignment_head", "decode_batch_tokens",
+          "decode_parallel_batches",
           "target_prefix_file", "target_language")
 
 
@@ -105,6 +106,30 @@ def choose_xla(decode_config: DecodeConfig, sentences: int) -> DecodeConfig:
   beam = 1 if decode_config.sampling else decode_config.beam_size
   return dataclasses.replace(
       decode_config, jit_compile=sentences >= AUTO_XLA_SENTENCES and beam == 1)
+
+
+def choose_parallel_batches(decode_config: DecodeConfig, sentences: int) -> DecodeConfig:
+  """--decode_parallel_batches resolved (0: one batch per CPU core without GPUs, at most
+  one per batch of the input), and TensorFlow's threads per op set to the cores / that
+  many; must run before TensorFlow starts its runtime (before the model loads)."""
+  # pylint: disable=import-outside-toplevel
+  import math
+  import os
+
+  import tensorflow as tf
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+      os.cpu_count() or 1)
+  workers = decode_config.parallel_batches
+  if not workers:
+    gpus = tf.config.list_physical_devices("GPU")
+    workers = 1 if gpus else max(1, min(cores, math.ceil(sentences / decode_config.batch_size)))
+  if workers > 1:
+    try:
+      tf.config.threading.set_intra_op_parallelism_threads(max(1, cores // workers))
+    except RuntimeError:  # the runtime has started (a caller in the same process)
+      logging.warning("--decode_parallel_batches=%d: TensorFlow has started, so each "
+                      "batch's ops keep their threads", workers)
+  return dataclasses.replace(decode_config, parallel_batches=workers)
 
 
 def check_alignment_flags(model_config) -> None:
@@ -180,6 +205,7 @@ def run() -> None:
                         f"{len(sentences)}: they must be line-aligned.")
   references = aligned.get("reference_file")
   checkpoint_path, average_last_n = t2t_flags.checkpoint_choice(sys.argv)
+  decode_config = choose_parallel_batches(decode_config, len(sentences))
   model, loaded = loading.load_ensemble(model_dirs, checkpoint_path, average_last_n,
                                           FLAGS.decode_dtype)
   tokenizer = loaded[0].tokenizer
@@ -190,6 +216,8 @@ def run() -> None:
            f"temperature {decode_config.sampling_temperature:g}, seed {decode_config.seed}")
   else:
     how = f"beam {decode_config.beam_size}, alpha {decode_config.alpha}"
+  how += (f"; {decode_config.parallel_batches} batches at a time"
+          if decode_config.parallel_batches > 1 else "")
   used = "; ".join(", ".join(l.checkpoints) for l in loaded)
   if decode_config.jit_compile:
     mode = "XLA" + ("" if FLAGS["decode_jit_compile"].present else

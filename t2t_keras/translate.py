@@ -10,6 +10,7 @@ note); the exported SavedModel does the same steps in its graph.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import sys
 import time
@@ -78,7 +79,8 @@ def translate(model, tokenizer, sentences: Sequence[str], config: DecodeConfig,
   `config.jit_compile` (XLA) every batch is padded to `config.batch_size` rows (with a
   token cap, to the next power of two rows; filler rows hold a lone EOS and are
   discarded) and to `decoding.padded_width` columns, so XLA compiles once per width
-  bucket, not per batch.
+  bucket, not per batch. `config.parallel_batches` > 1 decodes that many batches at a
+  time, from as many threads.
 
   Args:
     model: a built Transformer.
@@ -118,7 +120,8 @@ def translate(model, tokenizer, sentences: Sequence[str], config: DecodeConfig,
     sources.append(seq)
   results: List[Optional[Translation]] = [None] * len(sources)
   meter = console.Progress(len(sources)) if progress else None
-  for chunk in batches([len(s) for s in sources], config):
+
+  def decode_batch(chunk):
     width = max(len(sources[i]) for i in chunk)
     rows = len(chunk)
     if config.jit_compile:
@@ -150,8 +153,17 @@ def translate(model, tokenizer, sentences: Sequence[str], config: DecodeConfig,
                                [float(s) for s in scores[row]],
                                [strip_ids(beam) for beam in out_ids[row]], sources[i],
                                truncated[i])
-    if meter:
-      meter.update(len(chunk))
+    return len(chunk)
+
+  chunks = batches([len(s) for s in sources], config)
+  workers = min(config.parallel_batches, len(chunks))
+  # Batches side by side (--decode_parallel_batches; TensorFlow frees the GIL while
+  # it decodes), results and progress in batch order.
+  with concurrent.futures.ThreadPoolExecutor(max(workers, 1)) as pool:
+    for count in (pool.map(decode_batch, chunks) if workers > 1
+                  else map(decode_batch, chunks)):
+      if meter:
+        meter.update(count)
   return results
 
 

@@ -485,7 +485,7 @@ def test_decode_cli_chooses_graph_mode_for_beams_and_xla_for_greedy_from_256_sen
   """The decode command's default: beam search in graph mode (finished sentences leave
   the batch); greedy search with XLA from 256 sentences on, graph mode below;
   --decode_jit_compile / --nodecode_jit_compile force either, with the same
-  translations."""
+  translations; and so do several batches at a time (--decode_parallel_batches)."""
   import subprocess  # pylint: disable=import-outside-toplevel
   import sys  # pylint: disable=import-outside-toplevel
 
@@ -519,6 +519,12 @@ def test_decode_cli_chooses_graph_mode_for_beams_and_xla_for_greedy_from_256_sen
   assert line.endswith("; graph mode)") and greedy == greedy_xla, line
   line, few = decode(255, "--beam_size=1")
   assert "; graph mode (beam search drops" in line and few == greedy[:255], line
+  # --decode_parallel_batches: batches side by side (threads), the same translations in
+  # input order as one batch at a time.
+  line, side_by_side = decode(256, "--decode_parallel_batches=3", "--decode_batch_size=16")
+  assert "; 3 batches at a time, extra length" in line, line
+  line, one = decode(256, "--decode_parallel_batches=1", "--decode_batch_size=16")
+  assert "batches at a time" not in line and one == side_by_side == beams, line
 
 
 def prefixes_of(ids, lengths):
