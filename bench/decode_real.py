@@ -93,6 +93,14 @@ def main(argv):
   from t2t_keras.export import ctranslate2 as ct2_export
   from t2t_keras.export import saved_model
 
+  cores = len(os.sched_getaffinity(0))
+  threads = max(1, cores // FLAGS.parallel_batches)
+  if FLAGS.parallel_batches > 1:
+    if FLAGS.latency_requests:
+      raise app.UsageError("--latency_requests times one request at a time: use "
+                           "--parallel_batches=1")
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
   with open(FLAGS.src, encoding="utf-8") as f:
     sources = [line.rstrip("\n") for line in f]
   with open(FLAGS.ref, encoding="utf-8") as f:
@@ -102,18 +110,10 @@ def main(argv):
   loaded = loading.load(FLAGS.model_dir, average_last_n=FLAGS.average_last_n,
                         dtype="float32")
   spm = sentencepiece.SentencePieceProcessor(model_file=modeldir.vocab_path(FLAGS.model_dir))
-  cores = len(os.sched_getaffinity(0))
-  threads = max(1, cores // FLAGS.parallel_batches)
-  if FLAGS.parallel_batches > 1:
-    if FLAGS.latency_requests:
-      raise app.UsageError("--latency_requests times one request at a time: use "
-                           "--parallel_batches=1")
-    # The peak of all cores, measured before this process limits its threads per op.
+  if FLAGS.parallel_batches > 1:  # the peak of all cores, from another process
     peak = float(subprocess.run(
         [sys.executable, "-c", "from bench import common; print(common.matmul_peak())"],
         cwd=REPO, capture_output=True, text=True, check=True).stdout.split()[-1])
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
   else:
     peak = common.matmul_peak()
   print(f"{common.machine()}; matmul peak {peak / 1e9:.1f} GFLOP/s; CTranslate2 "

@@ -503,7 +503,7 @@ def filter_logits(logits: tf.Tensor, topk: int = 0, topp: float = 1.0) -> tf.Ten
   return logits
 
 
-NEVER_SAMPLED = tf.constant([PAD_ID, BOS_ID], tf.int32)
+NEVER_SAMPLED = (PAD_ID, BOS_ID)  # no tensor at import: TensorFlow's runtime starts later
 
 
 def sample_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, state: Any,
@@ -532,8 +532,8 @@ def sample_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, st
     del log_probs
     vocab = logits.shape[-1]
     # PAD and BOS are never outputs (a sentence cannot contain them).
-    logits = tf.where(tf.reduce_any(tf.range(vocab)[:, None] == NEVER_SAMPLED, axis=1),
-                      NEG_INF, logits)
+    never = tf.reduce_any(tf.range(vocab)[:, None] == tf.constant(NEVER_SAMPLED), axis=1)
+    logits = tf.where(never, NEG_INF, logits)
     filtered = filter_logits(logits / temperature, topk, topp)
     noise = -tf.math.log(-tf.math.log(row_uniform(seed, keys, i, vocab)))
     # Tokens excluded by the caller (NEG_INF logits: a forced EOS, a constraint) or by

@@ -592,3 +592,18 @@ def test_translate_with_target_prefixes_keeps_them_per_sentence(model):
       assert result.texts == alone.texts
   with pytest.raises(ValueError, match="2 target prefixes for 5 sentences"):
     translate.translate(model, tokenizer, sentences, config, target_prefixes=["", ""])
+
+
+def test_importing_the_decode_command_leaves_tensorflows_runtime_unstarted():
+  """The decode command sets threads per op (--decode_parallel_batches) once its flags
+  are read, which TensorFlow allows only before its runtime starts: no module of the
+  package may make a tensor at import."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  code = ("import t2t_keras.decode, t2t_keras.translate, t2t_keras.loading\n"
+          "import tensorflow as tf\n"
+          "tf.config.threading.set_intra_op_parallelism_threads(1)\n"
+          "print('unstarted')\n")
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, check=False)
+  assert result.returncode == 0 and "unstarted" in result.stdout, result.stderr[-2000:]
