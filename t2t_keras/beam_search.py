@@ -106,13 +106,11 @@ def top_k_rows(values: tf.Tensor, k: int, chunk: int = 128) -> Tuple[tf.Tensor, 
 
 def top_k_log_probs(logits: tf.Tensor, k: int) -> Tuple[tf.Tensor, tf.Tensor]:
   """The k best log probabilities of each row of float32 logits (N, V) and their ids:
-  log softmax = logit - logsumexp, computed for the k values only. The logsumexp
-  reuses the row's maximum, the best of the top k, instead of a reduction of its own
-  over (N, V)."""
+  log softmax = logit - logsumexp, computed for the k values only. (Taking the
+  logsumexp's maximum from the top k instead of its own reduction halved XLA's
+  decoding speed, test2016 49 -> 28 sentences/s: keep the plain reduction.)"""
   values, ids = top_k_rows(logits, k)
-  best = values[:, :1]  # (N, 1): the row's maximum
-  total = tf.reduce_sum(tf.exp(logits - best), axis=-1, keepdims=True)
-  return (values - best) - tf.math.log(total), ids
+  return values - tf.reduce_logsumexp(logits, axis=-1, keepdims=True), ids
 
 
 def loop_shape(tensor: tf.Tensor) -> tf.TensorShape:

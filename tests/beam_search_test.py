@@ -236,11 +236,12 @@ def test_top_k_rows_equals_top_k(vocab, jit):
 @pytest.mark.parametrize("vocab", [8000, 32000, 32003, 50])
 def test_top_k_log_probs_equal_log_softmax_then_top_k(vocab):
   logits = 4.0 * tf.random.stateless_normal([5, vocab], seed=[vocab, 2])
-  logits = tf.concat([logits, tf.fill([1, vocab], -1.0e9)], 0)  # a dead row
+  logits = tf.concat([logits, tf.one_hot([3], vocab, 0.0, -1.0e9)], 0)  # one token left
   got_values, got_ids = tf.function(lambda v: bs.top_k_log_probs(v, 8))(logits)
   want_values, want_ids = tf.math.top_k(tf.nn.log_softmax(logits), 8)
   np.testing.assert_allclose(got_values.numpy(), want_values.numpy(), rtol=1e-6, atol=1e-5)
   np.testing.assert_array_equal(got_ids.numpy()[:5], want_ids.numpy()[:5])
+  assert got_ids.numpy()[5, 0] == 3 and got_values.numpy()[5, 0] == 0.0
 
 
 def test_chunks_divide_the_vocabulary_when_they_can():
