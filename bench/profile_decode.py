@@ -102,6 +102,8 @@ def gemm_ceiling(rows: int) -> None:
 
 def main(argv):
   del argv
+  if FLAGS.model_dir and not FLAGS.src:
+    raise app.UsageError("--model_dir needs --src: the sentences to trace")
   if FLAGS.gemm_rows:
     print(f"machine: {machine()}")
     gemm_ceiling(FLAGS.gemm_rows)

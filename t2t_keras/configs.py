@@ -397,9 +397,12 @@ class DecodeConfig:
       0, "Batches the decode command decodes at the same time, each on its share of the "
       "CPU cores (CTranslate2's inter_threads): a decoding step is many small ops that one "
       "batch cannot spread over several cores, so N batches side by side, each with "
-      "cores / N threads per op, are faster (test2016 on 2 cores: about 1.6x). 0 = one "
-      "per CPU core on a machine without GPUs, at most one per batch of the input; 1 = "
-      "one batch at a time, every core on it.", flag="decode_parallel_batches",
+      "cores / N threads per op, are faster (test2016 on 2 cores: about 1.8x); each "
+      "holds its own cache and logits in memory. The decode command resolves 0 to one "
+      "per CPU core (at most 8) on a machine without GPUs, 1 with --output_alignments; "
+      "any value is capped at the input's number of batches. 1 = one batch at a time, "
+      "every core on it. (translate.translate with N > 1 runs N batches from threads; "
+      "its caller sets threads per op.)", flag="decode_parallel_batches",
       check=AT_LEAST_0)
   jit_compile: bool = setting(
       False, "Decode with XLA (Transformer base in bench/decode_speed.py: 1.4-1.5x "

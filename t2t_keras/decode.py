@@ -108,10 +108,16 @@ def choose_xla(decode_config: DecodeConfig, sentences: int) -> DecodeConfig:
       decode_config, jit_compile=sentences >= AUTO_XLA_SENTENCES and beam == 1)
 
 
-def choose_parallel_batches(decode_config: DecodeConfig, sentences: int) -> DecodeConfig:
-  """--decode_parallel_batches resolved (0: one batch per CPU core without GPUs, at most
-  one per batch of the input), and TensorFlow's threads per op set to the cores / that
-  many; must run before TensorFlow starts its runtime (before the model loads)."""
+AUTO_PARALLEL_BATCHES_MAX = 8  # each batch in flight holds its own caches and logits
+
+
+def choose_parallel_batches(decode_config: DecodeConfig, sentences: int,
+                            alignments: bool = False) -> DecodeConfig:
+  """--decode_parallel_batches resolved, and TensorFlow's threads per op set to the
+  cores / that many; must run before TensorFlow starts its runtime (before the model
+  loads). 0: one batch per CPU core (at most AUTO_PARALLEL_BATCHES_MAX) without GPUs,
+  and 1 with `alignments` (--output_alignments scores one batch at a time afterwards,
+  on the threads set here). Any value is capped at the input's number of batches."""
   # pylint: disable=import-outside-toplevel
   import math
   import os
@@ -122,7 +128,8 @@ def choose_parallel_batches(decode_config: DecodeConfig, sentences: int) -> Deco
   workers = decode_config.parallel_batches
   if not workers:
     gpus = tf.config.list_physical_devices("GPU")
-    workers = 1 if gpus else max(1, min(cores, math.ceil(sentences / decode_config.batch_size)))
+    workers = 1 if gpus or alignments else min(cores, AUTO_PARALLEL_BATCHES_MAX)
+  workers = max(1, min(workers, math.ceil(sentences / decode_config.batch_size)))
   if workers > 1:
     try:
       tf.config.threading.set_intra_op_parallelism_threads(max(1, cores // workers))
@@ -205,7 +212,8 @@ def run() -> None:
                         f"{len(sentences)}: they must be line-aligned.")
   references = aligned.get("reference_file")
   checkpoint_path, average_last_n = t2t_flags.checkpoint_choice(sys.argv)
-  decode_config = choose_parallel_batches(decode_config, len(sentences))
+  decode_config = choose_parallel_batches(decode_config, len(sentences),
+                                          alignments=bool(FLAGS.output_alignments))
   model, loaded = loading.load_ensemble(model_dirs, checkpoint_path, average_last_n,
                                           FLAGS.decode_dtype)
   tokenizer = loaded[0].tokenizer

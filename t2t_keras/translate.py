@@ -80,7 +80,8 @@ def translate(model, tokenizer, sentences: Sequence[str], config: DecodeConfig,
   token cap, to the next power of two rows; filler rows hold a lone EOS and are
   discarded) and to `decoding.padded_width` columns, so XLA compiles once per width
   bucket, not per batch. `config.parallel_batches` > 1 decodes that many batches at a
-  time, from as many threads.
+  time, from as many threads; the caller sets TensorFlow's threads per op before its
+  runtime starts, as the decode command does (`decode.choose_parallel_batches`).
 
   Args:
     model: a built Transformer.

@@ -503,6 +503,7 @@ def test_decode_cli_chooses_graph_mode_for_beams_and_xla_for_greedy_from_256_sen
          "--decode_batch_size=64", *flags], cwd=REPO_ROOT, capture_output=True, text=True,
         timeout=600, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "TensorFlow has started" not in result.stderr, result.stderr[-3000:]
     first = next(l for l in result.stderr.splitlines() if l.startswith("decoding "))
     return first, output.read_text(encoding="utf-8").splitlines()
 
@@ -607,3 +608,27 @@ def test_importing_the_decode_command_leaves_tensorflows_runtime_unstarted():
   result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300, check=False)
   assert result.returncode == 0 and "unstarted" in result.stdout, result.stderr[-2000:]
+
+
+def test_parallel_batches_are_capped_by_the_input_and_one_with_alignments():
+  """In a fresh process (the decode command's flags are its own): any value is capped
+  at the input's batches; the default is 1 with --output_alignments, and otherwise one
+  per core up to AUTO_PARALLEL_BATCHES_MAX."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  code = """
+import dataclasses, os
+from t2t_keras import decode
+from t2t_keras.configs import DecodeConfig
+config = DecodeConfig(batch_size=16, parallel_batches=4)
+auto = dataclasses.replace(config, parallel_batches=0)
+cores = min(decode.AUTO_PARALLEL_BATCHES_MAX, len(os.sched_getaffinity(0)))
+print(decode.choose_parallel_batches(config, 5).parallel_batches,
+      decode.choose_parallel_batches(auto, 400, alignments=True).parallel_batches,
+      decode.choose_parallel_batches(config, 40).parallel_batches,
+      decode.choose_parallel_batches(auto, 400).parallel_batches == cores)
+"""
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.split() == ["1", "1", "3", "True"], result.stdout
