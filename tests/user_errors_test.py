@@ -32,6 +32,7 @@ OTHER_PROGRAMS = {
     "port", "rest_api_port", "model_name", "model_base_path", "model_config_file",
     "enable_batching", "batching_parameters_file", "file_system_poll_wait_seconds",
     "tensorflow_session_parallelism", "xla_cpu_compilation_enabled",  # tensorflow_model_server
+    "tensorflow_intra_op_parallelism", "tensorflow_inter_op_parallelism",  # (its threads)
     "dir", "all", "tag_set", "signature_def", "input_exprs",  # saved_model_cli
     "logdir",  # tensorboard
     "no",  # pip's --no-deps (the hyphen ends the match)
