@@ -21,7 +21,8 @@ itself). Engines:
 Each engine first decodes the whole input untimed (every XLA bucket compiles then),
 then the engines take turns for --passes timed passes; the best pass counts. Printed
 per engine: sentences/s, target tokens/s (SentencePiece pieces, EOS excluded), mean
-longest output per batch (the fewest steps a batch can take), sacreBLEU, outputs
+longest output per batch (the fewest steps a batch can take), sacreBLEU and the
+hypotheses' length over the references' (does the model end its sentences?), outputs
 identical to CTranslate2 float32, and the ratio to CTranslate2 float32.
 
 --parallel_batches=N decodes N batches at a time in every engine, each batch's ops on
@@ -210,14 +211,16 @@ def main(argv):
     longest = [max(pieces[i] for i in order[b:b + FLAGS.batch_size]) + 1
                for b in range(0, len(order), FLAGS.batch_size)]
     same = sum(a == b for a, b in zip(outputs[name], outputs[CT2]))
-    bleu = metrics.bleu_report(outputs[name], [references])["bleu"]
+    report = metrics.bleu_report(outputs[name], [references])
     seconds = best[name]
     rows.append((name, f"{seconds:.2f}", f"{len(sources) / seconds:.1f}",
-                 f"{sum(pieces) / seconds:.0f}", f"{np.mean(longest):.1f}", f"{bleu:.2f}",
+                 f"{sum(pieces) / seconds:.0f}", f"{np.mean(longest):.1f}",
+                 f"{report['bleu']:.2f}", f"{report['length_ratio']:.3f}",
                  f"{same / len(sources):.1%}", f"{best[CT2] / seconds:.2f}x"))
   print()
   common.print_table(rows, ["engine", "seconds", "sentences/s", "target tok/s",
-                            "longest/batch", "sacreBLEU", "same as ct2", "vs ct2 float32"])
+                            "longest/batch", "sacreBLEU", "hyp/ref length", "same as ct2",
+                            "vs ct2 float32"])
   if FLAGS.latency_requests:
     latency(exported, sources[:FLAGS.latency_requests], spm)
 

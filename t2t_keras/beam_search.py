@@ -24,7 +24,9 @@ tensors that never change (cross-attention keys/values, source mask) are the sea
 `context` (one row per sentence, shared by its beams) or the caller's closure, and are
 never reordered. With `shrink` (graph mode) a sentence whose results are final leaves
 the batch: its state and context rows are dropped in the same gather as the beam
-reorder, so the remaining steps compute only the sentences still searching.
+reorder, so the remaining steps compute only the sentences still searching. Under XLA
+(static shapes) `halvings` does the same by halves: the batch moves to a loop of half
+its size once no more than half its sentences are still searching.
 """
 
 from __future__ import annotations
@@ -160,7 +162,9 @@ def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, stat
                 eos_id: int = EOS_ID,
                 reorder_state: Optional[Callable[[Any, tf.Tensor], Any]] = None,
                 num_results: Optional[int] = None, context: Any = None,
-                shrink: bool = False) -> Tuple[tf.Tensor, tf.Tensor]:
+                shrink: bool = False, halvings: int = 0,
+                select_state: Optional[Callable[[Any, tf.Tensor], Any]] = None,
+                ) -> Tuple[tf.Tensor, tf.Tensor]:
   """Finds the K best sequences of each sentence.
 
   Args:
@@ -192,6 +196,13 @@ def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, stat
       later steps compute only the sentences still searching, as CTranslate2 does.
       Same results; graph mode only (the batch dimension changes, which XLA cannot
       compile), and not with `reorder_state`.
+    halvings: XLA's static-shape form of `shrink`: up to this many times the batch
+      halves (B, ceil(B / 2), ...; each size a loop of its own, sizes known from the
+      shapes alone) once no more than the next size of its sentences are still
+      searching; the rest leave with their results. Same results.
+    select_state: (state, sentences (B',) int32) -> the state of those sentences of
+      the batch, for `halvings`; by default every tensor of `state` is gathered along
+      its leading B * K rows.
 
   Returns:
     ids (B, K, decode_length) int32, best first, each ending with EOS (unless it hit
@@ -204,6 +215,8 @@ def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, stat
     raise ValueError(f"num_results={num_results} must be in 1..beam_size={k}")
   if shrink and reorder_state is not None:
     raise ValueError("beam_search: shrink gathers the state itself (no reorder_state)")
+  if shrink and halvings:
+    raise ValueError("beam_search: shrink or halvings, not both")
   batch = tf.shape(initial_ids)[0]
   decode_length = tf.convert_to_tensor(decode_length, tf.int32)
   static_length = tf.get_static_value(decode_length)
@@ -292,6 +305,10 @@ def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, stat
       finished_scores=tf.TensorShape([None, k]),
       state=tf.nest.map_structure(loop_shape, state))
 
+  if halvings:
+    return _halving_search(search_step, sentence_done, final_results, gather_state,
+                           select_state or _rows_of_sentences(k), initial, shapes, context,
+                           decode_length, halvings)
   if not shrink:
     def step(loop: BeamState):
       new, parents = search_step(loop, context)
@@ -342,6 +359,70 @@ def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, stat
   where = sentences[:, None]
   return (tf.tensor_scatter_nd_update(out_ids, where, ids),
           tf.tensor_scatter_nd_update(out_scores, where, scores))
+
+
+def _rows_of_sentences(k: int):
+  """The default `select_state`: every tensor's B * K rows, K per sentence."""
+  def select(state, sentences):
+    picked = tf.reshape(sentences[:, None] * k + tf.range(k)[None, :], [-1])
+    return tf.nest.map_structure(lambda t: tf.gather(t, picked), state)
+  return select
+
+
+def _halving_search(search_step, sentence_done, final_results, gather_state, select_state,
+                    initial: BeamState, shapes: BeamState, context, decode_length,
+                    halvings: int):
+  """`beam_search` with `halvings`: a loop per batch size, B, ceil(B / 2), ...; between
+  two, the sentences still searching (and, to fill the smaller batch, some finished
+  ones) move on, and the results of the finished ones are written out. Under XLA each
+  size is a constant of the compiled program (it comes from the input's shape)."""
+  batch = tf.shape(initial.alive_log_probs)[0]
+  k = initial.alive_log_probs.shape[1]
+  # One row more than the batch: the rows of finished sentences kept only to fill a
+  # batch write there, so that they never overwrite a result.
+  out_ids = tf.fill(tf.concat([[batch + 1], tf.shape(initial.alive_seqs)[1:]], 0),
+                    tf.constant(PAD_ID, tf.int32))
+  out_scores = tf.fill([batch + 1, k], tf.constant(NEG_INF))
+  loop, sentences, size = initial, tf.range(batch), batch
+  loop_shapes = (tf.nest.map_structure(_batch_free, shapes),
+                 tf.nest.map_structure(lambda t: _batch_free(t.shape), context))
+
+  def write(out, rows, values, done):
+    return tf.tensor_scatter_nd_update(out, tf.where(done, rows, batch)[:, None], values)
+
+  for stage in range(halvings + 1):
+    last = stage == halvings
+    next_size = 0 if last else (size + 1) // 2
+
+    def step(loop: BeamState, context):
+      new, parents = search_step(loop, context)
+      return new._replace(state=gather_state(new.state, parents)), context
+
+    def not_done(loop: BeamState, context, next_size=next_size):
+      del context
+      searching = tf.reduce_sum(tf.cast(tf.logical_not(sentence_done(loop)), tf.int32))
+      return tf.logical_and(loop.i < decode_length, searching > next_size)
+
+    loop, context = tf.while_loop(not_done, step, (loop, context),
+                                  shape_invariants=loop_shapes,
+                                  maximum_iterations=decode_length)
+    done = sentence_done(loop)
+    if last:  # every sentence left is written, at the length limit or not
+      done = tf.ones_like(done)
+    ids, scores = final_results(loop)
+    out_ids = write(out_ids, sentences, ids, done)
+    out_scores = write(out_scores, sentences, scores, done)
+    if last:
+      break
+    # The sentences still searching first (in batch order), then finished ones.
+    keep = tf.argsort(tf.cast(done, tf.int32), stable=True)[:next_size]
+    finished = tf.gather(done, keep)
+    sentences = tf.where(finished, batch, tf.gather(sentences, keep))
+    loop = BeamState(loop.i, *(tf.gather(t, keep) for t in loop[1:6]),
+                     select_state(loop.state, keep))
+    context = tf.nest.map_structure(lambda t: tf.gather(t, keep), context)
+    size = next_size
+  return out_ids[:-1], out_scores[:-1]
 
 
 def greedy_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, state: Any,

@@ -53,6 +53,11 @@ MAX_SLOTTED_BEAM = 8
 # CLI (`t2t_keras.translate`) and the XLA export (`t2t_keras.export.saved_model`) alike.
 MIN_XLA_WIDTH = 16
 
+# Under XLA (fixed shapes) a beam search batch halves, up to this many times, as its
+# sentences finish: graph mode drops each finished sentence at once (`beam_search`'s
+# `shrink`), XLA runs a loop per batch size (B, B/2, ...), each compiled.
+XLA_HALVINGS = 2
+
 
 def padded_width(width: int, minimum: int = MIN_XLA_WIDTH) -> int:
   """The source width an XLA batch is padded to: the next power of two, at least
@@ -72,7 +77,8 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
                decode_length=None, in_place_cache: bool = False,
                tree_constraint: Optional[TreeConstraint] = None,
                keys: Optional[tf.Tensor] = None,
-               target_prefix: Optional[tf.Tensor] = None) -> tuple:
+               target_prefix: Optional[tf.Tensor] = None,
+               halvings: Optional[int] = None) -> tuple:
   """Decodes a padded batch of source ids.
 
   Args:
@@ -90,6 +96,9 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
     target_prefix: optional (B, P) int32 target ids each output must start with (no
       EOS; PAD after, an all-PAD row is free), `processors.TargetPrefix`; a row's
       output limit is at least its prefix length + `config.extra_decode_length`.
+    halvings: beam search with `in_place_cache` only: how many times the batch may
+      halve as its sentences finish (`beam_search`'s `halvings`); default
+      `XLA_HALVINGS`. Same results.
 
   Returns:
     ids (B, K, decode_length) int32 (K = beam size, best first; PAD after EOS) and
@@ -150,7 +159,8 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
   # Without XLA the self-attention cache grows by a position per step (one row per
   # hypothesis): each step copies and attends over what was decoded, not over the
   # longest output possible; and beam search drops a sentence from the batch once its
-  # result is final. XLA needs fixed shapes.
+  # result is final. XLA needs fixed shapes: its beam search halves the batch instead
+  # (`XLA_HALVINGS`).
   grow = not in_place_cache
   # What every step reads and never changes, one row per sentence: passed to the step as the
   # search's context, so that it leaves the batch with its sentence.
@@ -201,36 +211,49 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
   # position of each hypothesis (see Transformer.decode_step).
   cache = model.init_cache(batch, decode_length, beam_size=k)
   positions = tf.range(decode_length)
-  source_rows = per_row(inputs, k) if pointing else None
   own_slot = tf.range(k)[None, :, None]
 
-  def symbols_to_logits(ids, index, state):
+  def symbols_to_logits(ids, index, state, context):
     cache, slots, pointer = state
+    cross, mask, source = context
     slots = tf.where(tf.equal(positions, index)[None, None, :], own_slot, slots)
     extra = {}
     if pointing:
-      pointer = advance_pointer(pointer, ids, source_rows)  # per hypothesis
-      extra["source_pointer"] = (encoded, pointer)
-    logits, cache = model.decode_step(ids, index, cache, cross_key_values, memory_mask,
-                                      slots=slots, output_kernel=output_kernel, **extra)
+      encoded_rows, source_ids = source
+      pointer = advance_pointer(pointer, ids, per_row(source_ids, k))  # per hypothesis
+      extra["source_pointer"] = (encoded_rows, pointer)
+    logits, cache = model.decode_step(ids, index, cache, cross, mask, slots=slots,
+                                      output_kernel=output_kernel, **extra)
     return logits, (cache, slots, pointer)
 
-  def reorder(state, parents):
-    def by_parent(rows):  # (B * K, ...) per-hypothesis rows, picked by parent beam
-      shape = tf.shape(rows)
-      picked = tf.gather(tf.reshape(rows, tf.concat([[batch, k], shape[1:]], 0)), parents,
-                         batch_dims=1)
-      return tf.reshape(picked, shape)
-    (cache, slots, pointer), processor_states = state
-    return ((cache, tf.gather(slots, parents, batch_dims=1), by_parent(pointer)),
-            tf.nest.map_structure(by_parent, processor_states))
+  def by_hypothesis(rows, pick):
+    """(B * K, ...) per-hypothesis rows, K per sentence, picked per sentence by `pick`
+    (B', K'): parent beams (K' = K) or, with `batch_dims=0`, sentences."""
+    shape = tf.shape(rows)
+    split = tf.reshape(rows, tf.concat([[-1, k], shape[1:]], 0))
+    return tf.reshape(tf.gather(split, pick, batch_dims=1 if pick.shape.rank == 2 else 0),
+                      tf.concat([[-1], shape[1:]], 0))
 
+  def reorder(state, parents):
+    (cache, slots, pointer), processor_states = state
+    return ((cache, tf.gather(slots, parents, batch_dims=1), by_hypothesis(pointer, parents)),
+            tf.nest.map_structure(lambda t: by_hypothesis(t, parents), processor_states))
+
+  def select(state, sentences):  # the state of some sentences, when the batch halves
+    (cache, slots, pointer), processor_states = state
+    per_sentence = tf.nest.map_structure(lambda t: tf.gather(t, sentences), (cache, slots))
+    return ((*per_sentence, by_hypothesis(pointer, sentences)),
+            tf.nest.map_structure(lambda t: by_hypothesis(t, sentences), processor_states))
+
+  if halvings is None:
+    halvings = XLA_HALVINGS
   slots = tf.zeros([batch, k, decode_length], tf.int32)
   step, state = processors.compose(
       symbols_to_logits, (cache, slots, tf.zeros([batch * k], tf.int32)), options, rows)
   return beam_search_lib.beam_search(step, start, state, k, decode_length,
                                      alpha=config.alpha, reorder_state=reorder,
-                                     num_results=results)
+                                     num_results=results, context=context,
+                                     halvings=halvings, select_state=select)
 
 
 def per_row(t: tf.Tensor, k: int) -> tf.Tensor:

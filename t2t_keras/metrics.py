@@ -29,9 +29,10 @@ def bleu_report(hypotheses: Sequence[str], references: Sequence[Sequence[str]],
 
   Returns:
     A dict with the scores `bleu`, `bleu_uncased`, `chrf` (floats, 0-100), their
-    signatures `bleu_signature`, `bleu_uncased_signature`, `chrf_signature`, and
+    signatures `bleu_signature`, `bleu_uncased_signature`, `chrf_signature`,
     sacreBLEU's one-line summaries `bleu_details`, `bleu_uncased_details`,
-    `chrf_details` (n-gram precisions, brevity penalty, lengths).
+    `chrf_details` (n-gram precisions, brevity penalty, lengths), and `length_ratio`,
+    the hypotheses' length over the references' (BLEU's tokens).
 
   Raises:
     ValueError: no hypotheses or references, or a reference stream of another length.
@@ -53,6 +54,8 @@ def bleu_report(hypotheses: Sequence[str], references: Sequence[Sequence[str]],
     report[key] = float(score.score)
     report[f"{key}_signature"] = str(metric.get_signature())
     report[f"{key}_details"] = score.format(width=2)
+    if key == "bleu":  # hypothesis / reference length (sacreBLEU's tokens)
+      report["length_ratio"] = float(score.sys_len / max(score.ref_len, 1))
   return report
 
 

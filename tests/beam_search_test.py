@@ -251,6 +251,57 @@ def test_chunks_divide_the_vocabulary_when_they_can():
   assert 8000 % bs._chunk_size(8000, 128) == 0
 
 
+@pytest.mark.parametrize("alpha,results,mode,halvings", [
+    (0.0, 1, "eager", 2), (0.6, 4, "eager", 5), (0.6, 1, "xla", 3), (0.0, 4, "xla", 1)])
+def test_halving_batch_gives_the_full_batchs_results(alpha, results, mode, halvings):
+  """halvings (XLA's static-shape shrink): the batch halves (7 -> 4 -> 2 -> 1) as its
+  sentences finish; each sentence's table row comes through `context` and its length
+  limit through the state, so a row that followed the wrong sentence would score with
+  another table. Its results are those of the search that keeps every sentence, under
+  XLA as well, and the rows computed halve."""
+  tables = [make_table(s, eos_bias=bias) for s, bias in
+            ((0, 1.5), (1, 0.0), (2, 3.0), (3, -1.0), (4, 2.0), (5, 0.5), (6, -2.0))]
+  batch, beam = len(tables), 4
+  # Half of the logits from the table of the state's row, half from the context's.
+  by_state, by_context = history_scorer(tables), history_scorer(tables[1:] + tables[:1])
+  seen_rows = []
+
+  def full_scorer(ids, index, state):
+    h, row = state
+    logits, (new_h, _) = by_state(ids, index, (h, row))
+    return logits + by_context(ids, index, (h, row))[0], (new_h, row)
+
+  def with_context(ids, index, state, context):
+    seen_rows.append(ids.shape[0])
+    h, row = state
+    logits, (new_h, _) = by_state(ids, index, (h, row))
+    logits += by_context(ids, index, (h, bs.tile_beams(context, beam)))[0]
+    return logits, (new_h, row)
+
+  def full():
+    return bs.beam_search(full_scorer, tf.fill([batch], BOS_ID), initial_state(batch, beam),
+                          beam, 12, alpha=alpha, num_results=results)
+
+  def halved():
+    return bs.beam_search(with_context, tf.fill([batch], BOS_ID), initial_state(batch, beam),
+                          beam, 12, alpha=alpha, num_results=results,
+                          context=tf.range(batch), halvings=halvings)
+  if mode == "xla":
+    halved = tf.function(halved, jit_compile=True)
+  (want_ids, want_scores), (ids, scores) = full(), halved()
+  compared = slice(None) if results == beam else slice(0, 1)
+  np.testing.assert_array_equal(ids.numpy()[:, compared], want_ids.numpy()[:, compared])
+  np.testing.assert_allclose(scores.numpy()[:, compared], want_scores.numpy()[:, compared],
+                             rtol=1e-6)
+  if mode == "eager":
+    sizes = [beam * size for size in (7, 4, 2, 1, 1, 1)[:halvings + 1]]
+    assert seen_rows[0] == batch * beam and set(seen_rows) <= set(sizes), seen_rows
+    assert min(seen_rows) < batch * beam, seen_rows
+  with pytest.raises(ValueError, match="not both"):
+    bs.beam_search(full_scorer, tf.fill([1], BOS_ID), initial_state(1, 2), 2, 4, shrink=True,
+                   halvings=1)
+
+
 @pytest.mark.parametrize("alpha,results,graph", [(0.0, 1, False), (0.6, 1, True),
                                                  (0.6, 4, False), (0.0, 4, True)])
 def test_shrinking_batch_gives_the_full_batchs_results(alpha, results, graph):

@@ -148,8 +148,11 @@ def test_first_beam_is_final_when_the_other_beams_are_not_asked_for(alpha, in_pl
 @pytest.mark.slow
 @pytest.mark.parametrize("which", ["plain", "pointer", "relative"])
 def test_xla_decoding_equals_eager(models, which):
+  """Also as the batch halves (4 -> 2 -> 1, `XLA_HALVINGS`) while sentences of other
+  lengths end: each row's cache, slot table, pointer and length limit go with it."""
   model = models[which]
-  inputs = sources(np.random.default_rng(2), [5, 8])
+  assert decoding.XLA_HALVINGS >= 2
+  inputs = sources(np.random.default_rng(2), [5, 8, 2, 11])
   config = DecodeConfig(beam_size=2, alpha=0.6, extra_decode_length=4, return_beams=True)
   eager = decoding.decode_ids(model, inputs, config)
   compiled = tf.function(lambda x: decoding.decode_ids(model, x, config, in_place_cache=True),

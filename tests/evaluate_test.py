@@ -30,6 +30,9 @@ def test_matches_sacrebleu_directly():
   assert report["bleu_uncased"] == pytest.approx(
       sacrebleu.corpus_bleu(HYPS, [REFS], lowercase=True).score)
   assert report["chrf"] == pytest.approx(sacrebleu.corpus_chrf(HYPS, [REFS]).score)
+  direct = sacrebleu.corpus_bleu(HYPS, [REFS])
+  assert report["length_ratio"] == pytest.approx(direct.sys_len / direct.ref_len)
+  assert report["length_ratio"] < 1  # "The girl smiles" drops its period
   # Two reference streams: each hypothesis may match either.
   other = ["A man rides a bike .", "Two dogs are playing in snow .", "The girl smiles"]
   both = metrics.bleu_report(HYPS, [REFS, other])
