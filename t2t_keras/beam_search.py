@@ -217,6 +217,8 @@ def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, stat
     raise ValueError("beam_search: shrink gathers the state itself (no reorder_state)")
   if shrink and halvings:
     raise ValueError("beam_search: shrink or halvings, not both")
+  if halvings and reorder_state is not None and select_state is None:
+    raise ValueError("beam_search: halvings with a reorder_state needs its select_state")
   batch = tf.shape(initial_ids)[0]
   decode_length = tf.convert_to_tensor(decode_length, tf.int32)
   static_length = tf.get_static_value(decode_length)
@@ -406,8 +408,10 @@ def _halving_search(search_step, sentence_done, final_results, gather_state, sel
     loop, context = tf.while_loop(not_done, step, (loop, context),
                                   shape_invariants=loop_shapes,
                                   maximum_iterations=decode_length)
-    done = sentence_done(loop)
-    if last:  # every sentence left is written, at the length limit or not
+    # At the length limit (or in the last loop) every sentence left is done: its
+    # results are its best so far, as in the full search.
+    done = tf.logical_or(sentence_done(loop), loop.i >= decode_length)
+    if last:
       done = tf.ones_like(done)
     ids, scores = final_results(loop)
     out_ids = write(out_ids, sentences, ids, done)

@@ -300,6 +300,23 @@ def test_halving_batch_gives_the_full_batchs_results(alpha, results, mode, halvi
   with pytest.raises(ValueError, match="not both"):
     bs.beam_search(full_scorer, tf.fill([1], BOS_ID), initial_state(1, 2), 2, 4, shrink=True,
                    halvings=1)
+  with pytest.raises(ValueError, match="select_state"):
+    bs.beam_search(full_scorer, tf.fill([1], BOS_ID), initial_state(1, 2), 2, 4, halvings=1,
+                   reorder_state=lambda state, parents: state)
+
+
+def test_halving_batch_keeps_sentences_that_reach_the_length_limit():
+  """Sentences that never write EOS reach the length limit in the first loop, all of
+  them still searching: each keeps its best hypothesis, as in the full search (none is
+  left behind when the batch would halve)."""
+  tables = [make_table(s, eos_bias=-1.0e4) for s in range(5)]
+  scorer = history_scorer(tables)
+  start, state = tf.fill([5], BOS_ID), initial_state(5, 2)
+  want_ids, want_scores = bs.beam_search(scorer, start, state, 2, 6, alpha=0.6)
+  ids, scores = bs.beam_search(scorer, start, state, 2, 6, alpha=0.6, halvings=2)
+  np.testing.assert_array_equal(ids.numpy(), want_ids.numpy())
+  np.testing.assert_allclose(scores.numpy(), want_scores.numpy(), rtol=1e-6)
+  assert (scores.numpy() > bs.NEG_INF / 2).all()
 
 
 @pytest.mark.parametrize("alpha,results,graph", [(0.0, 1, False), (0.6, 1, True),

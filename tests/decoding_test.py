@@ -147,7 +147,7 @@ def test_first_beam_is_final_when_the_other_beams_are_not_asked_for(alpha, in_pl
 
 @pytest.mark.slow
 @pytest.mark.parametrize("which", ["plain", "pointer", "relative"])
-def test_xla_decoding_equals_eager(models, which):
+def test_xla_decoding_equals_eager(models, which, monkeypatch):
   """Also as the batch halves (4 -> 2 -> 1, `XLA_HALVINGS`) while sentences of other
   lengths end: each row's cache, slot table, pointer and length limit go with it."""
   model = models[which]
@@ -155,6 +155,17 @@ def test_xla_decoding_equals_eager(models, which):
   inputs = sources(np.random.default_rng(2), [5, 8, 2, 11])
   config = DecodeConfig(beam_size=2, alpha=0.6, extra_decode_length=4, return_beams=True)
   eager = decoding.decode_ids(model, inputs, config)
+  # The same search run eagerly: its steps see the batch halve.
+  rows, step = [], model.decode_step
+
+  def counted(ids, *args, **kwargs):
+    rows.append(int(ids.shape[0]))
+    return step(ids, *args, **kwargs)
+  monkeypatch.setattr(model, "decode_step", counted)
+  in_place = decoding.decode_ids(model, inputs, config, in_place_cache=True)
+  monkeypatch.undo()
+  assert rows[0] == 8 and min(rows) < 8 and set(rows) <= {8, 4, 2}, rows
+  np.testing.assert_array_equal(in_place[0].numpy(), eager[0].numpy())
   compiled = tf.function(lambda x: decoding.decode_ids(model, x, config, in_place_cache=True),
                          jit_compile=True)
   ids, scores = compiled(tf.constant(inputs))
