@@ -199,7 +199,8 @@ def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, stat
     halvings: XLA's static-shape form of `shrink`: up to this many times the batch
       halves (B, ceil(B / 2), ...; each size a loop of its own, sizes known from the
       shapes alone) once no more than the next size of its sentences are still
-      searching; the rest leave with their results. Same results.
+      searching; the rest leave with their results. Same results (as with `shrink`,
+      another batch size may round a near tie differently).
     select_state: (state, sentences (B',) int32) -> the state of those sentences of
       the batch, for `halvings`; by default every tensor of `state` is gathered along
       its leading B * K rows.
