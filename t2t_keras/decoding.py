@@ -53,10 +53,15 @@ MAX_SLOTTED_BEAM = 8
 # CLI (`t2t_keras.translate`) and the XLA export (`t2t_keras.export.saved_model`) alike.
 MIN_XLA_WIDTH = 16
 
-# Under XLA (fixed shapes) a beam search batch halves, up to this many times, as its
-# sentences finish: graph mode drops each finished sentence at once (`beam_search`'s
-# `shrink`), XLA runs a loop per batch size (B, B/2, ...), each compiled.
-XLA_HALVINGS = 2
+
+def xla_halvings(config: DecodeConfig, max_rows: Optional[int]) -> int:
+  """How many times an XLA beam search batch of at most `max_rows` rows halves as its
+  sentences finish: `config.xla_halvings` (--decode_xla_halvings), less the ones that
+  would leave it below one row (each is a loop to compile). Graph mode drops each
+  finished sentence at once instead (`beam_search`'s `shrink`)."""
+  if max_rows is None:
+    return config.xla_halvings
+  return min(config.xla_halvings, max(max_rows - 1, 0).bit_length())
 
 
 def padded_width(width: int, minimum: int = MIN_XLA_WIDTH) -> int:
@@ -98,7 +103,8 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
       output limit is at least its prefix length + `config.extra_decode_length`.
     halvings: beam search with `in_place_cache` only: how many times the batch may
       halve as its sentences finish (`beam_search`'s `halvings`); default
-      `XLA_HALVINGS`. Same results.
+      `xla_halvings(config, rows)` for the rows of `inputs`' static shape. Same
+      results.
 
   Returns:
     ids (B, K, decode_length) int32 (K = beam size, best first; PAD after EOS) and
@@ -160,7 +166,7 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
   # hypothesis): each step copies and attends over what was decoded, not over the
   # longest output possible; and beam search drops a sentence from the batch once its
   # result is final. XLA needs fixed shapes: its beam search halves the batch instead
-  # (`XLA_HALVINGS`).
+  # (`xla_halvings`).
   grow = not in_place_cache
   # What every step reads and never changes, one row per sentence: passed to the step as the
   # search's context, so that it leaves the batch with its sentence.
@@ -246,7 +252,7 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
             tf.nest.map_structure(lambda t: by_hypothesis(t, sentences), processor_states))
 
   if halvings is None:
-    halvings = XLA_HALVINGS
+    halvings = xla_halvings(config, inputs.shape[0])
   slots = tf.zeros([batch, k, decode_length], tf.int32)
   step, state = processors.compose(
       symbols_to_logits, (cache, slots, tf.zeros([batch * k], tf.int32)), options, rows)
@@ -298,8 +304,10 @@ def make_decode_fn(model, config: DecodeConfig,
     args = list(args)
     keys = args.pop(0) if config.sampling else None
     prefix = args.pop(0) if target_prefix else None
+    # `t2t_keras.translate` pads XLA batches to at most config.batch_size rows.
     return decode_ids(model, inputs, config, in_place_cache=jit_compile,
-                      tree_constraint=tree_constraint, keys=keys, target_prefix=prefix)
+                      tree_constraint=tree_constraint, keys=keys, target_prefix=prefix,
+                      halvings=xla_halvings(config, config.batch_size))
   # No autograph: decoding has no Python control flow on tensors (the loops are
   # explicit tf.while_loops), and tracing plain Python is faster and more predictable.
   return tf.function(decode, input_signature=signature, jit_compile=jit_compile or None,

@@ -176,7 +176,8 @@ def define_train_flags(f):
 
 # Decoding settings every command that decodes reads; sampling is decode's own.
 _SHARED_DECODE_FIELDS = ("beam_size", "alpha", "extra_decode_length", "return_beams",
-                         "batch_size", "jit_compile", "min_decode_length")
+                         "batch_size", "jit_compile", "xla_halvings",
+                         "min_decode_length")
 
 
 @_once("beam_size")

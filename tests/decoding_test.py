@@ -148,12 +148,12 @@ def test_first_beam_is_final_when_the_other_beams_are_not_asked_for(alpha, in_pl
 @pytest.mark.slow
 @pytest.mark.parametrize("which", ["plain", "pointer", "relative"])
 def test_xla_decoding_equals_eager(models, which, monkeypatch):
-  """Also as the batch halves (4 -> 2 -> 1, `XLA_HALVINGS`) while sentences of other
-  lengths end: each row's cache, slot table, pointer and length limit go with it."""
+  """Also as the batch halves (4 -> 2 -> 1, --decode_xla_halvings) while sentences of
+  other lengths end: each row's cache, slot table, pointer and length limit go with it."""
   model = models[which]
-  assert decoding.XLA_HALVINGS >= 2
   inputs = sources(np.random.default_rng(2), [5, 8, 2, 11])
   config = DecodeConfig(beam_size=2, alpha=0.6, extra_decode_length=4, return_beams=True)
+  assert config.xla_halvings >= 2
   eager = decoding.decode_ids(model, inputs, config)
   # The same search run eagerly: its steps see the batch halve.
   rows, step = [], model.decode_step
@@ -171,6 +171,31 @@ def test_xla_decoding_equals_eager(models, which, monkeypatch):
   ids, scores = compiled(tf.constant(inputs))
   np.testing.assert_array_equal(ids.numpy(), eager[0].numpy())
   np.testing.assert_allclose(scores.numpy(), eager[1].numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_xla_halvings_follow_the_flag_and_the_rows(model, monkeypatch):
+  """--decode_xla_halvings=0 keeps every row to the end, with the same results; the
+  halvings a batch can use are capped by its rows (none for one row)."""
+  config = DecodeConfig(beam_size=2, alpha=0.6, extra_decode_length=4)
+  assert [decoding.xla_halvings(config, rows) for rows in (None, 1, 2, 3, 4, 32)] == [
+      2, 0, 1, 2, 2, 2]
+  assert decoding.xla_halvings(DecodeConfig(xla_halvings=5), 4) == 2
+  inputs = sources(np.random.default_rng(2), [5, 8, 2, 11])
+  results, step = {}, model.decode_step
+  for halvings in (0, 2):
+    rows = []
+
+    def counted(ids, *args, **kwargs):
+      rows.append(int(ids.shape[0]))  # pylint: disable=cell-var-from-loop
+      return step(ids, *args, **kwargs)
+    monkeypatch.setattr(model, "decode_step", counted)
+    results[halvings] = decoding.decode_ids(
+        model, inputs, DecodeConfig(beam_size=2, alpha=0.6, extra_decode_length=4,
+                                    xla_halvings=halvings), in_place_cache=True)
+    monkeypatch.undo()
+    assert (set(rows) == {8}) == (halvings == 0), (halvings, rows)
+  for a, b in zip(results[0], results[2]):
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow

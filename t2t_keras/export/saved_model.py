@@ -247,8 +247,10 @@ class Translator(tf.Module):
                                tree_constraint=self.tree_constraint)
 
   def _decode_padded(self, ids):
+    max_rows = decoding.padded_width(self.limits.max_rows, minimum=1)
     return decoding.decode_ids(self.model, ids, self.config, in_place_cache=True,
-                               tree_constraint=self.tree_constraint)
+                               tree_constraint=self.tree_constraint,
+                               halvings=decoding.xla_halvings(self.config, max_rows))
 
   def _decode_bucketed(self, ids):
     """XLA export: pads ids [B, S] to [R, W] (R the next power of two >= B, W the next
