@@ -416,13 +416,15 @@ class DecodeConfig:
       "without.", flag="decode_jit_compile")
   xla_halvings: int = setting(
       2, "Under XLA (--decode_jit_compile, the export's --export_jit_compile) beam "
-      "search runs fixed shapes, so finished sentences cannot leave the batch as they do "
-      "in graph mode; instead the batch halves up to this many times as its sentences "
-      "finish (B rows, then B/2, then B/4: a loop each). Each halving adds a loop to "
-      "compile (the Multi30k model, batches of 32: 0/1/2 halvings decode 46.5/53.3/65.7 "
-      "sentences/s and compile two widths in 18.8/30.7/38.9 s). Capped at what the "
-      "batch's rows allow (none for 1-row exports, --max_request_rows=1). Same "
-      "translations.", flag="decode_xla_halvings", check=AT_LEAST_0)
+      "search (beams of 2 to 8) runs fixed shapes, so finished sentences cannot leave "
+      "the batch as they do in graph mode; instead the batch halves up to this many "
+      "times as its sentences finish (B rows, then B/2, then B/4: a loop each). Each "
+      "halving adds a loop to compile (the Multi30k model, batches of 32: 0/1/2 "
+      "halvings decode 46.5/53.3/65.7 sentences/s and compile two widths in "
+      "18.8/30.7/38.9 s). Capped at what the batch's rows allow (none for 1-row "
+      "exports, --max_request_rows=1). The same translations (up to the rounding of "
+      "near ties, as with any other batch size).",
+      flag="decode_xla_halvings", check=AT_LEAST_0)
   min_decode_length: int = setting(
       0, "Outputs have at least this many tokens before EOS: 1 never returns an empty "
       "translation (as CTranslate2's beam search); 0 (tensor2tensor) returns one when "

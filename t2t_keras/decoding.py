@@ -57,8 +57,8 @@ MIN_XLA_WIDTH = 16
 def xla_halvings(config: DecodeConfig, max_rows: Optional[int]) -> int:
   """How many times an XLA beam search batch of at most `max_rows` rows halves as its
   sentences finish: `config.xla_halvings` (--decode_xla_halvings), less the ones that
-  would leave it below one row (each is a loop to compile). Graph mode drops each
-  finished sentence at once instead (`beam_search`'s `shrink`)."""
+  could not shrink it (ceil(B / 2) of one row is one row; each is a loop to compile).
+  Graph mode drops each finished sentence at once instead (`beam_search`'s `shrink`)."""
   if max_rows is None:
     return config.xla_halvings
   return min(config.xla_halvings, max(max_rows - 1, 0).bit_length())
@@ -304,7 +304,8 @@ def make_decode_fn(model, config: DecodeConfig,
     args = list(args)
     keys = args.pop(0) if config.sampling else None
     prefix = args.pop(0) if target_prefix else None
-    # `t2t_keras.translate` pads XLA batches to at most config.batch_size rows.
+    # `t2t_keras.translate` pads XLA batches to at most config.batch_size rows (a
+    # larger batch, from `translate.exact_match`, halves fewer times than it could).
     return decode_ids(model, inputs, config, in_place_cache=jit_compile,
                       tree_constraint=tree_constraint, keys=keys, target_prefix=prefix,
                       halvings=xla_halvings(config, config.batch_size))

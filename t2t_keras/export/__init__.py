@@ -147,7 +147,7 @@ SAVED_MODEL = Format(
     module="t2t_keras.export.saved_model",
     carries=("beam_size", "alpha", "extra_decode_length", "return_beams",
              "min_decode_length", "max_input_length", "decode_dtype", "constrain_trees",
-             "target_language"),
+             "target_language", "decode_xla_halvings"),
     instead={
         "decode_batch_size": "a request is one batch (its rows are the client's, at most "
                              "--max_request_rows; TF Serving's batching merges requests "
@@ -183,6 +183,8 @@ CTRANSLATE2 = Format(
         "decode_batch_size": f"give it when translating: {_CT2_TOOL} --batch_size, or "
                              "translate_batch(max_batch_size=...)",
         "decode_jit_compile": "CTranslate2 runs its own kernels; drop it",
+        "decode_xla_halvings": "CTranslate2 runs its own kernels (its batch drops each "
+                               "finished sentence); drop it",
         "decode_dtype": "use --quantization for the weights' type, or "
                         f"{_CT2_TOOL} --compute_type (ctranslate2.Translator("
                         "compute_type=...)) when loading",
