@@ -19,6 +19,13 @@ LONGEST_FILES = ("trainer_test.py", "readme_test.py", "pipeline_test.py", "parsi
                  "scoring_test.py", "remote_fs_test.py", "export_test.py")
 
 
+def pytest_configure(config):
+  # pytest-xdist (3.6+) reorders the files by their number of tests, largest first,
+  # unless told not to: that put the README demo (2 tests, 8 minutes) near the end.
+  if hasattr(config.option, "loadscopereorder"):
+    config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(items):
   first = {name: rank for rank, name in enumerate(LONGEST_FILES)}
   items.sort(key=lambda item: first.get(os.path.basename(str(item.fspath)), len(first)))

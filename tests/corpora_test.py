@@ -170,16 +170,18 @@ def test_same_seed_same_batches_and_the_host_plan_agrees():
 def test_resume_and_two_hosts_give_the_batches_of_one_run(static):
   """A plan rebuilt and asked for step s gives the batches of an uninterrupted run
   (into the second epoch), and 2 hosts of 1 replica the batches of 1 host with 2."""
-  data = _data(static=static)
+  sizes = (120, 40)  # small corpora: a short epoch to step into the second of
+  data = _data(static=static, sizes=sizes)
   units = data.plan(2).units_per_epoch
   one = [_firsts(b) for b in data(tf.distribute.InputContext(1, 0, 2)).take(2 * units + 6)]
   steps = [sorted(one[2 * s] + one[2 * s + 1]) for s in range(units + 3)]
   start = units - 3  # into the second epoch
-  resumed = _data(static=static)(tf.distribute.InputContext(1, 0, 2), start_step=start)
+  resumed = _data(static=static, sizes=sizes)(tf.distribute.InputContext(1, 0, 2),
+                                              start_step=start)
   again = [_firsts(b) for b in resumed.take(2 * 6)]
   assert [sorted(again[2 * s] + again[2 * s + 1]) for s in range(6)] == steps[
       start:start + 6]
-  hosts = [iter(_data(static=static)(tf.distribute.InputContext(2, h, 2)))
+  hosts = [iter(_data(static=static, sizes=sizes)(tf.distribute.InputContext(2, h, 2)))
            for h in range(2)]
   for s in range(12):
     apart = [_firsts(next(hosts[h])) for h in range(2)]

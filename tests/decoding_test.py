@@ -586,10 +586,17 @@ def test_target_prefix_starts_the_output_and_the_search_goes_on_from_it(model, b
   config = DecodeConfig(beam_size=beam, alpha=0.6, extra_decode_length=6,
                         min_decode_length=1)
 
+  def decode(prefix=None):
+    return decoding.decode_ids(model, inputs, config, in_place_cache=in_place,
+                               target_prefix=prefix)
+  # Under XLA one program serves every prefix of a shape (compiled once, not per call).
+  prefixed = tf.function(decode, jit_compile=True) if in_place else decode
+
   def run(prefix=None):
-    fn = lambda: decoding.decode_ids(model, inputs, config, in_place_cache=in_place,  # noqa
-                                     target_prefix=prefix)
-    ids, scores = tf.function(fn, jit_compile=True)() if in_place else fn()
+    if prefix is None:
+      ids, scores = tf.function(decode, jit_compile=True)() if in_place else decode()
+    else:
+      ids, scores = prefixed(prefix)
     return ids.numpy()[:, 0], scores.numpy()[:, 0]
   free, _ = run()
   own = prefixes_of(free, [2, 0, 1, 0])  # rows 1 and 3: no prefix

@@ -222,7 +222,7 @@ def test_empty_batch(served):
 
 # The XLA export's row limit in these tests: fewer programs to compile than the
 # default 256 (each program is compiled when the warm-up requests are replayed).
-XLA_ROWS = 32
+XLA_ROWS = 8  # the least power of two that holds SENTENCES
 
 
 @pytest.fixture(scope="module")
@@ -256,6 +256,7 @@ def test_xla_export_in_a_fresh_session_equals_eager(model_dir, xla_export_path, 
   """--export_jit_compile: the beam search is marked for XLA, and the export, loaded as
   TF Serving loads it in a process without t2t_keras, translates as eager decoding."""
   assert _must_compile_functions(xla_export_path)
+  assert len(SENTENCES) <= XLA_ROWS  # one request
   assert not _must_compile_functions(export_path)
   assert_fresh_process_equals_eager(model_dir, xla_export_path)
 
@@ -265,7 +266,7 @@ def test_xla_export_warmup_requests_compile_every_program(xla_export_path):
   """The XLA export carries TF Serving's warm-up file: PredictionLog records of
   serving_default requests whose padded shapes (counted here with SentencePiece from
   the export's own vocabulary) are every program a request within the limits can
-  need: power-of-two rows up to the row limit (32 here) x source widths 16 and 32
+  need: power-of-two rows up to the row limit (8 here) x source widths 16 and 32
   (--max_input_length 24). Replayed as the server replays them, each is answered."""
   import sentencepiece  # pylint: disable=import-outside-toplevel
   from tensorflow_serving.apis import prediction_log_pb2  # pylint: disable=import-outside-toplevel
@@ -286,7 +287,7 @@ def test_xla_export_warmup_requests_compile_every_program(xla_export_path):
     width = max(min(len(spm.encode(s.decode())) + 1, MAX_INPUT) for s in strings)
     shapes.add((power_of_two(len(strings), 1), power_of_two(width, 16)))
   assert len(shapes) == len(requests)
-  assert shapes == {(1 << r, w) for r in range(6) for w in (16, 32)}
+  assert shapes == {(1 << r, w) for r in range(XLA_ROWS.bit_length()) for w in (16, 32)}
   xla = SessionModel(xla_export_path)
   for strings in requests:
     assert xla.run(inputs=strings)["outputs"].shape == (len(strings),)

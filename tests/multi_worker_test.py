@@ -8,7 +8,7 @@ What must hold: both exit 0; only the chief writes the shared files (one export,
 flags.txt entry, no temporary leftovers); every decision that ends the loop is the
 chief's, so a worker whose clock runs 100x fast still stops with the others; and with
 --deterministic the final weights equal one process with 2 replicas (learned positions
-and separate embeddings: sparse gradients reduced across workers).
+and shared embeddings: sparse and dense gradients reduced across workers).
 """
 
 import json
@@ -126,12 +126,14 @@ def assert_chief_wrote_once(model_dir, outputs):
 
 @pytest.mark.slow
 def test_two_workers_with_a_fast_clock_equal_two_replicas(tmp_path, shared_data):
-  """Learned positions and separate embeddings (sparse gradients); worker 1's clock
+  """Learned positions (sparse gradients) and the paper's shared embeddings (the
+  lookup's sparse and the output layer's dense gradient on one table); worker 1's clock
   runs 100x fast, so its own --train_minutes budget would end after a few seconds:
   the chief's decides, both train all 12 steps, and the weights equal 2 replicas in
-  one process."""
+  one process. (Separate embeddings take the positions' sparse path; sinusoids have no
+  weights: trainer_test compares both model families on 1 and 2 replicas.)"""
   paths = corpus(shared_data, tmp_path)
-  flags = flags_for(paths, tmp_path / "data", "learned", shared=False)
+  flags = flags_for(paths, tmp_path / "data", "learned", shared=True)
   clock_dir = tmp_path / "fast_clock"
   clock_dir.mkdir()
   (clock_dir / "sitecustomize.py").write_text(FAST_CLOCK)
@@ -145,6 +147,7 @@ def test_two_workers_with_a_fast_clock_equal_two_replicas(tmp_path, shared_data)
     assert "budget is spent" not in out
   assert "(worker 1)" in results[1][1] and "bleu" in results[0][1]
   assert_chief_wrote_once(model_dir, results)
+  assert not (model_dir / ".worker-0").exists()
 
   single_dir = tmp_path / "single"
   single = subprocess.run(
@@ -157,17 +160,3 @@ def test_two_workers_with_a_fast_clock_equal_two_replicas(tmp_path, shared_data)
   assert expected.keys() == got.keys() and any("position" in k for k in got), sorted(got)
   for name in expected:
     np.testing.assert_allclose(got[name], expected[name], atol=1e-5, err_msg=name)
-
-
-@pytest.mark.slow
-def test_two_workers_sinusoid_shared_embeddings(tmp_path, shared_data):
-  """The other model family (dense gradients only) through the same path."""
-  paths = corpus(shared_data, tmp_path)
-  model_dir = tmp_path / "mw"
-  results = run_workers(model_dir, flags_for(paths, tmp_path / "data", "sinusoid",
-                                             shared=True))
-  for code, out in results:
-    assert code == 0, out[-3000:]
-    assert "eval at step 12" in out
-  assert_chief_wrote_once(model_dir, results)
-  assert not (model_dir / ".worker-0").exists()

@@ -3,7 +3,8 @@
 - SIGKILL after a checkpoint, then the same command: with --deterministic the final
   weights (and optimizer slots) are bitwise those of an uninterrupted run, dropout on.
 - SIGTERM: the run saves a checkpoint at the current step, says so, exits with code 42
-  (TensorFlow's preemption convention), and the same command resumes to the same end.
+  (TensorFlow's preemption convention), and the same command resumes to the same end;
+  SIGINT (Ctrl-C) does the same.
 """
 
 import os
@@ -98,28 +99,25 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path, straight):
 
 
 @pytest.mark.slow
-def test_sigterm_saves_exits_42_and_resumes(tmp_path, straight):
+def test_sigterm_and_ctrl_c_save_exit_42_and_resume(tmp_path, straight):
+  """SIGTERM (a preemption) saves at the current step and exits 42; the resumed run
+  is then stopped by SIGINT (Ctrl-C), which saves alike (before: a KeyboardInterrupt
+  traceback and up to --save_checkpoint_steps steps lost); the run resumed twice ends
+  bitwise equal to the uninterrupted one."""
   model_dir = tmp_path / "term"
-  code, stdout, stderr = start_and_signal(str(model_dir), signal.SIGTERM)
-  assert code == 42, stdout[-2000:] + stderr[-2000:]
-  assert "SIGTERM received: saving a checkpoint at step" in stdout
-  step = int(stdout.split("SIGTERM received: saving a checkpoint at step ")[1].split()[0])
-  assert 100 <= step < STEPS
-  assert tf.train.latest_checkpoint(str(model_dir)).endswith(f"ckpt-{step}")
-  assert "Traceback" not in stderr
+  step = 0
+  for signum, name in ((signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "SIGINT")):
+    code, stdout, stderr = start_and_signal(str(model_dir), signum,
+                                            after_step=max(100, step + 1))
+    assert code == 42, stdout[-2000:] + stderr[-2000:]
+    if step:
+      assert f"at step {step}" in stdout  # resumed where the signal left it
+    said = f"{name} received: saving a checkpoint at step "
+    assert said in stdout, stdout[-2000:]
+    step = int(stdout.split(said)[1].split()[0])
+    assert 100 <= step < STEPS
+    assert tf.train.latest_checkpoint(str(model_dir)).endswith(f"ckpt-{step}")
+    assert "Traceback" not in stderr
   out = run_to_end(model_dir)
   assert f"at step {step}" in out
   assert_bitwise_equal(straight, state_of(model_dir))
-
-
-@pytest.mark.slow
-def test_ctrl_c_saves_at_the_current_step(tmp_path):
-  """SIGINT (Ctrl-C) saves as SIGTERM does (before: a KeyboardInterrupt traceback and
-  up to --save_checkpoint_steps steps lost)."""
-  model_dir = tmp_path / "int"
-  code, stdout, stderr = start_and_signal(str(model_dir), signal.SIGINT)
-  assert code == 42, stdout[-2000:] + stderr[-2000:]
-  assert "SIGINT received: saving a checkpoint at step" in stdout
-  step = int(stdout.split("SIGINT received: saving a checkpoint at step ")[1].split()[0])
-  assert tf.train.latest_checkpoint(str(model_dir)).endswith(f"ckpt-{step}")
-  assert "Traceback" not in stderr
