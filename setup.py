@@ -67,7 +67,7 @@ setup(
         # ctranslate2: tests/ctranslate2_export_test.py checks the export against it.
         # pytest-xdist: README's test command runs the files on 2 processes; ruff:
         # tests/lint_test.py.
-        "test": ["pytest>=8", "pytest-timeout", "pytest-xdist>=3.5", "ruff>=0.6",
+        "test": ["pytest>=8", "pytest-timeout", "pytest-xdist>=3.8", "ruff>=0.6",
                  "tensorflow-serving-api>=2.21,<2.22", "ctranslate2>=4.5"],
         # t2t-query-server --protocol=grpc (tools/query_serving.py)
         "serving": ["tensorflow-serving-api>=2.21,<2.22"],

@@ -20,8 +20,9 @@ LONGEST_FILES = ("trainer_test.py", "readme_test.py", "pipeline_test.py", "parsi
 
 
 def pytest_configure(config):
-  # pytest-xdist (3.6+) reorders the files by their number of tests, largest first,
-  # unless told not to: that put the README demo (2 tests, 8 minutes) near the end.
+  # pytest-xdist reorders the files by their number of tests, largest first, unless
+  # told not to (the option exists since 3.8): that put the README demo (2 tests, 8
+  # minutes) near the end.
   if hasattr(config.option, "loadscopereorder"):
     config.option.loadscopereorder = False
 

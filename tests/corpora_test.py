@@ -170,7 +170,7 @@ def test_same_seed_same_batches_and_the_host_plan_agrees():
 def test_resume_and_two_hosts_give_the_batches_of_one_run(static):
   """A plan rebuilt and asked for step s gives the batches of an uninterrupted run
   (into the second epoch), and 2 hosts of 1 replica the batches of 1 host with 2."""
-  sizes = (120, 40)  # small corpora: a short epoch to step into the second of
+  sizes = (120, 40)  # small corpora: a short first epoch, resumed into the second
   data = _data(static=static, sizes=sizes)
   units = data.plan(2).units_per_epoch
   one = [_firsts(b) for b in data(tf.distribute.InputContext(1, 0, 2)).take(2 * units + 6)]

@@ -599,10 +599,13 @@ def test_target_prefix_starts_the_output_and_the_search_goes_on_from_it(model, b
       ids, scores = prefixed(prefix)
     return ids.numpy()[:, 0], scores.numpy()[:, 0]
   free, _ = run()
-  own = prefixes_of(free, [2, 0, 1, 0])  # rows 1 and 3: no prefix
   foreign = np.array([[7, 7, 7], [9, 0, 0], [0, 0, 0], [12, 13, 0]], np.int32)
+  own = prefixes_of(free, [2, 0, 1, 0])  # rows 1 and 3: no prefix; padded as foreign
+  own = np.pad(own, ((0, 0), (0, foreign.shape[1] - own.shape[1])))
   with_own, _ = run(tf.constant(own))
   with_foreign, _ = run(tf.constant(foreign))
+  if in_place:
+    assert prefixed.experimental_get_tracing_count() == 1
   for b in range(len(inputs)):
     got = translate.strip_ids(with_foreign[b])
     want = [t for t in foreign[b] if t != PAD_ID]

@@ -328,7 +328,7 @@ def test_shuffle_covers_concatenated_corpora(tmp_path):
   """Two corpora concatenated (as WMT14 is distributed: Europarl, then Common Crawl,
   ...): the first 1,000 training pairs of an epoch come from both, in proportion; the
   epoch holds every pair, and so do 2 workers' shards together, each half of it."""
-  n = 12_000  # per corpus: more than the old 10,000-pair buffer and 1,000 pairs after it
+  n = 15_000  # per corpus: more than the old 10,000-pair buffer and 1,000 pairs after it
   src = [f"alpha {i % 97} x" for i in range(n)] + [f"beta {i % 89} y" for i in range(n)]
   paths = [str(tmp_path / "train.src"), str(tmp_path / "train.tgt")]
   for path in paths:
