@@ -489,9 +489,12 @@ def test_static_two_replicas_equal_one_with_accumulation_on_the_real_pipeline(tm
     np.testing.assert_allclose(a, b, atol=1e-6)
 
 
-def _compiled_step_signatures(tmp_path, static, steps):
+def _compiled_step_signatures(tmp_path, static, steps=None):
   """Trains `steps` steps with XLA on 2 replicas (5 steps per call); returns the input
-  shapes the XLA-compiled gradient step was traced for, and the buckets used."""
+  shapes the XLA-compiled gradient step was traced for, the buckets used and the
+  trainer. steps=None: the fewest of the plan's runs (one bucket each, a host call or
+  more each) in which at least 2 buckets come up and one of them twice (so that a
+  retrace per call would show)."""
   from t2t_keras.configs import DataConfig  # pylint: disable=import-outside-toplevel
   from t2t_keras.data import pipeline  # pylint: disable=import-outside-toplevel
   datasets = pipeline.make_datasets(DataConfig(
@@ -502,6 +505,13 @@ def _compiled_step_signatures(tmp_path, static, steps):
                        train_steps=steps, jit_compile=True, steps_per_loop=5,
                        log_every=10, eval_every=1000, save_checkpoint_steps=1000,
                        learning_rate_warmup_steps=10)
+  run = min(config.steps_per_loop, config.static_run_steps)
+  plan = datasets.train_fn.plan(2, run)
+  if steps is None:
+    runs = next(n for n in range(2, 40)
+                if 2 <= len({plan.bucket_of_step(run * r) for r in range(n)}) < n)
+    steps = run * runs
+    config = dataclasses.replace(config, train_steps=steps)
   keras.utils.set_random_seed(0)
   trainer = Trainer(dataclasses.replace(MODEL, vocab_size=datasets.vocab_size), config,
                     distribute.create_strategy(config))
@@ -510,7 +520,6 @@ def _compiled_step_signatures(tmp_path, static, steps):
   assert result.steps == steps and np.isfinite(result.final_loss)
   shapes = [tuple(f.structured_input_signature[0][0]["inputs"].shape)
             for f in trainer._compute_gradients._list_all_concrete_functions()]
-  plan = datasets.train_fn.plan(2, min(config.steps_per_loop, config.static_run_steps))
   buckets = {plan.bucket_of_step(s) for s in range(steps)}
   return shapes, buckets, trainer
 
@@ -522,11 +531,11 @@ def test_xla_on_two_replicas_compiles_one_program_per_bucket(tmp_path):
   once); the loop of 5 steps is traced once per bucket too. Without static shapes the
   step is traced for [None, None], which XLA recompiles for every new shape: the check
   fails."""
-  steps = 20
-  shapes, buckets, trainer = _compiled_step_signatures(tmp_path, static=True, steps=steps)
+  shapes, buckets, trainer = _compiled_step_signatures(tmp_path, static=True)
+  runs = trainer.current_step() // min(5, trainer.config.static_run_steps)
   assert all(None not in shape for shape in shapes), shapes
   assert len(buckets) >= 2 and len(set(shapes)) == len(buckets), (shapes, buckets)
-  assert steps // 5 > len(buckets)  # a bucket comes up twice: a retrace would show
+  assert runs > len(buckets)  # a bucket comes up in two runs: a retrace would show
   assert trainer.train_fn.experimental_get_tracing_count() == len(buckets)
   shapes, _, _ = _compiled_step_signatures(tmp_path, static=False, steps=1)
   assert any(None in shape for shape in shapes)
