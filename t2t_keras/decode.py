@@ -55,7 +55,7 @@ from t2t_keras.configs import DecodeConfig
 FLAGS = flags.FLAGS
 t2t_flags.define_all()
 flags.DEFINE_string("input_file", None, "Source sentences, one per line (default stdin).")
-flags.DEFINE_string("output_file", None, "Where translations go (default stdout).")
+t2t_flags.define_output_file("Where translations go (default stdout).")
 flags.DEFINE_string("reference_file", None, "Reference translations: print BLEU and chrF.")
 t2t_flags.define_settings(DecodeConfig, ("sampling_topk", "sampling_topp",
                                          "sampling_temperature", "num_samples",

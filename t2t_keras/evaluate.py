@@ -58,7 +58,6 @@ flags.DEFINE_enum("linearization", "auto", ["auto", "tags", "words"],
 flags.DEFINE_string("output_trees", None,
                     "Parsing only: also write the rebuilt (and repaired) hypothesis trees "
                     "here, one Penn Treebank bracketing per line, e.g. for evalb.")
-flags.mark_flags_as_required(["hypotheses", "references"])
 FLAGS = flags.FLAGS
 
 
@@ -149,6 +148,13 @@ def _first_difference(words: list, expected: list) -> str:
 
 
 def check_usage() -> None:
+  # Checked here, not with flags.mark_flags_as_required, whose validator would bind
+  # every command that shares the process's flags (tests run several in one).
+  missing = [f"--{name}" for name in ("hypotheses", "references") if not FLAGS[name].value]
+  if missing:
+    verb = "is" if len(missing) == 1 else "are"
+    raise app.UsageError(f"{' and '.join(missing)} {verb} required: the system output "
+                         "and its reference file(s).")
   if (FLAGS.sources or FLAGS.output_trees) and FLAGS.task != "parsing":
     raise app.UsageError("--sources and --output_trees are for --task=parsing.")
 

@@ -215,6 +215,13 @@ def define_decode_flags(f):
                        message="--max_input_length must be >= 2 (a token and EOS).")
 
 
+def define_output_file(help_text: str, flag_values=FLAGS) -> None:
+  """--output_file, which decode and score both take: defined by whichever is imported
+  first (a process runs one command; tests import several into one process)."""
+  if "output_file" not in flag_values:
+    flags.DEFINE_string("output_file", None, help_text, flag_values=flag_values)
+
+
 def define_all(flag_values=FLAGS):
   define_model_flags(flag_values)
   define_data_flags(flag_values)

@@ -29,7 +29,7 @@ t2t_flags.define_all()
 flags.DEFINE_string("source_file", None, "Source sentences, one per line.")
 flags.DEFINE_string("target_file", None, "Target sentences (translations to score), "
                     "line-aligned with --source_file.")
-flags.DEFINE_string("output_file", None, "Where scores go (default stdout).")
+t2t_flags.define_output_file("Where scores go (default stdout).")
 flags.DEFINE_bool("per_token", False, "Append each token's log probability (space "
                   "separated, EOS last) after a tab.")
 

@@ -32,11 +32,118 @@ def pytest_collection_modifyitems(items):
   items.sort(key=lambda item: first.get(os.path.basename(str(item.fspath)), len(first)))
 
 
+def in_ci() -> bool:
+  """CI sets CI=true; there every test must run, so a skip fails the run."""
+  return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def _fail_if_skipped_in_ci(report, what):
+  if in_ci() and report.skipped and not hasattr(report, "wasxfail"):
+    reason = (report.longrepr[2] if isinstance(report.longrepr, tuple)
+              else str(report.longrepr))
+    report.outcome = "failed"
+    report.longrepr = (f"{what} was skipped, and CI (CI=true) runs every test: {reason}. "
+                       "Install the test extras (README's test command) and put the "
+                       "corpora at ../shared/data beside the repository.")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+  del call
+  outcome = yield
+  _fail_if_skipped_in_ci(outcome.get_result(), item.nodeid)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+  outcome = yield
+  _fail_if_skipped_in_ci(outcome.get_result(), collector.nodeid)
+
+
+# The quick lane (`-m "not slow"`) is for the inner loop: a test that is not marked
+# slow may not start a process, nor train more than one run of QUICK_TRAIN_STEPS steps
+# (its fixtures included). Checked at run time, so the marks follow a rule rather than
+# one host's durations.
+QUICK_TRAIN_STEPS = 10
+
+
+class _QuickLaneGuard:
+  """Counts what an unmarked test does that belongs to the slow lane."""
+
+  def __init__(self):
+    self.processes, self.trainings = [], []
+
+  def install(self, monkeypatch):
+    # pylint: disable=import-outside-toplevel
+    import subprocess
+    from t2t_keras.training import trainer as trainer_lib
+    guard, popen_init, train = self, subprocess.Popen.__init__, trainer_lib.Trainer.train
+
+    def counting_popen_init(popen, args, *rest, **kwargs):
+      guard.processes.append(args)
+      popen_init(popen, args, *rest, **kwargs)
+
+    def counting_train(trainer, *args, **kwargs):
+      guard.trainings.append(trainer.config.train_steps)
+      return train(trainer, *args, **kwargs)
+    monkeypatch.setattr(subprocess.Popen, "__init__", counting_popen_init)
+    monkeypatch.setattr(trainer_lib.Trainer, "train", counting_train)
+
+  def problems(self):
+    out = []
+    if self.processes:
+      out.append(f"started {len(self.processes)} process(es), the first {self.processes[0]!r}")
+    if len(self.trainings) > 1 or any(s is None or s > QUICK_TRAIN_STEPS
+                                      for s in self.trainings):
+      out.append(f"trained {len(self.trainings)} run(s) of {self.trainings} steps "
+                 f"(at most one of {QUICK_TRAIN_STEPS})")
+    return out
+
+
+# Session fixtures that train: built once per process, so the dynamic count sees them
+# only in the first test that asks; a test that asks for one is slow wherever it runs.
+TRAINING_FIXTURES = ("trained_reverse_dir",)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+  if item.get_closest_marker("slow") is not None:
+    return
+  training = [name for name in TRAINING_FIXTURES if name in item.fixturenames]
+  if training:
+    pytest.fail(f"{item.nodeid} is in the quick lane (not marked slow) but uses "
+                f"{training} (a trained model): mark it @pytest.mark.slow", pytrace=False)
+  item.quick_lane_guard = _QuickLaneGuard()
+  item.quick_lane_patch = pytest.MonkeyPatch()
+  item.quick_lane_guard.install(item.quick_lane_patch)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+  result = yield
+  guard = getattr(item, "quick_lane_guard", None)
+  if guard is not None:
+    item.quick_lane_patch.undo()
+    problems = guard.problems()
+    if problems:
+      pytest.fail(f"{item.nodeid} is in the quick lane (not marked slow) but "
+                  f"{'; '.join(problems)}: mark it @pytest.mark.slow", pytrace=False)
+  return result
+
+
+def pytest_runtest_teardown(item):
+  patch = getattr(item, "quick_lane_patch", None)
+  if patch is not None:
+    patch.undo()
+
+
 @pytest.fixture
 def shared_data():
-  """Path of ../shared/data; skips the test with a clear message when it is absent."""
+  """Path of ../shared/data; skips the test with a clear message when it is absent
+  (which fails the run in CI: see pytest_runtest_makereport)."""
   if not os.path.isdir(SHARED_DATA):
-    pytest.skip(f"real corpora not found at {SHARED_DATA} (../shared/data beside the repo)")
+    pytest.skip(f"real corpora not found at {SHARED_DATA} (../shared/data beside the "
+                "repository)")
   return SHARED_DATA
 
 

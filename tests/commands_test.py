@@ -1,0 +1,106 @@
+"""Every entry point's `main(argv)` in the quick lane, along the path a user walks:
+train a few steps of the tiny recipe, then decode, score, evaluate and export that
+model, each command checked against another one's output (tests/inprocess.py runs them
+in this process; tests/tools_test.py starts each console script as a real process)."""
+
+import numpy as np
+import pytest
+
+from tests import inprocess
+from tests.conftest import SessionModel
+
+STEPS = 6
+SOURCES = ["5 6 7", "4 9 9 8 12", "10"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """A model directory after `python -m t2t_keras.train` ran STEPS steps of tiny.cfg."""
+  model_dir = tmp_path_factory.mktemp("commands") / "run"
+  result = inprocess.run("train", "--flagfile=flags/tiny.cfg", f"--model_dir={model_dir}",
+                         f"--train_steps={STEPS}", "--log_every=3", "--eval_every=6",
+                         "--save_checkpoint_steps=6", "--show_examples=0")
+  return model_dir, result
+
+
+def test_train_command_trains_logs_evaluates_and_saves(trained):
+  model_dir, result = trained
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+  assert f"step 3/{STEPS}" in result.stdout and f"step {STEPS}/{STEPS}" in result.stdout
+  assert f"eval at step {STEPS}" in result.stdout, result.stdout[-2000:]
+  assert (model_dir / f"ckpt-{STEPS}.index").exists()
+  assert (model_dir / "config.json").exists() and (model_dir / "flags.txt").exists()
+
+
+@pytest.fixture(scope="module")
+def decoded(trained, tmp_path_factory):
+  model_dir, _ = trained
+  work = tmp_path_factory.mktemp("decoded")
+  source, output = work / "src.txt", work / "hyp.txt"
+  source.write_text("".join(s + "\n" for s in SOURCES), encoding="utf-8")
+  result = inprocess.run("decode", f"--model_dir={model_dir}", f"--input_file={source}",
+                         f"--output_file={output}", "--beam_size=2", "--alpha=0",
+                         "--extra_decode_length=3", "--return_beams")
+  assert result.returncode == 0, result.stderr[-3000:]
+  blocks = output.read_text(encoding="utf-8").split("\n\n")
+  beams = [[line.split("\t") for line in block.splitlines()] for block in blocks if block]
+  return model_dir, source, beams
+
+
+def test_decode_and_score_commands_agree(decoded, tmp_path):
+  """score's log probability of each best beam is the one beam search computed."""
+  model_dir, source, beams = decoded
+  assert len(beams) == len(SOURCES) and all(len(b) == 2 for b in beams)
+  best = tmp_path / "best.txt"
+  best.write_text("".join(b[0][1] + "\n" for b in beams), encoding="utf-8")
+  out = tmp_path / "scores.txt"
+  result = inprocess.run("score", f"--model_dir={model_dir}", f"--source_file={source}",
+                         f"--target_file={best}", f"--output_file={out}", "--per_token")
+  assert result.returncode == 0, result.stderr[-3000:]
+  rows = [line.split("\t") for line in out.read_text(encoding="utf-8").splitlines()]
+  assert len(rows) == len(SOURCES)
+  totals = [float(r[0]) for r in rows]
+  # A hypothesis stopped by the length limit (input + EOS + 3) had EOS forced: beam
+  # search does not count that EOS, score does (a log probability below 0).
+  limits = [len(s.split()) + 1 + 3 for s in SOURCES]
+  ended = [len(b[0][1].split()) + 1 < limit for b, limit in zip(beams, limits)]
+  assert any(ended), beams
+  for total, b, free in zip(totals, beams, ended):
+    if free:
+      assert total == pytest.approx(float(b[0][0]), abs=1e-3), (beams, totals)
+    else:
+      assert total < float(b[0][0]), (beams, totals)
+  np.testing.assert_allclose(totals, [sum(map(float, r[2].split())) for r in rows],
+                             atol=1e-3)
+
+
+def test_evaluate_command_scores_a_copy_at_100_and_a_change_below(decoded, tmp_path):
+  _, source, _ = decoded
+  changed = tmp_path / "changed.txt"
+  changed.write_text("5 6 7\n4 9 8\n11\n", encoding="utf-8")
+  same = inprocess.run("evaluate", f"--hypotheses={source}", f"--references={source}")
+  other = inprocess.run("evaluate", f"--hypotheses={changed}", f"--references={source}")
+  assert same.returncode == other.returncode == 0, same.stderr + other.stderr
+  assert "BLEU = 100.00" in same.stdout, same.stdout
+  assert "BLEU = 100.00" not in other.stdout and "BLEU = " in other.stdout, other.stdout
+
+
+def test_export_command_serves_what_decode_wrote(decoded, tmp_path):
+  """The SavedModel, loaded as TF Serving loads it, translates as decode did."""
+  model_dir, _, beams = decoded
+  result = inprocess.run("export", f"--model_dir={model_dir}",
+                         f"--export_dir={tmp_path / 'export'}", "--export_version=1",
+                         "--beam_size=2", "--alpha=0", "--extra_decode_length=3",
+                         "--max_request_rows=8")
+  assert result.returncode == 0, result.stderr[-3000:]
+  served = SessionModel(str(tmp_path / "export" / "1"))
+  outputs = served.run(inputs=np.array(SOURCES, object))
+  texts = [t.decode("utf-8") for t in outputs["outputs"]]
+  assert texts == [b[0][1] for b in beams]
+
+
+def test_a_bad_flag_is_named_and_exits_nonzero(trained):
+  model_dir, _ = trained
+  result = inprocess.run("decode", f"--model_dir={model_dir}", "--beam_size=0")
+  assert result.returncode != 0
+  assert "beam_size" in result.stderr, result.stderr[-2000:]
