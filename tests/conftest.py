@@ -1,6 +1,7 @@
 """Test setup: quiet TensorFlow logs and make ../shared/data reachable."""
 
 import os
+import shutil
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -177,9 +178,29 @@ def build_tiny_model_dir(path, seed=0, **model_flags):
   return path
 
 
+def shared_artifact(tmp_path_factory, name, build):
+  """The directory `name`, built by `build(path)` once per test run and shared by the
+  xdist workers (a session fixture alone is built once per worker): the first worker
+  to ask builds it under a file lock, the others wait and reuse it. Users of a shared
+  artifact read it and write elsewhere."""
+  import fcntl  # pylint: disable=import-outside-toplevel
+  base = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    base = base.parent  # pytest-N/popen-gwK: the run's directory, common to the workers
+  path, done = base / name, base / f"{name}.done"
+  with open(base / f"{name}.lock", "w", encoding="utf-8") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not done.exists():
+      shutil.rmtree(path, ignore_errors=True)  # a build a failed worker left half done
+      path.mkdir()
+      build(str(path))
+      done.touch()
+  return str(path)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-  return build_tiny_model_dir(str(tmp_path_factory.mktemp("tiny_model")))
+  return shared_artifact(tmp_path_factory, "tiny_model", build_tiny_model_dir)
 
 
 def _split_cpu(num_devices=2):
@@ -258,4 +279,25 @@ def build_trained_reverse_dir(path, steps=600, seed=1):
 
 @pytest.fixture(scope="session")
 def trained_reverse_dir(tmp_path_factory):
-  return build_trained_reverse_dir(str(tmp_path_factory.mktemp("trained_reverse")))
+  return shared_artifact(tmp_path_factory, "trained_reverse", build_trained_reverse_dir)
+
+
+# The export most export and serving tests read: conftest's tiny model, beam 2, alpha
+# 0.6, input length + 5, every beam returned, inputs cut at 24 pieces, version 1.
+TINY_EXPORT_DECODE = dict(beam_size=2, alpha=0.6, extra_decode_length=5, return_beams=True)
+TINY_EXPORT_MAX_INPUT = 24
+
+
+@pytest.fixture(scope="session")
+def tiny_export(tiny_model_dir, tmp_path_factory):
+  """(base, path): a TF Serving model base holding version 1 of the tiny model's
+  SavedModel (TINY_EXPORT_DECODE), built once per run."""
+  # pylint: disable=import-outside-toplevel
+  from t2t_keras.configs import DecodeConfig
+  from t2t_keras.export.saved_model import export_model_dir
+
+  def build(base):
+    export_model_dir(tiny_model_dir, base, DecodeConfig(**TINY_EXPORT_DECODE),
+                     TINY_EXPORT_MAX_INPUT, version=1)
+  base = shared_artifact(tmp_path_factory, "tiny_export", build)
+  return base, os.path.join(base, "1")

@@ -4,9 +4,6 @@ the batch plan and the training dataset (issue 35)."""
 import collections
 import dataclasses
 import logging
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,7 +12,7 @@ import tensorflow as tf
 from t2t_keras.configs import DataConfig
 from t2t_keras.data import cache, corpora, pipeline, sources
 from t2t_keras.errors import ConfigError, DataError
-from tests.conftest import REPO_ROOT
+from tests import inprocess
 
 FIRST_IDS = (10, 1000)  # corpus c's i-th pair starts with id FIRST_IDS[c] + i
 
@@ -232,7 +229,6 @@ def test_files_of_two_corpora_are_cached_each_and_mixed(tmp_path, caplog):
   assert names == {"alpha": 400, "beta": 100}
 
 
-@pytest.mark.slow
 def test_train_command_logs_the_counts_of_each_corpus(tmp_path):
   """`python -m t2t_keras.train` on two small corpora weighted 1,3: a few steps of a
   tiny model, and the log line of each corpus (pairs, multiplicity, shares)."""
@@ -242,16 +238,13 @@ def test_train_command_logs_the_counts_of_each_corpus(tmp_path):
     lines = [" ".join(rng.choice(words, rng.integers(2, 7))) for _ in range(n)]
     for side in ("en", "de"):
       _write(str(tmp_path / f"{name}.{side}"), lines)
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-  result = subprocess.run(
-      [sys.executable, "-m", "t2t_keras.train", "--data_source=files",
-       f"--train_src={tmp_path}/a.en,{tmp_path}/b.en",
-       f"--train_tgt={tmp_path}/a.de,{tmp_path}/b.de", "--train_weights=1,3",
-       "--vocab_size=60", "--hidden_size=16", "--filter_size=32", "--num_heads=2",
-       "--num_hidden_layers=1", "--batch_size=256", "--max_length=32",
-       "--train_steps=2", "--log_every=1", "--save_checkpoint_steps=2",
-       "--eval_bleu_sentences=0", "--show_examples=0", f"--model_dir={tmp_path}/m"],
-      cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+  result = inprocess.run(  # the command's main, in this process
+      "train", "--data_source=files", f"--train_src={tmp_path}/a.en,{tmp_path}/b.en",
+      f"--train_tgt={tmp_path}/a.de,{tmp_path}/b.de", "--train_weights=1,3",
+      "--vocab_size=60", "--hidden_size=16", "--filter_size=32", "--num_heads=2",
+      "--num_hidden_layers=1", "--batch_size=256", "--max_length=32", "--train_steps=2",
+      "--log_every=1", "--save_checkpoint_steps=2", "--eval_bleu_sentences=0",
+      "--show_examples=0", f"--model_dir={tmp_path}/m")
   assert result.returncode == 0, result.stderr[-3000:]
   lines = [line.split("] ", 1)[-1] for line in result.stderr.splitlines()
            if "Corpus " in line]

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 
+import ctranslate2
 import keras
 import numpy as np
 import pytest
@@ -22,14 +23,13 @@ import tensorflow as tf
 
 from t2t_keras import EOS_ID, PAD_ID
 from t2t_keras.export import ctranslate2 as ce
-from t2t_keras import decoding, modeldir
-from t2t_keras.configs import DataConfig, DecodeConfig, ModelConfig, TrainConfig
-from t2t_keras.data import pipeline
+from t2t_keras import decoding, loading
+from t2t_keras.configs import DecodeConfig, ModelConfig
 from t2t_keras.data.tokenizer import IntegerTokenizer
 from t2t_keras.model import create_model
+from tests import inprocess
 from tests.conftest import REPO_ROOT
 
-ctranslate2 = pytest.importorskip("ctranslate2")
 
 VOCAB = 24
 BASE = ModelConfig(vocab_size=VOCAB, hidden_size=32, filter_size=64, num_heads=4,
@@ -115,29 +115,19 @@ def test_source_pointer_models_are_refused_naming_the_flag(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-  """A tiny model trained briefly on the reverse task: peaked distributions, so
-  beam search has real choices to agree on."""
-  from t2t_keras.training import distribute  # pylint: disable=import-outside-toplevel
-  from t2t_keras.training.trainer import Trainer  # pylint: disable=import-outside-toplevel
-  tmp = tmp_path_factory.mktemp("trained")
-  data = pipeline.make_datasets(DataConfig(
-      synthetic_task="reverse", synthetic_vocab_size=VOCAB - 4, synthetic_max_length=8,
-      synthetic_train_size=5000, synthetic_eval_size=10, max_length=12, batch_size=512))
-  config = dataclasses.replace(BASE, pre_norm=True)
-  train_config = TrainConfig(model_dir=str(tmp / "model"), train_steps=300,
-                             learning_rate=2.0, learning_rate_warmup_steps=100,
-                             log_every=300, eval_every=10**6, save_checkpoint_steps=300,
-                             steps_per_loop=20)
-  keras.utils.set_random_seed(1)
-  trainer = Trainer(config, train_config, distribute.create_strategy(train_config))
-  trainer.train(data.train_fn, progress=lambda line: None)
-  return trainer.model, config, tmp
+def trained(trained_reverse_dir, tmp_path_factory):
+  """conftest's tiny model trained on the reverse task (pre-norm BASE): peaked
+  distributions, so beam search has real choices to agree on. (model, config, model
+  directory, a directory to write in)."""
+  loaded = loading.load(trained_reverse_dir)
+  assert loaded.model_config == dataclasses.replace(BASE, pre_norm=True)
+  return (loaded.model, loaded.model_config, trained_reverse_dir,
+          tmp_path_factory.mktemp("ct2_trained"))
 
 
 @pytest.mark.slow
 def test_beam_search_matches_ours_on_a_trained_model(trained):
-  model, config, tmp = trained
+  model, config, _, tmp = trained
   translator = _export(model, config, tmp / "ct2")
   sources = _sources(n=32, seed=5)
   extra = 5
@@ -169,24 +159,15 @@ def test_beam_search_matches_ours_on_a_trained_model(trained):
 def test_export_command_writes_model_vocabulary_and_int8(trained, tmp_path):
   """`python -m t2t_keras.export --format=ctranslate2` on a model directory; int8
   weights translate the same as float32 on this model."""
-  _, _, tmp = trained
-  model_dir = tmp / "model"
-  # The trained fixture's model_dir lacks config.json (the Trainer alone does not
-  # write it); write what the train entry point writes.
-  modeldir.write_or_check_config(
-      str(model_dir), dataclasses.replace(BASE, pre_norm=True), data=DataConfig(
-          synthetic_task="reverse", synthetic_vocab_size=VOCAB - 4),
-      train=TrainConfig(model_dir=str(model_dir)), decode=DecodeConfig())
+  _, _, model_dir, _ = trained
   outputs = {}
   for quantization in ("", "int8"):
     out = tmp_path / (quantization or "float32")
-    command = [sys.executable, "-m", "t2t_keras.export", f"--model_dir={model_dir}",
-               f"--export_dir={out}", "--format=ctranslate2"]
+    command = [f"--model_dir={model_dir}", f"--export_dir={out}", "--format=ctranslate2"]
     if quantization:  # and a named checkpoint, as for the SavedModel export
       command += [f"--quantization={quantization}",
                   f"--checkpoint_path={tf.train.latest_checkpoint(str(model_dir))}"]
-    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True,
-                            timeout=300, check=False)
+    result = inprocess.run("export", *command)  # its main, in this process
     assert result.returncode == 0, result.stderr[-2000:]
     assert os.path.exists(out / "model.bin") and "CTranslate2" in result.stdout
     translator = ctranslate2.Translator(str(out), device="cpu")
@@ -217,15 +198,10 @@ def test_missing_package_and_misused_flags_get_clear_errors(tmp_path, monkeypatc
   with pytest.raises(ce.ExportError, match="--quantization=int4 is not one of"):
     ce.export(create_model(BASE), BASE, IntegerTokenizer(VOCAB), str(tmp_path / "b"),
               quantization="int4")
-  result = subprocess.run(
-      [sys.executable, "-m", "t2t_keras.export", f"--model_dir={tmp_path}",
-       "--quantization=int8"], cwd=REPO_ROOT, capture_output=True, text=True,
-      timeout=120, check=False)
+  result = inprocess.run("export", f"--model_dir={tmp_path}", "--quantization=int8")
   assert result.returncode == 2
   assert "--quantization is for --format=ctranslate2" in result.stderr
-  result = subprocess.run(
-      [sys.executable, "-m", "t2t_keras.export", f"--model_dir={tmp_path}",
-       "--format=ctranslate2", "--export_jit_compile"], cwd=REPO_ROOT, capture_output=True,
-      text=True, timeout=120, check=False)
+  result = inprocess.run("export", f"--model_dir={tmp_path}", "--format=ctranslate2",
+                         "--export_jit_compile")
   assert result.returncode == 2
   assert "--export_jit_compile is for --format=saved_model" in result.stderr

@@ -519,51 +519,65 @@ def test_min_decode_length_keeps_eos_away(beam, topk):
 
 
 @pytest.mark.slow
-def test_decode_cli_chooses_graph_mode_for_beams_and_xla_for_greedy_from_256_sentences(
-    tiny_model_dir, tmp_path):
+def test_decode_cli_chooses_graph_mode_for_beams_and_xla_for_greedy_from_many_sentences(
+    tiny_model_dir, tmp_path, monkeypatch):
   """The decode command's default: beam search in graph mode (finished sentences leave
-  the batch); greedy search with XLA from 256 sentences on, graph mode below;
-  --decode_jit_compile / --nodecode_jit_compile force either, with the same
-  translations; and so do several batches at a time (--decode_parallel_batches)."""
+  the batch); greedy search with XLA from AUTO_XLA_SENTENCES sentences on, graph mode
+  below; --decode_jit_compile / --nodecode_jit_compile force either, with the same
+  translations; and so do several batches at a time (--decode_parallel_batches).
+
+  The rule runs in-process with the threshold lowered to 24 sentences (the same code
+  at a tenth of the decoding); several batches at a time run in a fresh process, the
+  only place where the command can still set TensorFlow's threads per op."""
   import subprocess  # pylint: disable=import-outside-toplevel
   import sys  # pylint: disable=import-outside-toplevel
 
+  from t2t_keras import decode as decode_command  # pylint: disable=import-outside-toplevel
+  from tests import inprocess  # pylint: disable=import-outside-toplevel
   from tests.conftest import REPO_ROOT  # pylint: disable=import-outside-toplevel
+  assert decode_command.AUTO_XLA_SENTENCES == 256  # README and the flag's help say 256
+  many = 24
+  monkeypatch.setattr(decode_command, "AUTO_XLA_SENTENCES", many)
   rng = np.random.default_rng(9)
   words = "a the man dog runs in park red small plays ball .".split()
-  lines = [" ".join(rng.choice(words, rng.integers(2, 14))) for _ in range(256)]
+  lines = [" ".join(rng.choice(words, rng.integers(2, 14))) for _ in range(many)]
 
-  def decode(n, *flags):
+  def decode(n, *flags, process=False):
     source, output = tmp_path / f"in{n}.txt", tmp_path / f"out{n}{''.join(flags)}.txt"
     source.write_text("".join(line + "\n" for line in lines[:n]), encoding="utf-8")
-    result = subprocess.run(
-        [sys.executable, "-m", "t2t_keras.decode", f"--model_dir={tiny_model_dir}",
-         f"--input_file={source}", f"--output_file={output}", "--extra_decode_length=4",
-         "--decode_batch_size=64", *flags], cwd=REPO_ROOT, capture_output=True, text=True,
-        timeout=600, check=False)
+    args = [f"--model_dir={tiny_model_dir}", f"--input_file={source}",
+            f"--output_file={output}", "--extra_decode_length=4", "--decode_batch_size=8",
+            *flags]
+    if process:
+      result = subprocess.run([sys.executable, "-m", "t2t_keras.decode", *args],
+                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
+                              check=False)
+      assert "TensorFlow has started" not in result.stderr, result.stderr[-3000:]
+    else:
+      result = inprocess.run("decode", *args)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "TensorFlow has started" not in result.stderr, result.stderr[-3000:]
-    first = next(l for l in result.stderr.splitlines() if l.startswith("decoding "))
+    first = next(x for x in result.stderr.splitlines() if x.startswith("decoding "))
     return first, output.read_text(encoding="utf-8").splitlines()
 
-  line, beams = decode(256)
+  line, beams = decode(many)
   assert line.endswith("; graph mode (beam search drops finished sentences from the "
                        "batch; --decode_jit_compile for XLA))"), line
-  line, forced = decode(256, "--decode_jit_compile")
+  line, forced = decode(many, "--decode_jit_compile")
   assert line.endswith("; XLA)"), line
-  assert forced == beams and len(beams) == 256
-  line, greedy_xla = decode(256, "--beam_size=1")
-  assert line.endswith("; XLA (one row per input from 256 sentences on; "
+  assert forced == beams and len(beams) == many
+  line, greedy_xla = decode(many, "--beam_size=1")
+  assert line.endswith(f"; XLA (one row per input from {many} sentences on; "
                        "--nodecode_jit_compile for graph mode))"), line
-  line, greedy = decode(256, "--beam_size=1", "--nodecode_jit_compile")
+  line, greedy = decode(many, "--beam_size=1", "--nodecode_jit_compile")
   assert line.endswith("; graph mode)") and greedy == greedy_xla, line
-  line, few = decode(255, "--beam_size=1")
-  assert "; graph mode (beam search drops" in line and few == greedy[:255], line
+  line, few = decode(many - 1, "--beam_size=1")
+  assert "; graph mode (beam search drops" in line and few == greedy[:many - 1], line
   # --decode_parallel_batches: batches side by side (threads), the same translations in
   # input order as one batch at a time.
-  line, side_by_side = decode(256, "--decode_parallel_batches=3", "--decode_batch_size=16")
+  line, side_by_side = decode(many, "--decode_parallel_batches=3", "--decode_batch_size=4",
+                              process=True)
   assert "; 3 batches at a time, extra length" in line, line
-  line, one = decode(256, "--decode_parallel_batches=1", "--decode_batch_size=16")
+  line, one = decode(many, "--decode_parallel_batches=1", "--decode_batch_size=4")
   assert "batches at a time" not in line and one == side_by_side == beams, line
 
 

@@ -1,15 +1,13 @@
 """What each export format carries (t2t_keras/export/__init__.py), and the export
 command's refusal of the decoding flags a format would drop silently."""
 
-import subprocess
-import sys
 
 import pytest
 
 from t2t_keras import export
 from t2t_keras import flags as t2t_flags
 from t2t_keras.errors import ExportError
-from tests.conftest import REPO_ROOT
+from tests import inprocess
 
 # Flags that choose the weights: every format exports the weights they choose.
 WEIGHT_FLAGS = {"checkpoint_path", "average_last_n"}
@@ -62,8 +60,8 @@ def test_flags_of_another_format_and_settings_turned_off():
 
 
 def _export(*args):
-  return subprocess.run([sys.executable, "-m", "t2t_keras.export", *args], cwd=REPO_ROOT,
-                        capture_output=True, text=True, timeout=600, check=False)
+  """`python -m t2t_keras.export ARGS`, its main in this process (tests/inprocess.py)."""
+  return inprocess.run("export", *args)
 
 
 @pytest.mark.slow
@@ -77,7 +75,6 @@ def test_export_command_refuses_typed_settings_but_not_a_recipes(tiny_model_dir,
   for name in ("beam_size", "alpha", "max_input_length", "extra_decode_length"):
     assert f"--{name} (ctranslate2 does not carry it)" in refused.stderr
   assert not (tmp_path / "a").exists()
-  pytest.importorskip("ctranslate2")
   recipe = tmp_path / "recipe.cfg"
   recipe.write_text("--beam_size=2\n--alpha=0.6\n--extra_decode_length=3\n"
                     "--max_input_length=64\n", encoding="utf-8")

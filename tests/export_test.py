@@ -14,7 +14,9 @@ from t2t_keras import EOS_ID, PAD_ID, loading
 from t2t_keras.configs import DecodeConfig
 from t2t_keras.data import tokenizer as tokenizer_lib
 from t2t_keras.export.saved_model import export_model_dir
-from tests.conftest import REPO_ROOT, SessionModel, build_tiny_model_dir
+from tests import inprocess
+from tests.conftest import (REPO_ROOT, TINY_EXPORT_DECODE, TINY_EXPORT_MAX_INPUT, SessionModel,
+                            build_tiny_model_dir)
 
 DECODE = DecodeConfig(beam_size=2, alpha=0.6, extra_decode_length=5, return_beams=True)
 MAX_INPUT = 24
@@ -28,9 +30,10 @@ def model_dir(tiny_model_dir):
 
 
 @pytest.fixture(scope="module")
-def export_path(model_dir, tmp_path_factory):
-  return export_model_dir(model_dir, str(tmp_path_factory.mktemp("export")), DECODE,
-                          MAX_INPUT, version=1)
+def export_path(tiny_export):
+  """conftest's shared export: DECODE and MAX_INPUT are its settings."""
+  assert DECODE == DecodeConfig(**TINY_EXPORT_DECODE) and MAX_INPUT == TINY_EXPORT_MAX_INPUT
+  return tiny_export[1]
 
 
 def test_constrain_trees_refuses_a_translation_model(model_dir, tmp_path):
@@ -227,15 +230,14 @@ XLA_ROWS = 8  # the least power of two that holds SENTENCES
 
 @pytest.fixture(scope="module")
 def xla_export_path(model_dir, tmp_path_factory):
-  """Written by the export CLI, as a user would: `--export_jit_compile`."""
+  """Written by the export command, as a user would: `--export_jit_compile` (its
+  `main`, in this process: tests/inprocess.py)."""
   export_dir = str(tmp_path_factory.mktemp("xla_export"))
-  result = subprocess.run(
-      [sys.executable, "-m", "t2t_keras.export", f"--model_dir={model_dir}",
-       f"--export_dir={export_dir}", "--export_version=1", "--export_jit_compile",
-       f"--beam_size={DECODE.beam_size}", f"--alpha={DECODE.alpha}",
-       f"--extra_decode_length={DECODE.extra_decode_length}", "--return_beams",
-       f"--max_input_length={MAX_INPUT}", f"--max_request_rows={XLA_ROWS}"],
-      cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False)
+  result = inprocess.run(
+      "export", f"--model_dir={model_dir}", f"--export_dir={export_dir}",
+      "--export_version=1", "--export_jit_compile", f"--beam_size={DECODE.beam_size}",
+      f"--alpha={DECODE.alpha}", f"--extra_decode_length={DECODE.extra_decode_length}",
+      "--return_beams", f"--max_input_length={MAX_INPUT}", f"--max_request_rows={XLA_ROWS}")
   assert result.returncode == 0, result.stderr[-3000:]
   assert "--xla_cpu_compilation_enabled=true" in result.stdout  # the server command
   return os.path.join(export_dir, "1")

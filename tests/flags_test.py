@@ -2,13 +2,12 @@
 
 import glob
 import os
-import subprocess
-import sys
 
 import pytest
 from absl import flags
 
 from t2t_keras import flags as t2t_flags
+from tests import inprocess
 from tests.conftest import REPO_ROOT
 
 FLAGFILES = sorted(glob.glob(os.path.join(REPO_ROOT, "flags", "*.cfg")))
@@ -117,10 +116,9 @@ def test_inconsistent_flags_are_refused_with_values():
 
 
 def dry_run(*args):
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-  result = subprocess.run(
-      [sys.executable, "-m", "t2t_keras.train", "--dry_run", *args], cwd=REPO_ROOT,
-      env=env, capture_output=True, text=True, timeout=300)
+  """`python -m t2t_keras.train --dry_run ARGS`, its main in this process (the console
+  script test of tests/tools_test.py runs a dry run as a process)."""
+  result = inprocess.run("train", "--dry_run", *args)
   assert result.returncode == 0, result.stderr[-2000:]
   last = result.stdout.strip().splitlines()[-1]
   assert last.startswith("parameters: "), last

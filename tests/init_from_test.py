@@ -4,8 +4,6 @@ under a new vocabulary, shapes checked, and the CLI run on real text."""
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -16,7 +14,7 @@ from t2t_keras import modeldir
 from t2t_keras.errors import CheckpointError, ModelDirError
 from t2t_keras.model import create_model
 from t2t_keras.training import init_from
-from tests.conftest import REPO_ROOT
+from tests import inprocess
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 
@@ -119,15 +117,15 @@ def write_corpus(path, lines, source, target):
 
 
 def train(model_dir, data, *flags):
-  return subprocess.run(
-      [sys.executable, "-m", "t2t_keras.train", "--data_source=files",
-       f"--train_src={data}/train.en", f"--train_tgt={data}/train.de",
-       f"--dev_src={data}/dev.en", f"--dev_tgt={data}/dev.de", "--vocab_size=300",
-       "--hidden_size=32", "--filter_size=64", "--num_heads=2", "--num_hidden_layers=1",
-       "--batch_size=512", "--train_steps=3", "--log_every=1", "--eval_every=1000",
-       "--eval_bleu_sentences=0", "--show_examples=0", "--save_checkpoint_steps=3",
-       f"--model_dir={model_dir}", *flags],
-      cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=600, check=False)
+  """`python -m t2t_keras.train` in this process (tests/inprocess.py)."""
+  args = ["--data_source=files", f"--train_src={data}/train.en",
+          f"--train_tgt={data}/train.de", f"--dev_src={data}/dev.en",
+          f"--dev_tgt={data}/dev.de", "--vocab_size=300", "--hidden_size=32",
+          "--filter_size=64", "--num_heads=2", "--num_hidden_layers=1", "--batch_size=512",
+          "--train_steps=3", "--log_every=1", "--eval_every=1000", "--eval_bleu_sentences=0",
+          "--show_examples=0", "--save_checkpoint_steps=3", f"--model_dir={model_dir}",
+          *flags]
+  return inprocess.run("train", *args)
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import io
+import logging
 import os
 import signal
 import subprocess
@@ -76,6 +77,12 @@ def run(command: str, *args, stdin: Optional[str] = None,
     os.chdir(cwd)
     python_handler = handler.python_handler
     saved_stream, python_handler.stream = python_handler.stream, stderr
+    # app.run puts absl's handler on the root logger (use_absl_handler); pytest's
+    # process has its own, so the command's log lines would not reach its stderr.
+    attached = handler not in logging.root.handlers
+    if attached:
+      logging.root.addHandler(handler)
+    saved_levels = absl_logging.get_absl_logger().level, logging.root.level
     try:
       flags.FLAGS.unparse_flags()
       try:
@@ -84,6 +91,9 @@ def run(command: str, *args, stdin: Optional[str] = None,
         print(f"FATAL Flags parsing error: {error}", file=sys.stderr)
         code = 1
       else:
+        if flags.FLAGS["verbosity"].using_default_value:
+          flags.FLAGS.verbosity = 0  # INFO, as app.run makes it once flags are parsed
+        flags.FLAGS["verbosity"]._update_logging_levels()  # pylint: disable=protected-access
         module.main(remaining)
     except app.UsageError as error:
       print(f"{error}", file=sys.stderr)
@@ -94,6 +104,10 @@ def run(command: str, *args, stdin: Optional[str] = None,
         print(exit_.code, file=sys.stderr)
     finally:
       python_handler.stream = saved_stream
+      if attached:
+        logging.root.removeHandler(handler)
+      absl_logging.get_absl_logger().setLevel(saved_levels[0])
+      logging.root.setLevel(saved_levels[1])
       sys.stdin, sys.argv = old_stdin, saved_argv
       os.chdir(saved_cwd)
       handler.setFormatter(saved_handler[0])

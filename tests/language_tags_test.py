@@ -14,6 +14,7 @@ from t2t_keras import language_tags, translate
 from t2t_keras.configs import DataConfig, DecodeConfig
 from t2t_keras.data import pipeline, sources
 from t2t_keras.errors import DataError
+from tests import inprocess
 from tests.conftest import REPO_ROOT, SessionModel
 
 WORDS_EN = "the a man woman dog cat runs sits on in park street red small".split()
@@ -122,28 +123,26 @@ def test_translate_puts_the_tag_first_and_counts_it(tmp_path):
 def test_train_and_decode_commands_with_target_languages(tmp_path):
   """`python -m t2t_keras.train` on EN->DE and DE->EN tagged, then decode: the model
   answers --target_language=en and de, refuses a language it has no tag for, naming
-  its languages."""
+  its languages. The entry points run in this process (tests/inprocess.py), the
+  CTranslate2 tool as a process."""
   path = _corpus(tmp_path)
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
   model_dir = str(tmp_path / "m")
-  train = subprocess.run(
-      [sys.executable, "-m", "t2t_keras.train", "--data_source=files",
+  train = inprocess.run(
+      "train", "--data_source=files",
        f"--train_src={path}/train.en,{path}/train.de",
        f"--train_tgt={path}/train.de,{path}/train.en", "--target_language_tags=de,en",
        f"--dev_src={path}/dev.en", f"--dev_tgt={path}/dev.de", "--vocab_size=80",
        "--hidden_size=16", "--filter_size=32", "--num_heads=2", "--num_hidden_layers=1",
        "--batch_size=256", "--max_length=32", "--train_steps=3", "--log_every=1",
        "--save_checkpoint_steps=3", "--eval_every=3", "--eval_bleu_sentences=4",
-       "--show_examples=0", f"--model_dir={model_dir}"],
-      cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+       "--show_examples=0", f"--model_dir={model_dir}")
   assert train.returncode == 0, train.stderr[-3000:]
   assert "bleu" in train.stdout + train.stderr  # dev BLEU, decoded with dev's tag
 
   def decode(*extra):
-    return subprocess.run(
-        [sys.executable, "-m", "t2t_keras.decode", f"--model_dir={model_dir}",
-         "--beam_size=1", "--extra_decode_length=3", *extra], input="the dog runs\n",
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    return inprocess.run("decode", f"--model_dir={model_dir}", "--beam_size=1",
+                         "--extra_decode_length=3", *extra, stdin="the dog runs\n")
 
   decoded = {}
   for language in ("en", "de"):
@@ -158,11 +157,10 @@ def test_train_and_decode_commands_with_target_languages(tmp_path):
   (tmp_path / "tgt.txt").write_text(decoded["en"][0] + "\n", encoding="utf-8")
   scores = {}
   for language in ("en", "de"):
-    scored = subprocess.run(
-        [sys.executable, "-m", "t2t_keras.score", f"--model_dir={model_dir}",
-         f"--source_file={tmp_path}/src.txt", f"--target_file={tmp_path}/tgt.txt",
-         f"--target_language={language}"],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    scored = inprocess.run("score", f"--model_dir={model_dir}",
+                           f"--source_file={tmp_path}/src.txt",
+                           f"--target_file={tmp_path}/tgt.txt",
+                           f"--target_language={language}")
     assert scored.returncode == 0, scored.stderr[-3000:]
     scores[language] = float(scored.stdout.split()[0])
   assert scores["en"] != scores["de"]
@@ -174,11 +172,9 @@ def test_train_and_decode_commands_with_target_languages(tmp_path):
   # The export, loaded as TF Serving loads it: translate_to_language per row, as the
   # decode command; serving_default into the default language; unknown ones refused.
   export_dir = str(tmp_path / "export")
-  exported = subprocess.run(
-      [sys.executable, "-m", "t2t_keras.export", f"--model_dir={model_dir}",
-       f"--export_dir={export_dir}", "--export_version=1", "--beam_size=1",
-       "--extra_decode_length=3"],
-      cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+  exported = inprocess.run("export", f"--model_dir={model_dir}",
+                           f"--export_dir={export_dir}", "--export_version=1",
+                           "--beam_size=1", "--extra_decode_length=3")
   assert exported.returncode == 0, exported.stderr[-3000:]
   served = SessionModel(os.path.join(export_dir, "1"))
   out = served.run("translate_to_language", inputs=np.array(["the dog runs"] * 2, object),
@@ -187,11 +183,10 @@ def test_train_and_decode_commands_with_target_languages(tmp_path):
   plain = served.run(inputs=np.array(["the dog runs"], object))
   assert [t.decode() for t in plain["outputs"]] == decoded["de"]
   # --target_language at export: serving_default translates into it.
-  to_english = subprocess.run(
-      [sys.executable, "-m", "t2t_keras.export", f"--model_dir={model_dir}",
-       f"--export_dir={export_dir}", "--export_version=2", "--beam_size=1",
-       "--extra_decode_length=3", "--target_language=en"],
-      cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+  to_english = inprocess.run("export", f"--model_dir={model_dir}",
+                             f"--export_dir={export_dir}", "--export_version=2",
+                             "--beam_size=1", "--extra_decode_length=3",
+                             "--target_language=en")
   assert to_english.returncode == 0, to_english.stderr[-3000:]
   english = SessionModel(os.path.join(export_dir, "2")).run(
       inputs=np.array(["the dog runs"], object))
@@ -203,12 +198,9 @@ def test_train_and_decode_commands_with_target_languages(tmp_path):
                target_language=np.array(["de", "fr"], object))
 
   # CTranslate2: the tag is a source token of its vocabulary (t2t-ct2-translate).
-  pytest.importorskip("ctranslate2")
   ct2_dir = str(tmp_path / "ct2")
-  converted = subprocess.run(
-      [sys.executable, "-m", "t2t_keras.export", f"--model_dir={model_dir}",
-       f"--export_dir={ct2_dir}", "--format=ctranslate2"],
-      cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+  converted = inprocess.run("export", f"--model_dir={model_dir}", f"--export_dir={ct2_dir}",
+                            "--format=ctranslate2")
   assert converted.returncode == 0, converted.stderr[-3000:]
   (tmp_path / "in.txt").write_text("the dog runs\n", encoding="utf-8")
 

@@ -189,26 +189,20 @@ def test_sampling_settings_are_validated():
   assert DecodeConfig(sampling_topp=0.9).sampling and not DecodeConfig().sampling
 
 
-@pytest.mark.slow
 def test_decode_cli_samples_reproducibly_whatever_the_batching(tiny_model_dir, tmp_path):
   """The user's path: `decode --sampling_topk=0 --seed=S` twice with other batch sizes
   (so each sentence meets other batch-mates and padding) gives the same lines; another
   seed gives others; --num_samples=3 writes 3 scored samples per input."""
-  import subprocess  # pylint: disable=import-outside-toplevel
-  import sys  # pylint: disable=import-outside-toplevel
-
-  from tests.conftest import REPO_ROOT  # pylint: disable=import-outside-toplevel
+  from tests import inprocess  # pylint: disable=import-outside-toplevel
   src = tmp_path / "src.txt"
   src.write_text("a man runs in the park\nthe dog plays with a red ball .\nsmall cat\n"
                  "a woman sits on the big street\nthe cat\n", encoding="utf-8")
 
   def decode(name, *args):
     out = tmp_path / name
-    result = subprocess.run(
-        [sys.executable, "-m", "t2t_keras.decode", f"--model_dir={tiny_model_dir}",
-         f"--input_file={src}", f"--output_file={out}", "--extra_decode_length=6",
-         "--sampling_topk=0", *args], cwd=REPO_ROOT, capture_output=True, text=True,
-        timeout=300, check=False)
+    result = inprocess.run("decode", f"--model_dir={tiny_model_dir}", f"--input_file={src}",
+                           f"--output_file={out}", "--extra_decode_length=6",
+                           "--sampling_topk=0", *args)
     assert result.returncode == 0, result.stderr[-3000:]
     return out.read_text(encoding="utf-8")
 

@@ -29,8 +29,7 @@ import tensorflow as tf
 import tensorflow_text  # noqa: F401  pylint: disable=unused-import  (SentencePiece ops)
 
 from t2t_keras.configs import DecodeConfig
-from t2t_keras.export.saved_model import export_model_dir
-from tests.conftest import REPO_ROOT, SessionModel
+from tests.conftest import REPO_ROOT, TINY_EXPORT_DECODE, SessionModel
 
 grpc = pytest.importorskip("grpc")
 pytest.importorskip("tensorflow_serving.apis", reason="pip install -e '.[test]'")
@@ -246,11 +245,11 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
 
 
 @pytest.fixture(scope="module")
-def export_base(tiny_model_dir, tmp_path_factory):
-  """A model base path holding version 1 (TF Serving's layout) of conftest's model."""
-  base = str(tmp_path_factory.mktemp("export"))
-  export_model_dir(tiny_model_dir, base, DECODE, max_input_length=24, version=1)
-  return base
+def export_base(tiny_export):
+  """A model base path holding version 1 (TF Serving's layout) of conftest's model:
+  conftest's shared export, whose settings DECODE repeats."""
+  assert DECODE == DecodeConfig(**TINY_EXPORT_DECODE)
+  return tiny_export[0]
 
 
 @pytest.fixture(scope="module")

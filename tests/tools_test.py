@@ -9,6 +9,7 @@ import numpy as np
 
 from t2t_keras import attention_maps, loading
 from t2t_keras.configs import DecodeConfig
+from tests import inprocess
 from tests.conftest import REPO_ROOT
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
@@ -19,6 +20,12 @@ def run(*args, stdin=None):
                         text=True, cwd=REPO_ROOT, env=ENV, timeout=600, check=False)
 
 
+def decode(*args, stdin=None):
+  """The decode command in this process (tests/inprocess.py); the console-script test
+  below runs it as a process."""
+  return inprocess.run("decode", *args, stdin=stdin)
+
+
 @pytest.mark.slow
 def test_decode_cli_keeps_input_order_and_scores(tiny_model_dir, tmp_path):
   sentences = ["the man runs", "", "a small red dog plays with the big ball in the park",
@@ -26,49 +33,40 @@ def test_decode_cli_keeps_input_order_and_scores(tiny_model_dir, tmp_path):
   source = tmp_path / "src.txt"
   source.write_text("\n".join(sentences) + "\n", encoding="utf-8")
   output = tmp_path / "out.txt"
-  result = run("-m", "t2t_keras.decode", f"--model_dir={tiny_model_dir}",
-               f"--input_file={source}", f"--output_file={output}", "--beam_size=2",
-               "--extra_decode_length=3", "--decode_batch_size=2",
-               f"--reference_file={source}")
+  result = decode(f"--model_dir={tiny_model_dir}", f"--input_file={source}",
+                  f"--output_file={output}", "--beam_size=2", "--extra_decode_length=3",
+                  "--decode_batch_size=2", f"--reference_file={source}")
   assert result.returncode == 0, result.stderr[-3000:]
   lines = output.read_text(encoding="utf-8").split("\n")[:-1]
   assert len(lines) == len(sentences)
   assert "decoded 5/5 sentences" in result.stderr and "sentences/s" in result.stderr
   assert "BLEU" in result.stderr and "chrF" in result.stderr
-  # XLA decoding (padded batches, compiled per width bucket) writes the same lines.
-  xla_output = tmp_path / "xla.txt"
-  result = run("-m", "t2t_keras.decode", f"--model_dir={tiny_model_dir}",
-               f"--input_file={source}", f"--output_file={xla_output}", "--beam_size=2",
-               "--extra_decode_length=3", "--decode_batch_size=2", "--decode_jit_compile")
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert xla_output.read_text(encoding="utf-8") == output.read_text(encoding="utf-8")
+  # (XLA decoding through the command: decoding_test's command test.)
   # A line equals decoding that sentence alone through stdin (the empty one and the
   # longest: both were batched with others above).
   for sentence, line in list(zip(sentences, lines))[1:3]:
-    alone = run("-m", "t2t_keras.decode", f"--model_dir={tiny_model_dir}", "--beam_size=2",
-                "--extra_decode_length=3", stdin=sentence + "\n")
+    alone = decode(f"--model_dir={tiny_model_dir}", "--beam_size=2",
+                   "--extra_decode_length=3", stdin=sentence + "\n")
     assert alone.returncode == 0, alone.stderr[-2000:]
     assert alone.stdout == line + "\n"
 
 
-@pytest.mark.slow
 def test_decode_cli_errors_are_clear(tiny_model_dir, tmp_path):
   bad = tmp_path / "bad.txt"
   bad.write_bytes(b"fine\n\xff\xfe broken\n")
-  result = run("-m", "t2t_keras.decode", f"--model_dir={tiny_model_dir}",
-               f"--input_file={bad}")
+  result = decode(f"--model_dir={tiny_model_dir}", f"--input_file={bad}")
   assert result.returncode == 1
   assert f"{bad} line 2 is not valid UTF-8" in result.stderr
   assert "Traceback" not in result.stderr
-  result = run("-m", "t2t_keras.decode", f"--model_dir={tmp_path}", f"--input_file={bad}")
+  result = decode(f"--model_dir={tmp_path}", f"--input_file={bad}")
   assert result.returncode == 1 and "config.json not found" in result.stderr
   good = tmp_path / "good.txt"
   good.write_text("the man runs\n")
-  result = run("-m", "t2t_keras.decode", f"--model_dir={tiny_model_dir}",
-               "--average_last_n=3", f"--input_file={good}")
+  result = decode(f"--model_dir={tiny_model_dir}", "--average_last_n=3",
+                  f"--input_file={good}")
   assert result.returncode == 1 and "holds 1 checkpoint" in result.stderr
-  result = run("-m", "t2t_keras.decode", f"--model_dir={tiny_model_dir}",
-               "--constrain_trees", f"--input_file={good}")
+  result = decode(f"--model_dir={tiny_model_dir}", "--constrain_trees",
+                  f"--input_file={good}")
   assert result.returncode == 1 and "--constrain_trees" in result.stderr
   assert "needs a parsing model" in result.stderr and "Traceback" not in result.stderr
 

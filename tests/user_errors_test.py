@@ -10,8 +10,6 @@ import ast
 import glob
 import os
 import re
-import subprocess
-import sys
 
 import keras
 import pytest
@@ -24,6 +22,7 @@ from t2t_keras.configs import DecodeConfig, ModelConfig
 from t2t_keras.data import sources
 from t2t_keras.data import tokenizer as tokenizer_lib
 from t2t_keras.model import create_model
+from tests import inprocess
 from tests.conftest import REPO_ROOT
 
 # Flags of other programs that the documents and messages name on purpose.
@@ -155,13 +154,11 @@ def test_dry_run_reads_only_model_flags():
 
 
 def _run(module, *args):
-  """`python -m t2t_keras.<module> ARGS` from the repository root, as a user runs it."""
-  return subprocess.run([sys.executable, "-m", f"t2t_keras.{module}", *map(str, args)],
-                        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
-                        check=False)
+  """`python -m t2t_keras.<module> ARGS` from the repository root, in this process
+  (tests/inprocess.py: the messages and exit codes are the command's `main`'s)."""
+  return inprocess.run(module, *args)
 
 
-@pytest.mark.slow
 def test_train_cli_refuses_ignored_files(tmp_path):
   result = _run("train", "--flagfile=flags/tiny.cfg", f"--model_dir={tmp_path / 'm'}",
                 "--train_src=x.en", "--train_tgt=x.de")
@@ -171,7 +168,6 @@ def test_train_cli_refuses_ignored_files(tmp_path):
   assert not (tmp_path / "m").exists()
 
 
-@pytest.mark.slow
 def test_source_pointer_without_copied_words_is_refused(tmp_path):
   result = _run("train", "--data_source=parsing", "--parsing_linearization=tags",
                 "--train_src=train.mrg", "--source_pointer",
@@ -197,7 +193,6 @@ def _decode(model_dir, *args, flagfile=None, tmp_path=None):
               "--beam_size=1", "--extra_decode_length=2", *args)
 
 
-@pytest.mark.slow
 def test_decode_refuses_model_flags_that_disagree(tiny_model_dir, tmp_path):
   saved = modeldir.load_model_config(tiny_model_dir)
   result = _decode(tiny_model_dir, "--hidden_size=64", "--nopre_norm",
@@ -247,7 +242,6 @@ def test_checkpoint_of_another_model_is_refused(tiny_model_dir, tmp_path, change
   assert loading.load(tiny_model_dir).checkpoints[0].endswith("ckpt-7")
 
 
-@pytest.mark.slow
 def test_vocabulary_smaller_than_the_characters_names_the_flag(tmp_path):
   src, tgt = tmp_path / "train.en", tmp_path / "train.de"
   src.write_text("".join(f"the quick brown fox jumps {i}\n" for i in range(50)),
@@ -272,7 +266,6 @@ def test_vocabulary_smaller_than_the_characters_names_the_flag(tmp_path):
     tokenizer_lib.train_sentencepiece(sentences, str(tmp_path / "no.model"), minimum - 1)
 
 
-@pytest.mark.slow
 def test_export_refuses_model_flags_that_disagree(tiny_model_dir, tmp_path):
   result = _run("export", f"--model_dir={tiny_model_dir}",
                 f"--export_dir={tmp_path / 'export'}", "--num_heads=8", "--max_length=50")
