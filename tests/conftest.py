@@ -4,6 +4,12 @@ import os
 import shutil
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# README's command runs two xdist workers on a 2-core host. TensorFlow gives every
+# process a thread per core for each op, and idle Eigen threads spin before they
+# sleep: two workers (and the commands they start, which inherit this) would each
+# claim both cores. One thread per op each keeps them from slowing each other down.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+  os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 
 import pytest  # noqa: E402
 

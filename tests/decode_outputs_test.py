@@ -5,6 +5,7 @@ one line how many inputs --max_input_length cut."""
 import os
 import subprocess
 import sys
+import uuid
 
 import pytest
 import tensorflow as tf
@@ -137,14 +138,19 @@ def test_target_prefix_file_starts_each_translation_and_must_be_line_aligned(
 
 @pytest.mark.parametrize("where", ["local", "ram"])
 def test_an_interrupted_command_leaves_no_file_under_the_final_name(tmp_path, where):
-  directory = str(tmp_path) if where == "local" else "ram://outputs_test"
+  if where == "local":
+    directory = str(tmp_path)
+  else:  # an empty directory of its own: ram:// is one filesystem for the whole process
+    directory = f"ram://outputs_test_{uuid.uuid4().hex}"
+    tf.io.gfile.makedirs(directory)
+  assert tf.io.gfile.listdir(directory) == []
   final = os.path.join(directory, "out.txt")
   with pytest.raises(KeyboardInterrupt):
     with outputs.PendingOutputs() as pending:
       pending.open(final).write("half of the translations\n")
       raise KeyboardInterrupt  # killed before the end
   assert not tf.io.gfile.exists(final)
-  assert tf.io.gfile.listdir(directory) == [] if where == "local" else True
+  assert tf.io.gfile.listdir(directory) == []  # the temporary is gone too
   with outputs.PendingOutputs() as pending:
     pending.open(final).write("all of them\n")
     assert not tf.io.gfile.exists(final)  # nothing under the final name until the end

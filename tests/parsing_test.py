@@ -489,6 +489,31 @@ def test_parsing_source_builds_datasets(ptb, tmp_path):
                              data_dir=str(tmp_path / "bad")))
 
 
+def is_tree_for(hypothesis, num_words):
+  """Whether a decoder output in the "words" linearization (`(S (NP Ms. NNP ) . . )`)
+  is already a tree over `num_words` words, decided apart from parsing.rebuild: written
+  as Penn Treebank brackets (each word and tag pair a leaf, `(NNP Ms.)`), it must read
+  as one tree (parsing.parse_trees: balanced, no empty bracket), not a bare leaf, with
+  one leaf per word."""
+  brackets, word = [], None
+  for token in re.findall(r"\([^\s()]*|\)[^\s()]*|[^\s()]+", hypothesis):
+    if token[0] in "()":
+      if word is not None or token == "(":  # an untagged word; a bracket without label
+        return False
+      brackets.append(token if token[0] == "(" else ")")  # ")NP" closes as ")"
+    elif word is None:
+      word = token
+    else:
+      brackets.append(f"({token} {word})")
+      word = None
+  try:
+    trees = parsing.parse_trees(" ".join(brackets))
+  except TreeError:
+    return False
+  return (word is None and len(trees) == 1 and not trees[0][1].is_preterminal
+          and len(trees[0][1].leaves()) == num_words)
+
+
 @pytest.mark.slow
 def test_parsing_recipe_trains_decodes_and_scores(ptb, tmp_path):
   """A few steps of flags/parsing_ptb_sample.cfg (the "words" linearization, decoding
@@ -525,7 +550,11 @@ def test_parsing_recipe_trains_decodes_and_scores(ptb, tmp_path):
   assert scored.returncode == 0, scored.stderr[-2000:]
   assert scored.stdout.splitlines()[1] == "sentences: 3, all scored"
   repaired = int(re.search(r"repaired: (\d+) of 3", scored.stdout).group(1))
-  assert 0 <= repaired <= 3  # an untrained model's output, repaired where needed
+  # An untrained model's output, repaired where it is not a tree for its words: as
+  # many as are not, counted here independently.
+  invalid = [not is_tree_for(h, len(s.split()))
+             for h, (s, _) in zip(hyps.read_text().splitlines(), pairs)]
+  assert repaired == sum(invalid), (scored.stdout, hyps.read_text())
 
   # The same untrained model, decoding constrained to trees as the recipe says (even
   # at a tight length): nothing left to repair, each word then its tag.
@@ -542,6 +571,7 @@ def test_parsing_recipe_trains_decodes_and_scores(ptb, tmp_path):
   decoded_trees = hyps.read_text().splitlines()
   for (sentence, _), output in zip(pairs, decoded_trees):
     assert_copies_words(output, sentence.split())
+    assert is_tree_for(output, len(sentence.split())), output
 
   # The recipe's export carries the constraint: a served parser returns valid trees,
   # the same as the decode CLI's (same beam, same length).

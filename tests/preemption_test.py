@@ -12,7 +12,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ import tensorflow as tf
 
 from tests.conftest import REPO_ROOT
 
-STEPS = 400
+STEPS = 200  # the signals land at steps 120 and 170 (SIGNAL_AT)
 FLAGS = ["--flagfile=flags/tiny.cfg", "--layer_prepostprocess_dropout=0.2",
          "--attention_dropout=0.1", "--deterministic", f"--train_steps={STEPS}",
          "--save_checkpoint_steps=50", "--log_every=50", "--eval_every=100000",
@@ -45,21 +44,58 @@ def latest_step(model_dir):
   return int(path.rsplit("-", 1)[1]) if path else 0
 
 
-def start_and_signal(model_dir, signum, after_step=100):
-  """Starts training, sends `signum` once the latest checkpoint (as the `checkpoint`
-  state file names it, which is written after the checkpoint's own files) is at
-  `after_step` or later; returns (exit code, stdout, stderr)."""
-  process = subprocess.Popen(command(model_dir), cwd=REPO_ROOT, env=ENV, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-  deadline = time.time() + 300
-  while latest_step(model_dir) < after_step:
-    assert process.poll() is None, "training ended before it could be interrupted: " + (
-        process.stderr.read()[-2000:])
-    assert time.time() < deadline, "no checkpoint within 300 s"
-    time.sleep(0.02)
-  process.send_signal(signum)
-  stdout, stderr = process.communicate(timeout=300)
-  return process.returncode, stdout, stderr
+# The training process signals itself right after the host call that reaches step
+# $SIGNAL_AT ("step:signal number"), so the signal lands at that step however loaded
+# the host (a parent polling for a checkpoint could send it hundreds of steps late):
+# loaded through PYTHONPATH's sitecustomize, which wraps Trainer._run once the trainer
+# module is imported, so the command stays `python -m t2t_keras.train`.
+SIGNAL_AT = """
+import importlib.abc, importlib.util, os, signal, sys
+
+_AT, _SIGNUM = map(int, os.environ["SIGNAL_AT"].split(":"))
+
+
+class _SignalAtStep(importlib.abc.MetaPathFinder):
+  def find_spec(self, name, path, target=None):
+    if name != "t2t_keras.training.trainer":
+      return None
+    sys.meta_path.remove(self)
+    spec = importlib.util.find_spec(name)
+    load = spec.loader.exec_module
+
+    def exec_module(module):
+      load(module)
+      run, sent = module.Trainer._run, []
+
+      def _run(self, batches, step):
+        sums, step = run(self, batches, step)
+        if step >= _AT and not sent:
+          sent.append(step)
+          print(f"sitecustomize: {signal.Signals(_SIGNUM).name} at step {step}",
+                file=sys.stderr, flush=True)
+          os.kill(os.getpid(), _SIGNUM)
+        return sums, step
+
+      module.Trainer._run = _run
+    spec.loader.exec_module = exec_module
+    return spec
+
+
+sys.meta_path.insert(0, _SignalAtStep())
+"""
+
+
+def start_and_signal(model_dir, signum, at_step, hook_dir):
+  """Trains until the process sends itself `signum` right after step `at_step`
+  (SIGNAL_AT, from `hook_dir`); returns (exit code, stdout, stderr)."""
+  (hook_dir / "sitecustomize.py").write_text(SIGNAL_AT)
+  env = dict(ENV, SIGNAL_AT=f"{at_step}:{int(signum)}", PYTHONPATH=os.pathsep.join(
+      [str(hook_dir)] + [p for p in [ENV.get("PYTHONPATH")] if p]))
+  result = subprocess.run(command(model_dir), cwd=REPO_ROOT, env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
+  sent = f"sitecustomize: {signal.Signals(signum).name} at step {at_step}\n"
+  assert sent in result.stderr, result.stdout[-2000:] + result.stderr[-3000:]
+  return result.returncode, result.stdout, result.stderr
 
 
 def state_of(model_dir):
@@ -90,12 +126,11 @@ def straight(tmp_path_factory):
 
 @pytest.mark.slow
 def test_sigkill_then_resume_is_bitwise_identical(tmp_path, straight):
-  code, _, _ = start_and_signal(str(tmp_path / "killed"), signal.SIGKILL)
+  code, _, _ = start_and_signal(str(tmp_path / "killed"), signal.SIGKILL, 120, tmp_path)
   assert code == -signal.SIGKILL
-  interrupted_at = latest_step(tmp_path / "killed")
-  assert 100 <= interrupted_at < STEPS
+  assert latest_step(tmp_path / "killed") == 100  # killed 20 steps after it
   out = run_to_end(tmp_path / "killed")
-  assert "resumed from" in out and f"at step {interrupted_at}" in out
+  assert re.search(r"resumed from \S+ at step 100\b", out), out[-2000:]
   assert_bitwise_equal(straight, state_of(tmp_path / "killed"))
 
 
@@ -106,19 +141,19 @@ def test_sigterm_and_ctrl_c_save_exit_42_and_resume(tmp_path, straight):
   traceback and up to --save_checkpoint_steps steps lost); the run resumed twice ends
   bitwise equal to the uninterrupted one."""
   model_dir = tmp_path / "term"
-  step = 0
-  for signum, name in ((signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "SIGINT")):
-    code, stdout, stderr = start_and_signal(str(model_dir), signum,
-                                            after_step=max(100, step + 1))
+  before = 0
+  # Between the every-50-steps checkpoints, so that only the signal saves there.
+  for signum, name, step in ((signal.SIGTERM, "SIGTERM", 120),
+                             (signal.SIGINT, "SIGINT", 170)):
+    code, stdout, stderr = start_and_signal(str(model_dir), signum, step, tmp_path)
     assert code == 42, stdout[-2000:] + stderr[-2000:]
-    if step:  # resumed where the signal left it
-      assert re.search(rf"resumed from \S+ at step {step}\b", stdout), stdout[-2000:]
-    said = f"{name} received: saving a checkpoint at step "
+    if before:  # resumed where the signal left it
+      assert re.search(rf"resumed from \S+ at step {before}\b", stdout), stdout[-2000:]
+    said = f"{name} received: saving a checkpoint at step {step} "
     assert said in stdout, stdout[-2000:]
-    step, before = int(stdout.split(said)[1].split()[0]), step
-    assert max(100, before + 1) <= step < STEPS - 100
     assert tf.train.latest_checkpoint(str(model_dir)).endswith(f"ckpt-{step}")
     assert "Traceback" not in stderr
+    before = step
   out = run_to_end(model_dir)
-  assert f"at step {step}" in out
+  assert re.search(rf"resumed from \S+ at step {before}\b", out), out[-2000:]
   assert_bitwise_equal(straight, state_of(model_dir))

@@ -10,6 +10,8 @@ import sys
 import threading
 import time
 
+import sacrebleu
+
 from tests.conftest import REPO_ROOT
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
@@ -24,21 +26,31 @@ def run(*args):
 def test_recipe_trains_decodes_scores_and_plots(tmp_path):
   src, ref = tmp_path / "test.src", tmp_path / "test.ref"
   src.write_text("5 6 7\n4 4 9 8\n")
-  ref.write_text("5 6 7\n4 4 9 8\n")
+  ref.write_text("5 6 7 7\n4 4 9 8\n")  # not the source: BLEU must read the references
   model_dir = tmp_path / "run"
+  # --min_decode_length=4: the 40-step model's outputs have 4-grams, so its BLEU is
+  # above 0 (sacreBLEU's smoothing) whatever it learned, and a score that is not
+  # computed from test.hyp and test.ref shows.
   result = run("tools/run_recipe.py", "--recipe=flags/tiny.cfg", f"--model_dir={model_dir}",
                f"--test_src={src}", f"--test_ref={ref}", "--train_minutes=5",
                "--average_last_n=2", "--", "--train_steps=40", "--eval_every=20",
-               "--save_checkpoint_steps=20", "--show_examples=0")
+               "--save_checkpoint_steps=20", "--show_examples=0", "--min_decode_length=4")
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   results = json.loads((model_dir / "results.json").read_text())
   assert results["steps"] == 40
   assert 0 < results["train_minutes"] < 5
   assert results["bleu_signature"].startswith("nrefs:1|case:mixed")
-  assert 0.0 <= results["bleu"] <= 100.0
   hyps = (model_dir / "test.hyp").read_text().splitlines()
-  assert len(hyps) == 2
-  assert "sacreBLEU" in result.stdout and "results.json" in result.stdout
+  assert len(hyps) == 2 and all(len(h.split()) >= 4 for h in hyps), hyps
+  # The reported scores are sacreBLEU's of the files, recomputed here independently.
+  refs = ref.read_text().splitlines()
+  bleu = sacrebleu.corpus_bleu(hyps, [refs]).score
+  assert bleu > 0.0
+  assert results["bleu"] == pytest.approx(bleu, abs=1e-9), (results["bleu"], bleu, hyps)
+  assert results["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs]).score,
+                                          abs=1e-9)
+  assert f"sacreBLEU {bleu:.2f} (nrefs:1|case:mixed" in result.stdout
+  assert "results.json" in result.stdout
   assert "--average_last_n=2" in results["commands"][1]
 
   picture = tmp_path / "curve.png"

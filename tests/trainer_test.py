@@ -334,24 +334,47 @@ def test_xla_static_shapes_trace_once_per_bucket_shape_at_most(tmp_path):
   assert steps // config.steps_per_loop > len(shapes)
 
 
+def train_8_steps(model_dir, dtype):
+  """(trainer, trainable weights before, after, final loss) of 8 steps in `dtype`."""
+  keras.utils.set_random_seed(0)
+  config = TrainConfig(model_dir=model_dir, train_steps=8, log_every=8, eval_every=100,
+                       save_checkpoint_steps=8, learning_rate_warmup_steps=4)
+  trainer = Trainer(dataclasses.replace(MODEL, dtype=dtype), config)
+  before = [w.numpy().copy() for w in trainer.model.trainable_weights]
+  result = trainer.train(make_dataset_fn(), progress=lambda line: None)
+  after = [w.numpy().copy() for w in trainer.model.trainable_weights]
+  return trainer, before, after, result.final_loss
+
+
+@pytest.fixture(scope="module")
+def float32_8_steps(tmp_path_factory):
+  """The float32 run both mixed-precision runs are compared with (trained once)."""
+  return train_8_steps(str(tmp_path_factory.mktemp("float32")), "float32")[1:]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["bfloat16", "mixed_float16"])
-def test_mixed_precision_trains_with_float32_variables(tmp_path, dtype):
+def test_mixed_precision_trains_with_float32_variables(tmp_path, dtype, float32_8_steps):
   """bfloat16 and float16 (with loss scaling) runs learn like float32 and keep float32
-  variables."""
-  finals = {}
-  for name in ("float32", dtype):
-    keras.utils.set_random_seed(0)
-    config = TrainConfig(model_dir=str(tmp_path / name), train_steps=8, log_every=8,
-                         eval_every=100, save_checkpoint_steps=8,
-                         learning_rate_warmup_steps=4)
-    trainer = Trainer(dataclasses.replace(MODEL, dtype=name), config)
-    finals[name] = trainer.train(make_dataset_fn(), progress=lambda line: None).final_loss
-    assert all(w.dtype == "float32" for w in trainer.model.trainable_weights)
+  variables: from the same start, their 8 steps move the weights as float32's do, up
+  to rounding."""
+  start, end, loss = float32_8_steps
+  trainer, before, after, mixed_loss = train_8_steps(str(tmp_path / dtype), dtype)
+  assert all(w.dtype == "float32" for w in trainer.model.trainable_weights)
   if dtype == "mixed_float16":
     assert isinstance(trainer.optimizer, keras.optimizers.LossScaleOptimizer)
-  assert np.isfinite(finals[dtype])
-  assert finals[dtype] == pytest.approx(finals["float32"], rel=0.05)
+  assert np.isfinite(mixed_loss)
+  assert mixed_loss == pytest.approx(loss, rel=0.05)
+  for a, b in zip(start, before):  # the same initial weights
+    np.testing.assert_array_equal(a, b)
+  flat = lambda weights: np.concatenate([w.ravel() for w in weights])
+  moved = np.linalg.norm(flat(end) - flat(start))  # float32's 8 updates
+  moved_mixed = np.linalg.norm(flat(after) - flat(before))
+  apart = np.linalg.norm(flat(after) - flat(end))  # where the two runs ended
+  # Measured: 0.15 (bfloat16) and 0.12 (float16) of float32's move; a run that
+  # skipped its updates, or made them at half the learning rate, ends 0.5-1.0 apart.
+  assert moved > 1.0 and apart < 0.3 * moved, (moved, moved_mixed, apart)
+  assert moved_mixed == pytest.approx(moved, rel=0.1), (moved, moved_mixed, apart)
 
 
 FP16 = dataclasses.replace(MODEL, dtype="mixed_float16")
@@ -639,16 +662,26 @@ def test_dev_bleu_reads_the_dev_pairs_of_any_source(monkeypatch):
   from t2t_keras.configs import DataConfig, DecodeConfig  # pylint: disable=import-outside-toplevel
   from t2t_keras.data import sources, tokenizer  # pylint: disable=import-outside-toplevel
   from t2t_keras.model import create_model  # pylint: disable=import-outside-toplevel
+  import sacrebleu  # pylint: disable=import-outside-toplevel
+  from t2t_keras import metrics  # pylint: disable=import-outside-toplevel
   data = DataConfig(synthetic_task="copy", synthetic_vocab_size=8, synthetic_eval_size=6)
   source = sources.data_source(data)
+  keras.utils.set_random_seed(1)  # an untrained model whose outputs score above 0 BLEU
   model = create_model(dataclasses.replace(MODEL, vocab_size=source.vocab_size))
-  hook = train.dev_bleu_hook(model, tokenizer.IntegerTokenizer(source.vocab_size), data,
-                             DecodeConfig(beam_size=1, extra_decode_length=2), 4)
-  from t2t_keras import metrics  # pylint: disable=import-outside-toplevel
+  integers = tokenizer.IntegerTokenizer(source.vocab_size)
+  config = DecodeConfig(beam_size=1, extra_decode_length=2)
+  hook = train.dev_bleu_hook(model, integers, data, config, 4)
   calls, real = [], metrics.bleu_report
   monkeypatch.setattr(metrics, "bleu_report",
                       lambda hyps, refs: calls.append((hyps, refs)) or real(hyps, refs))
   result = hook(0)
   (hypotheses, references), = calls
-  assert references == [source.dev_pairs(4)[1]] and len(hypotheses) == 4
-  assert 0.0 <= result["bleu"] <= 100.0
+  dev_sources, dev_references = source.dev_pairs(4)
+  assert references == [dev_references] and len(hypotheses) == 4
+  assert hypotheses != dev_sources  # the untrained model's outputs, not its inputs
+  # The hook returns sacreBLEU of its hypotheses, recomputed here: above 0, so that a
+  # score not computed from them shows (another seed if a new Keras initialises
+  # otherwise and this model's outputs share no word with the references).
+  bleu = sacrebleu.corpus_bleu(hypotheses, [dev_references]).score
+  assert bleu > 0.0, (hypotheses, dev_references)
+  assert result == pytest.approx({"bleu": bleu}, abs=1e-9), (result, bleu, hypotheses)
