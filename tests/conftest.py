@@ -68,10 +68,30 @@ def pytest_make_collect_report(collector):
 
 
 # The quick lane (`-m "not slow"`) is for the inner loop: a test that is not marked
-# slow may not start a process, nor train more than one run of QUICK_TRAIN_STEPS steps
-# (its fixtures included). Checked at run time, so the marks follow a rule rather than
-# one host's durations.
+# slow may not start a Python process (an interpreter or a console script: 1-8 s each
+# before any work, most of it importing TensorFlow), nor train more than one run of
+# QUICK_TRAIN_STEPS steps (its fixtures included). Checked at run time, so the marks
+# follow a rule rather than one host's durations.
 QUICK_TRAIN_STEPS = 10
+
+
+def _is_python(args) -> bool:
+  """Whether a Popen command line starts Python (directly or through a script whose
+  #! line names it)."""
+  import sys  # pylint: disable=import-outside-toplevel
+  if isinstance(args, (str, bytes, os.PathLike)):
+    program = os.fsdecode(args).split()[0]  # a shell line or a bare program
+  else:
+    program = os.fsdecode(args[0])
+  if os.path.basename(program).startswith("python") or program == sys.executable:
+    return True
+  path = program if os.sep in program else shutil.which(program)
+  try:
+    with open(path, "rb") as f:
+      first = f.readline(200)
+  except (OSError, TypeError):
+    return False
+  return first.startswith(b"#!") and b"python" in first
 
 
 class _QuickLaneGuard:
@@ -87,7 +107,8 @@ class _QuickLaneGuard:
     guard, popen_init, train = self, subprocess.Popen.__init__, trainer_lib.Trainer.train
 
     def counting_popen_init(popen, args, *rest, **kwargs):
-      guard.processes.append(args)
+      if _is_python(args):
+        guard.processes.append(args)
       popen_init(popen, args, *rest, **kwargs)
 
     def counting_train(trainer, *args, **kwargs):
@@ -99,7 +120,8 @@ class _QuickLaneGuard:
   def problems(self):
     out = []
     if self.processes:
-      out.append(f"started {len(self.processes)} process(es), the first {self.processes[0]!r}")
+      out.append(f"started {len(self.processes)} Python process(es), the first "
+                 f"{self.processes[0]!r}")
     if len(self.trainings) > 1 or any(s is None or s > QUICK_TRAIN_STEPS
                                       for s in self.trainings):
       out.append(f"trained {len(self.trainings)} run(s) of {self.trainings} steps "

@@ -38,6 +38,7 @@ def run(*args):
                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
 
 
+@pytest.mark.slow
 def test_limits_are_the_decoders_per_sentence_and_cuts_are_reported(ct2_dir, tmp_path):
   source = tmp_path / "in.txt"
   source.write_text("".join(s + "\n" for s in SENTENCES), encoding="utf-8")

@@ -90,6 +90,7 @@ def test_training_batches_come_from_a_worker_without_python(corpus, service, sta
   assert len(local) == 12 and remote == local
 
 
+@pytest.mark.slow
 def test_eval_batches_come_from_a_worker_without_python(corpus, service):
   _, data = corpus
   local = _batches(data.eval_fn())

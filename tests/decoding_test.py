@@ -658,6 +658,7 @@ def test_translate_with_target_prefixes_keeps_them_per_sentence(model):
     translate.translate(model, tokenizer, sentences, config, target_prefixes=["", ""])
 
 
+@pytest.mark.slow
 def test_importing_the_decode_command_leaves_tensorflows_runtime_unstarted():
   """The decode command sets threads per op (--decode_parallel_batches) once its flags
   are read, which TensorFlow allows only before its runtime starts: no module of the
@@ -673,6 +674,7 @@ def test_importing_the_decode_command_leaves_tensorflows_runtime_unstarted():
   assert result.returncode == 0 and "unstarted" in result.stdout, result.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_parallel_batches_are_capped_by_the_input_and_one_with_alignments():
   """In a fresh process (the decode command's flags are its own): any value is capped
   at the input's batches; the default is 1 with --output_alignments, and otherwise one

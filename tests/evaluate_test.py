@@ -1,13 +1,11 @@
 """BLEU/chrF through sacreBLEU, and the evaluate CLI's output and errors."""
 
-import subprocess
-import sys
 
 import pytest
 import sacrebleu
 
 from t2t_keras import metrics
-from tests.conftest import REPO_ROOT
+from tests import inprocess
 
 REFS = ["A man is riding a bike .", "Two dogs play in the snow .", "The girl smiles ."]
 HYPS = ["a man is riding a bike .", "Two dogs are playing in snow .", "The girl smiles"]
@@ -59,9 +57,9 @@ def test_misaligned_references_are_refused():
 
 
 def evaluate(*args):
-  return subprocess.run([sys.executable, "-m", "t2t_keras.evaluate", *args],
-                        capture_output=True, text=True, cwd=REPO_ROOT, timeout=300,
-                        check=False)
+  """`python -m t2t_keras.evaluate ARGS`, its main in this process (tests/inprocess.py;
+  tests/parsing_test.py's recipe test starts it as a process)."""
+  return inprocess.run("evaluate", *args)
 
 
 def write(path, lines):

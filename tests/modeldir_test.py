@@ -1,5 +1,6 @@
 """The model directory's own files: flags.txt on any filesystem, the batch plan's key."""
 
+import pytest
 import tensorflow as tf
 
 from t2t_keras import checkpoints, modeldir
@@ -36,6 +37,7 @@ def test_a_changed_batch_plan_is_said_at_restart(tmp_path):
   assert modeldir.check_plan(model_dir, key) is None
 
 
+@pytest.mark.slow
 def test_checkpoint_state_outside_the_directory_is_refused(tmp_path):
   """A downloaded model directory whose `checkpoint` file names ../ or absolute paths:
   decoding would read them and a resumed training would delete them when rotating."""

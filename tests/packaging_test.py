@@ -138,6 +138,7 @@ def _source_copy(destination):
       shutil.copy2(os.path.join(REPO_ROOT, name), os.path.join(destination, name))
 
 
+@pytest.mark.slow
 def test_wheel_carries_the_tools_commands_and_license(tmp_path):
   source, wheels = tmp_path / "src", tmp_path / "wheels"
   _source_copy(source)

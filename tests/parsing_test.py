@@ -14,6 +14,7 @@ from t2t_keras.parsing import evalb
 from t2t_keras.configs import DataConfig
 from t2t_keras.data import DataError, make_datasets
 from t2t_keras.parsing import Tree, TreeError
+from tests import inprocess
 from tests.conftest import REPO_ROOT, SessionModel
 
 SPLITS = ("train", "dev", "test")
@@ -404,7 +405,11 @@ def test_self_f1_is_100_and_edits_lower_it(ptb):
 # ------------------------------------------------------------------- evaluate CLI
 
 
-def evaluate(*args):
+def evaluate(*args, process=False):
+  """`python -m t2t_keras.evaluate --task=parsing ARGS`: its main in this process
+  (tests/inprocess.py), or with `process` a process as a user starts it."""
+  if not process:
+    return inprocess.run("evaluate", "--task=parsing", *args)
   return subprocess.run([sys.executable, "-m", "t2t_keras.evaluate", "--task=parsing",
                          *args], capture_output=True, text=True, cwd=REPO_ROOT,
                         timeout=300, check=False)
@@ -546,7 +551,8 @@ def test_parsing_recipe_trains_decodes_and_scores(ptb, tmp_path):
   assert len(hyps.read_text().splitlines()) == 3
   gold = tmp_path / "test3.mrg"
   gold.write_text("".join(line + "\n" for line in text.splitlines()[:3]))
-  scored = evaluate(f"--hypotheses={hyps}", f"--references={gold}", f"--sources={sources}")
+  scored = evaluate(f"--hypotheses={hyps}", f"--references={gold}", f"--sources={sources}",
+                    process=True)
   assert scored.returncode == 0, scored.stderr[-2000:]
   assert scored.stdout.splitlines()[1] == "sentences: 3, all scored"
   repaired = int(re.search(r"repaired: (\d+) of 3", scored.stdout).group(1))

@@ -193,6 +193,7 @@ def start_driver(tmp_path):
   return process, lines, child
 
 
+@pytest.mark.slow
 def test_ctrl_c_is_passed_on_once_and_a_second_one_kills(tmp_path):
   """A terminal's Ctrl-C goes to the whole foreground process group: the command, in
   its own session, gets it once (from run_recipe), not twice; a second Ctrl-C kills it
@@ -215,6 +216,7 @@ def test_ctrl_c_is_passed_on_once_and_a_second_one_kills(tmp_path):
   assert not os.path.exists(f"/proc/{child}")
 
 
+@pytest.mark.slow
 def test_sigterm_is_passed_on_and_the_commands_code_returned(tmp_path):
   process, lines, child = start_driver(tmp_path)
   try:

@@ -382,6 +382,7 @@ def test_wrong_model_name_is_a_clear_error(protocol, rest_server, grpc_server):
   assert ("HTTP 404" if protocol == "rest" else "NOT_FOUND") in last
 
 
+@pytest.mark.slow
 def test_wrong_signature_is_a_clear_error(rest_server):
   result = query("--protocol=rest", f"--server={rest_server}", "--signature_name=nosuch",
                  "a dog")
@@ -417,6 +418,7 @@ class FakeReplyHandler(http.server.BaseHTTPRequestHandler):
     ({"predictions": [{"outputs": "x" * 3000, "scores": 1.0}]}, ["--max_reply_bytes=2000"],
      "sent a reply of more than --max_reply_bytes=2000 bytes"),
 ], ids=["text_score", "null_score", "list_output", "too_long"])
+@pytest.mark.slow
 def test_odd_replies_are_clear_errors(reply, args, message):
   httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeReplyHandler)
   httpd.reply = json.dumps(reply).encode()
