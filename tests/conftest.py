@@ -17,13 +17,14 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATA = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
 
 
-# The files that took longest in a full run (seconds on 2 cores, 2026-11-26). README's
-# test command runs the files on 2 processes (pytest-xdist, --dist loadfile), which
-# take them in collection order: these go first, so that the two processes finish
-# together instead of one starting the README demo (8 min) when the other is done.
-LONGEST_FILES = ("trainer_test.py", "readme_test.py", "pipeline_test.py", "parsing_test.py",
-                 "preemption_test.py", "decoding_test.py", "multi_worker_test.py",
-                 "scoring_test.py", "remote_fs_test.py", "export_test.py")
+# The files that took longest in a full run. README's test command runs the files on 2
+# processes (pytest-xdist, --dist loadfile), which take them in collection order: these
+# go first, so that the two processes finish together instead of one starting the
+# README demo (minutes) when the other is done.
+LONGEST_FILES = ("readme_test.py", "trainer_static_test.py", "preemption_test.py",
+                 "multi_worker_test.py", "parsing_test.py", "decoding_test.py",
+                 "trainer_replicas_test.py", "pipeline_test.py", "scoring_test.py",
+                 "remote_fs_test.py", "trainer_test.py", "export_test.py")
 
 
 def pytest_configure(config):

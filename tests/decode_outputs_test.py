@@ -3,23 +3,21 @@ or another output, write outputs whole (temporary name, renamed at the end) and 
 one line how many inputs --max_input_length cut."""
 
 import os
-import subprocess
-import sys
 import uuid
 
 import pytest
 import tensorflow as tf
 
 from t2t_keras import errors, outputs
-from tests.conftest import REPO_ROOT
+from tests import inprocess
 
-ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO_ROOT)
 LONG = "a small red dog plays with the big ball in the park " * 3
 
 
-def run(*args):
-  return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
-                        cwd=REPO_ROOT, env=ENV, timeout=600, check=False)
+def run(module, *args):
+  """`python -m t2t_keras.<command> ARGS`, the command's main in this process
+  (tests/inprocess.py): these tests check messages, exit codes and files."""
+  return inprocess.run(module.split(".")[-1], *args)
 
 
 @pytest.fixture
@@ -42,7 +40,6 @@ def assert_refused_before_work(result, message):
     ("--alignment_layer=5", "--alignment_layer=5 but the model has 2 decoder layers"),
     ("--alignment_head=9", "--alignment_head=9 but the model has 2 heads"),
 ])
-@pytest.mark.slow
 def test_alignment_flags_are_checked_before_decoding(tiny_model_dir, files, flag, message):
   tmp_path, source = files
   result = run("t2t_keras.decode", f"--model_dir={tiny_model_dir}", f"--input_file={source}",
@@ -64,7 +61,6 @@ def test_alignment_flags_are_checked_before_decoding(tiny_model_dir, files, flag
     ("decode", ["--output_file={t}/missing/out.txt"], "the directory {t}/missing does not "
      "exist"),
 ])
-@pytest.mark.slow
 def test_an_output_that_is_an_input_or_another_output_is_refused(tiny_model_dir, files,
                                                                  command, flags_, message):
   tmp_path, source = files
@@ -83,7 +79,6 @@ def test_an_output_that_is_an_input_or_another_output_is_refused(tiny_model_dir,
   assert {p: p.read_bytes() for p in tmp_path.iterdir()} == before  # nothing written
 
 
-@pytest.mark.slow
 def test_outputs_are_whole_and_truncation_is_reported(tiny_model_dir, files):
   tmp_path, source = files
   result = run("t2t_keras.decode", f"--model_dir={tiny_model_dir}", f"--input_file={source}",
@@ -109,7 +104,6 @@ def test_outputs_are_whole_and_truncation_is_reported(tiny_model_dir, files):
   assert result.returncode == 0 and "note:" not in result.stderr, result.stderr[-3000:]
 
 
-@pytest.mark.slow
 def test_target_prefix_file_starts_each_translation_and_must_be_line_aligned(
     tiny_model_dir, files):
   """decode --target_prefix_file: each line's translation starts with its prefix (an

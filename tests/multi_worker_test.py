@@ -6,7 +6,7 @@ and --export.
 
 What must hold: both exit 0; only the chief writes the shared files (one export, one
 flags.txt entry, no temporary leftovers); every decision that ends the loop is the
-chief's, so a worker whose clock runs 100x fast still stops with the others; and with
+chief's, so a worker whose clock runs 1000x fast still stops with the others; and with
 --deterministic the final weights equal one process with 2 replicas (learned positions
 and shared embeddings: sparse and dense gradients reduced across workers).
 """
@@ -26,14 +26,16 @@ from tests.conftest import REPO_ROOT
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 
-# A clock 100x faster than the wall clock, for one worker only (a host whose clock
+# A clock 1000x faster than the wall clock, for one worker only (a host whose clock
 # drifts, or that spent its budget elsewhere): loaded through PYTHONPATH's
-# sitecustomize, so the command stays `python -m t2t_keras.train`.
+# sitecustomize, so the command stays `python -m t2t_keras.train`. With
+# --train_minutes=5 its own budget ends 0.3 s into the run, long before its first
+# step, while the chief's 5 minutes cover a loaded host's tracing and 12 steps.
 FAST_CLOCK = """
 import time
 _real = time.time
 _start = _real()
-time.time = lambda: _start + (_real() - _start) * 100.0
+time.time = lambda: _start + (_real() - _start) * 1000.0
 """
 
 
@@ -128,7 +130,7 @@ def assert_chief_wrote_once(model_dir, outputs):
 def test_two_workers_with_a_fast_clock_equal_two_replicas(tmp_path, shared_data):
   """Learned positions (sparse gradients) and the paper's shared embeddings (the
   lookup's sparse and the output layer's dense gradient on one table); worker 1's clock
-  runs 100x fast, so its own --train_minutes budget would end after a few seconds:
+  runs 1000x fast, so its own --train_minutes budget would end 0.3 s into the run:
   the chief's decides, both train all 12 steps, and the weights equal 2 replicas in
   one process. (Separate embeddings take the positions' sparse path; sinusoids have no
   weights: trainer_test compares both model families on 1 and 2 replicas.)"""
@@ -139,7 +141,7 @@ def test_two_workers_with_a_fast_clock_equal_two_replicas(tmp_path, shared_data)
   (clock_dir / "sitecustomize.py").write_text(FAST_CLOCK)
   model_dir = tmp_path / "mw"
   start = time.time()
-  results = run_workers(model_dir, flags + ["--train_minutes=0.5"], fast_clock_dir=clock_dir)
+  results = run_workers(model_dir, flags + ["--train_minutes=5"], fast_clock_dir=clock_dir)
   print(f"2 workers: {time.time() - start:.0f} s")
   for code, out in results:
     assert code == 0, out[-3000:]
@@ -152,7 +154,7 @@ def test_two_workers_with_a_fast_clock_equal_two_replicas(tmp_path, shared_data)
   single_dir = tmp_path / "single"
   single = subprocess.run(
       [sys.executable, "-m", "t2t_keras.train", "--strategy=mirrored",
-       "--num_logical_devices=2", f"--model_dir={single_dir}", "--train_minutes=0.5"]
+       "--num_logical_devices=2", f"--model_dir={single_dir}", "--train_minutes=5"]
       + flags, cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=400)
   assert single.returncode == 0, single.stdout[-2000:] + single.stderr[-2000:]
   assert "on 2 replica(s)" in single.stdout

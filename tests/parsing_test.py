@@ -523,16 +523,15 @@ def is_tree_for(hypothesis, num_words):
 def test_parsing_recipe_trains_decodes_and_scores(ptb, tmp_path):
   """A few steps of flags/parsing_ptb_sample.cfg (the "words" linearization, decoding
   constrained to trees), shrunk to a tiny model, through the train, decode, evaluate
-  and export entry points; the export loaded as TF Serving loads it."""
+  and export entry points (their mains in this process, evaluate once as a process); the
+  export loaded as TF Serving loads it."""
   model_dir = tmp_path / "model"
   tiny = ["--hidden_size=16", "--filter_size=32", "--num_heads=2",
           "--num_hidden_layers=1", "--vocab_size=400", "--train_steps=3", "--log_every=1",
           "--eval_every=3", "--eval_steps=2", "--save_checkpoint_steps=3",
           "--show_examples=0", "--batch_size=1024"]
-  trained = subprocess.run(
-      [sys.executable, "-m", "t2t_keras.train", "--flagfile=flags/parsing_ptb_sample.cfg",
-       f"--model_dir={model_dir}", *tiny], cwd=REPO_ROOT, capture_output=True, text=True,
-      env=ENV, timeout=600, check=False)
+  trained = inprocess.run("train", "--flagfile=flags/parsing_ptb_sample.cfg",
+                          f"--model_dir={model_dir}", *tiny)
   assert trained.returncode == 0, trained.stdout[-2000:] + trained.stderr[-3000:]
   assert "step 3/3" in trained.stdout and "eval at step 3" in trained.stdout
   assert (model_dir / "vocab.model").exists()
@@ -541,12 +540,10 @@ def test_parsing_recipe_trains_decodes_and_scores(ptb, tmp_path):
   pairs = parsing.read_examples(text, path)[:3]
   sources, hyps = tmp_path / "test.words", tmp_path / "test.hyp"
   sources.write_text("".join(s + "\n" for s, _ in pairs))
-  decoded = subprocess.run(
-      [sys.executable, "-m", "t2t_keras.decode", "--flagfile=flags/parsing_ptb_sample.cfg",
-       f"--model_dir={model_dir}", f"--input_file={sources}", f"--output_file={hyps}",
-       "--beam_size=2", "--extra_decode_length=5", "--average_last_n=1",
-       "--noconstrain_trees"], cwd=REPO_ROOT, capture_output=True,
-      text=True, env=ENV, timeout=600, check=False)
+  decoded = inprocess.run(
+      "decode", "--flagfile=flags/parsing_ptb_sample.cfg", f"--model_dir={model_dir}",
+      f"--input_file={sources}", f"--output_file={hyps}", "--beam_size=2",
+      "--extra_decode_length=5", "--average_last_n=1", "--noconstrain_trees")
   assert decoded.returncode == 0, decoded.stderr[-3000:]
   assert len(hyps.read_text().splitlines()) == 3
   gold = tmp_path / "test3.mrg"
@@ -564,11 +561,10 @@ def test_parsing_recipe_trains_decodes_and_scores(ptb, tmp_path):
 
   # The same untrained model, decoding constrained to trees as the recipe says (even
   # at a tight length): nothing left to repair, each word then its tag.
-  decoded = subprocess.run(
-      [sys.executable, "-m", "t2t_keras.decode", "--flagfile=flags/parsing_ptb_sample.cfg",
-       f"--model_dir={model_dir}", f"--input_file={sources}", f"--output_file={hyps}",
-       "--beam_size=2", "--extra_decode_length=5", "--average_last_n=1"],
-      cwd=REPO_ROOT, capture_output=True, text=True, env=ENV, timeout=600, check=False)
+  decoded = inprocess.run(
+      "decode", "--flagfile=flags/parsing_ptb_sample.cfg", f"--model_dir={model_dir}",
+      f"--input_file={sources}", f"--output_file={hyps}", "--beam_size=2",
+      "--extra_decode_length=5", "--average_last_n=1")
   assert decoded.returncode == 0, decoded.stderr[-3000:]
   scored = evaluate(f"--hypotheses={hyps}", f"--references={gold}", f"--sources={sources}")
   assert scored.returncode == 0, scored.stderr[-2000:]
@@ -582,11 +578,10 @@ def test_parsing_recipe_trains_decodes_and_scores(ptb, tmp_path):
   # The recipe's export carries the constraint: a served parser returns valid trees,
   # the same as the decode CLI's (same beam, same length).
   export_dir = tmp_path / "export"
-  exported = subprocess.run(
-      [sys.executable, "-m", "t2t_keras.export", "--flagfile=flags/parsing_ptb_sample.cfg",
-       f"--model_dir={model_dir}", f"--export_dir={export_dir}", "--export_version=1",
-       "--beam_size=2", "--extra_decode_length=5", "--average_last_n=1"],
-      cwd=REPO_ROOT, capture_output=True, text=True, env=ENV, timeout=600, check=False)
+  exported = inprocess.run(
+      "export", "--flagfile=flags/parsing_ptb_sample.cfg", f"--model_dir={model_dir}",
+      f"--export_dir={export_dir}", "--export_version=1", "--beam_size=2",
+      "--extra_decode_length=5", "--average_last_n=1")
   assert exported.returncode == 0, exported.stderr[-3000:]
   served = SessionModel(str(export_dir / "1")).run(
       inputs=[s for s, _ in pairs] + ["Dogs bark ."])

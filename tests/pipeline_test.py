@@ -397,29 +397,3 @@ def test_every_worker_and_replica_of_a_step_gets_the_same_shape():
   assert any(len(set(step)) > 1 for step in dynamic)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("static", [False, True])
-def test_a_step_is_the_same_for_any_number_of_hosts(static):
-  """2 hosts of 1 replica train on exactly the batches of 1 host with 2 replicas (and
-  so of 1 replica accumulating 2): each host holds only its shares, and share g feeds
-  batch slot g whatever the number of hosts (what makes 2 workers equal one process
-  with 2 replicas, tests/multi_worker_test.py)."""
-  rng = np.random.default_rng(1)
-  lengths = rng.integers(2, 20, 400)
-  src = np.concatenate([[10 + i] + [4] * (n - 1) for i, n in enumerate(lengths)])
-  pairs = np.stack([lengths, lengths], axis=1).astype(np.int32)
-  split = cache.TokenizedSplit(path=None, lengths=pairs, invalid_utf8=0,
-                               groups=cache.group_by_length(src, src, pairs))
-  data = pipeline.TrainData(DataConfig(batch_size=96, max_length=24, static_shapes=static),
-                            split)
-  steps = 12
-
-  def firsts(batch):
-    return sorted(int(row[0]) for row in batch["inputs"].numpy())
-
-  one = iter(data(tf.distribute.InputContext(1, 0, 2)))
-  hosts = [iter(data(tf.distribute.InputContext(2, h, 2))) for h in range(2)]
-  for _ in range(steps):
-    together = [firsts(next(one)) for _ in range(2)]
-    apart = [firsts(next(hosts[h])) for h in range(2)]
-    assert together == apart

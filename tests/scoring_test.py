@@ -14,10 +14,15 @@ from t2t_keras import decoding, loading, scoring, translate
 from t2t_keras.configs import DecodeConfig, ModelConfig
 from t2t_keras.ensemble import Ensemble
 from t2t_keras.model import create_model
+from tests import inprocess
 from tests.conftest import REPO_ROOT, build_trained_reverse_dir
 
 
-def run_cli(module, *args):
+def run_cli(module, *args, process=False):
+  """`python -m t2t_keras.<module> ARGS`: its main in this process (tests/inprocess.py),
+  or with `process` a process as a user starts it (once per command here)."""
+  if not process:
+    return inprocess.run(module, *args)
   return subprocess.run([sys.executable, "-m", f"t2t_keras.{module}", *map(str, args)],
                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
                         check=False)
@@ -93,7 +98,8 @@ def test_score_cli_writes_totals_counts_and_per_token(tiny_model_dir, tmp_path):
   tgt.write_text("ein Mann läuft\nder Hund spielt\nFrau\n\n", encoding="utf-8")
   out = tmp_path / "scores.txt"
   result = run_cli("score", f"--model_dir={tiny_model_dir}", f"--source_file={src}",
-                   f"--target_file={tgt}", f"--output_file={out}", "--per_token")
+                   f"--target_file={tgt}", f"--output_file={out}", "--per_token",
+                   process=True)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "scored 4/4 pairs" in result.stderr and "nats per target token" in result.stderr
   lines = out.read_text(encoding="utf-8").splitlines()

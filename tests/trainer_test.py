@@ -1,4 +1,6 @@
-"""Training: schedules, loss by hand, padding, 1 vs 2 replicas, resume, NaN, model dir."""
+"""Training on one replica: schedules, loss by hand, padding, resume, NaN, intervals,
+time budget, accumulation, checkpoints; tests/trainer_replicas_test.py and
+tests/trainer_static_test.py build on the helpers here."""
 
 import dataclasses
 import math
@@ -14,6 +16,7 @@ from t2t_keras import checkpoints
 from t2t_keras.training import distribute, losses
 from t2t_keras.training.schedules import TransformerSchedule
 from t2t_keras.training.trainer import Trainer, TrainingError
+
 
 V = 24
 MODEL = ModelConfig(vocab_size=V, hidden_size=16, filter_size=32, num_heads=2,
@@ -110,52 +113,11 @@ def weights_of(trainer):
 
 
 @pytest.mark.slow
-def test_one_and_two_replicas_make_the_same_updates(tmp_path):
-  assert len(tf.config.list_logical_devices("CPU")) >= 2, "conftest splits the CPU"
-  # Adam turns float rounding in near-zero gradients (summation order differs across
-  # replicas) into whole lr-sized steps (g / (|g| + 1e-9) ~ +-1); a larger epsilon keeps
-  # the comparison about the distribution plumbing.
-  settings = dict(learning_rate=0.05, adam_epsilon=1e-4)
-  one, r1 = train(tmp_path, "one", 4, **settings)
-  two, r2 = train(tmp_path, "two", 4, strategy="mirrored", **settings)
-  assert two.strategy.num_replicas_in_sync == 2
-  assert r1.target_tokens == r2.target_tokens
-  assert r1.final_loss == pytest.approx(r2.final_loss, abs=1e-5)
-  for a, b in zip(weights_of(one), weights_of(two)):
-    np.testing.assert_allclose(a, b, atol=1e-5)
-
-
-@pytest.mark.slow
 def test_resume_equals_uninterrupted(tmp_path):
   straight, _ = train(tmp_path, "straight", 6)
   train(tmp_path, "resumed", 2)  # stops after a checkpoint at step 2 ...
   resumed, result = train(tmp_path, "resumed", 6, seed=123)  # ... and resumes (new seed)
   assert result.steps == 6 and resumed.current_step() == 6
-  for a, b in zip(weights_of(straight), weights_of(resumed)):
-    np.testing.assert_allclose(a, b, atol=1e-6)
-
-
-@pytest.mark.slow
-def test_static_per_bucket_resume_equals_uninterrupted(tmp_path):
-  """Static shapes read one dataset per bucket, in runs of --static_run_steps steps: a
-  restart in the middle of a run (step 7 of runs of 5) continues with exactly the
-  batches of an uninterrupted run."""
-  from t2t_keras.configs import DataConfig  # pylint: disable=import-outside-toplevel
-  from t2t_keras.data import pipeline  # pylint: disable=import-outside-toplevel
-  data = pipeline.make_datasets(DataConfig(
-      source="synthetic", synthetic_max_length=20, synthetic_vocab_size=16,
-      synthetic_train_size=2000, synthetic_eval_size=10, max_length=24, batch_size=128,
-      static_shapes=True, bucket_growth=1.5))
-  model = dataclasses.replace(MODEL, vocab_size=data.vocab_size)
-  runs = {}
-  for name, stops in (("straight", [20]), ("resumed", [7, 20])):
-    for stop in stops:
-      trainer, result = train(tmp_path, name, stop, model=model, dataset_fn=data.train_fn,
-                              steps_per_loop=5, static_run_steps=5)
-    runs[name] = (trainer, result)
-  (straight, _), (resumed, result) = runs["straight"], runs["resumed"]
-  assert result.steps == 20 and resumed.current_step() == 20
-  assert len(resumed._last_batches.iterators) >= 2  # several buckets came up
   for a, b in zip(weights_of(straight), weights_of(resumed)):
     np.testing.assert_allclose(a, b, atol=1e-6)
 
@@ -301,288 +263,12 @@ def test_checkpoint_holds_dropout_seed_state(tmp_path):
     np.testing.assert_array_equal(s.numpy(), t)
 
 
-@pytest.mark.slow
-def test_xla_static_shapes_trace_once_per_bucket_shape_at_most(tmp_path):
-  """jit_compile + static shapes (the TPU setting): many batches of several bucket shapes
-  train without a retrace per batch, and steps_per_loop > 1 runs several steps a call."""
-  from t2t_keras.configs import DataConfig  # pylint: disable=import-outside-toplevel
-  from t2t_keras.data import pipeline  # pylint: disable=import-outside-toplevel
-  data_config = DataConfig(source="synthetic", synthetic_max_length=20,
-                           synthetic_vocab_size=16, synthetic_train_size=2000,
-                           synthetic_eval_size=10, max_length=24, batch_size=128,
-                           static_shapes=True, data_dir=str(tmp_path / "data"),
-                           bucket_growth=1.5)
-  datasets = pipeline.make_datasets(data_config)
-  steps = 40
-  shapes = {tuple(b["targets"].shape) for b in datasets.train_fn().take(steps)}
-  assert len(shapes) >= 3  # several bucket shapes really occur
-  lengths = pipeline.bucket_boundaries(data_config.bucket_min, data_config.max_length,
-                                       data_config.bucket_growth)
-  assert {length for _, length in shapes} <= set(lengths)  # padded to bucket lengths
-  model = dataclasses.replace(MODEL, vocab_size=datasets.vocab_size)
-  config = TrainConfig(model_dir=str(tmp_path / "xla"), train_steps=steps, jit_compile=True,
-                       steps_per_loop=5, static_run_steps=5, log_every=20, eval_every=1000,
-                       save_checkpoint_steps=20, learning_rate_warmup_steps=10)
-  keras.utils.set_random_seed(0)
-  trainer = Trainer(model, config, distribute.create_strategy(config))
-  result = trainer.train(datasets.train_fn, progress=lambda line: None)
-  assert result.steps == steps and np.isfinite(result.final_loss)
-  # One host call per 5 steps, and the compiled step is not traced per batch.
-  assert trainer.train_fn.experimental_get_tracing_count() <= len(shapes)
-  assert trainer._compute_gradients.experimental_get_tracing_count() <= len(shapes)
-  # More host calls than shapes, so a retrace per call (or per batch) would exceed it.
-  assert steps // config.steps_per_loop > len(shapes)
-
-
-def train_8_steps(model_dir, dtype):
-  """(trainer, trainable weights before, after, final loss) of 8 steps in `dtype`."""
-  keras.utils.set_random_seed(0)
-  config = TrainConfig(model_dir=model_dir, train_steps=8, log_every=8, eval_every=100,
-                       save_checkpoint_steps=8, learning_rate_warmup_steps=4)
-  trainer = Trainer(dataclasses.replace(MODEL, dtype=dtype), config)
-  before = [w.numpy().copy() for w in trainer.model.trainable_weights]
-  result = trainer.train(make_dataset_fn(), progress=lambda line: None)
-  after = [w.numpy().copy() for w in trainer.model.trainable_weights]
-  return trainer, before, after, result.final_loss
-
-
-@pytest.fixture(scope="module")
-def float32_8_steps(tmp_path_factory):
-  """The float32 run both mixed-precision runs are compared with (trained once)."""
-  return train_8_steps(str(tmp_path_factory.mktemp("float32")), "float32")[1:]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("dtype", ["bfloat16", "mixed_float16"])
-def test_mixed_precision_trains_with_float32_variables(tmp_path, dtype, float32_8_steps):
-  """bfloat16 and float16 (with loss scaling) runs learn like float32 and keep float32
-  variables: from the same start, their 8 steps move the weights as float32's do, up
-  to rounding."""
-  start, end, loss = float32_8_steps
-  trainer, before, after, mixed_loss = train_8_steps(str(tmp_path / dtype), dtype)
-  assert all(w.dtype == "float32" for w in trainer.model.trainable_weights)
-  if dtype == "mixed_float16":
-    assert isinstance(trainer.optimizer, keras.optimizers.LossScaleOptimizer)
-  assert np.isfinite(mixed_loss)
-  assert mixed_loss == pytest.approx(loss, rel=0.05)
-  for a, b in zip(start, before):  # the same initial weights
-    np.testing.assert_array_equal(a, b)
-  flat = lambda weights: np.concatenate([w.ravel() for w in weights])
-  moved = np.linalg.norm(flat(end) - flat(start))  # float32's 8 updates
-  moved_mixed = np.linalg.norm(flat(after) - flat(before))
-  apart = np.linalg.norm(flat(after) - flat(end))  # where the two runs ended
-  # Measured: 0.15 (bfloat16) and 0.12 (float16) of float32's move; a run that
-  # skipped its updates, or made them at half the learning rate, ends 0.5-1.0 apart.
-  assert moved > 1.0 and apart < 0.3 * moved, (moved, moved_mixed, apart)
-  assert moved_mixed == pytest.approx(moved, rel=0.1), (moved, moved_mixed, apart)
-
-
-FP16 = dataclasses.replace(MODEL, dtype="mixed_float16")
-
-
-def overflow_step(trainer):
-  """A step applying gradients of 1e-3, except inf on `overflowing_replica` (-1: none);
-  returns the replicas whose gradients were not finite (`Trainer._apply`'s count)."""
-  @tf.function
-  def step(overflowing_replica):
-    def replica():
-      replica_id = tf.distribute.get_replica_context().replica_id_in_sync_group
-      grads = [tf.ones_like(v) * 1e-3 for v in trainer.model.trainable_variables]
-      inf = tf.fill(tf.shape(grads[0]), float("inf"))
-      grads[0] = tf.where(tf.equal(replica_id, overflowing_replica), inf, grads[0])
-      return trainer._apply(grads)
-    flags = trainer.strategy.run(replica)
-    return trainer.strategy.reduce(tf.distribute.ReduceOp.SUM, flags, axis=None)
-  return step
-
-
-@pytest.mark.slow
-def test_float16_overflow_on_one_replica_is_skipped_by_all(tmp_path):
-  """Only replica 1 overflows: every replica skips the step, the scale halves, and the
-  skipped step still counts (one counter for logs, checkpoints and resume)."""
-  config = TrainConfig(model_dir=str(tmp_path / "fp16"), strategy="mirrored",
-                       learning_rate_warmup_steps=4)
-  keras.utils.set_random_seed(0)
-  trainer = Trainer(FP16, config, distribute.create_strategy(config))
-  assert trainer.strategy.num_replicas_in_sync == 2
-  scale = float(trainer.optimizer.dynamic_scale.numpy())
-
-  step = overflow_step(trainer)
-
-  before = weights_of(trainer)
-  step(tf.constant(1))
-  for a, b in zip(before, weights_of(trainer)):
-    np.testing.assert_array_equal(a, b)  # nothing applied, on any replica
-  assert float(trainer.optimizer.dynamic_scale.numpy()) == scale / 2
-  assert trainer.current_step() == 1
-  step(tf.constant(-1))  # no overflow: applied
-  after = weights_of(trainer)
-  assert all(np.isfinite(w).all() for w in after)
-  assert any((a != b).any() for a, b in zip(before, after))
-  assert trainer.current_step() == 2
-  assert float(trainer.optimizer.dynamic_scale.numpy()) == scale / 2
-
-
-@pytest.mark.slow
-def test_float16_two_replicas_equal_one_with_accumulation(tmp_path):
-  """--batch_size is per replica: 2 replicas make the updates of 1 replica with
-  --accum_steps=2, in float16 with loss scaling too (within float16 tolerance)."""
-  rng = np.random.default_rng(3)
-  pieces = [batch_data(rng, 2, 3 + i % 4, 2 + i % 5) for i in range(8)]
-
-  def dataset_fn(ctx):  # per-replica batches in a fixed order, whatever the replicas
-    del ctx
-    return _pieces_dataset(pieces).repeat()
-
-  settings = dict(learning_rate=0.05, adam_epsilon=1e-4)
-  one, r1 = train(tmp_path, "one", 4, model=FP16, dataset_fn=dataset_fn, accum_steps=2,
-                  **settings)
-  two, r2 = train(tmp_path, "two", 4, strategy="mirrored", model=FP16,
-                  dataset_fn=dataset_fn, **settings)
-  assert two.strategy.num_replicas_in_sync == 2
-  assert one.current_step() == two.current_step() == 4
-  assert r1.target_tokens == r2.target_tokens
-  assert r1.final_loss == pytest.approx(r2.final_loss, rel=1e-3)
-  for a, b in zip(weights_of(one), weights_of(two)):
-    np.testing.assert_allclose(a, b, atol=2e-3)
-
-
 def _pieces_dataset(pieces):
   dataset = None
   for piece in pieces:
     d = tf.data.Dataset.from_tensors(piece)
     dataset = d if dataset is None else dataset.concatenate(d)
   return dataset
-
-
-def _shapes_per_step(static, steps=30, accum_steps=1):
-  """Per step of a 2-replica MirroredStrategy: the shapes each replica's batches have."""
-  from t2t_keras.configs import DataConfig  # pylint: disable=import-outside-toplevel
-  from t2t_keras.data import pipeline  # pylint: disable=import-outside-toplevel
-  config = DataConfig(source="synthetic", synthetic_max_length=20, synthetic_vocab_size=16,
-                      synthetic_train_size=3000, synthetic_eval_size=10, max_length=24,
-                      batch_size=128, static_shapes=static,
-                      bucket_growth=1.5, accum_steps=accum_steps)
-  datasets = pipeline.make_datasets(config)
-  strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-  iterator = iter(strategy.distribute_datasets_from_function(datasets.train_fn))
-  steps_shapes = []
-  for _ in range(steps):
-    batches = [next(iterator) for _ in range(accum_steps)]
-    steps_shapes.append([tuple(t.shape) for b in batches
-                         for t in strategy.experimental_local_results(b["targets"])])
-  return steps_shapes
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("accum_steps", [1, 2])
-def test_static_shapes_give_every_replica_of_a_step_the_same_shape(accum_steps):
-  """On a TPU the cores of one step must get one shape (else XLA compiles per
-  combination): every replica and micro-batch of a step shares a bucket, and the
-  distinct shapes are the bucket shapes, a small fixed set."""
-  steps = _shapes_per_step(static=True, accum_steps=accum_steps)
-  assert all(len(set(shapes)) == 1 for shapes in steps), steps
-  programs = {shapes[0] for shapes in steps}
-  assert 2 <= len(programs) <= 6  # several buckets occur; one program each
-  # Without static shapes the check has teeth: consecutive batches differ.
-  dynamic = _shapes_per_step(static=False, accum_steps=accum_steps)
-  assert any(len(set(shapes)) > 1 for shapes in dynamic)
-
-
-@pytest.mark.slow
-def test_static_two_replicas_equal_one_with_accumulation_on_the_real_pipeline(tmp_path):
-  """The per-step bucketing keeps the invariant: with the real pipeline in static mode,
-  2 replicas make the updates of 1 replica with --accum_steps=2."""
-  from t2t_keras.configs import DataConfig  # pylint: disable=import-outside-toplevel
-  from t2t_keras.data import pipeline  # pylint: disable=import-outside-toplevel
-  runs = {}
-  for name, strategy, accum in (("one", "default", 2), ("two", "mirrored", 1)):
-    data = pipeline.make_datasets(DataConfig(
-        source="synthetic", synthetic_max_length=12, synthetic_vocab_size=16,
-        synthetic_train_size=2000, synthetic_eval_size=10, max_length=16, batch_size=96,
-        static_shapes=True, accum_steps=accum))
-    model = dataclasses.replace(MODEL, vocab_size=data.vocab_size)
-    runs[name] = train(tmp_path, name, 5, strategy=strategy, model=model,
-                       dataset_fn=data.train_fn, accum_steps=accum, learning_rate=0.05,
-                       adam_epsilon=1e-4)
-  (one, r1), (two, r2) = runs["one"], runs["two"]
-  assert two.strategy.num_replicas_in_sync == 2
-  assert r1.target_tokens == r2.target_tokens
-  for a, b in zip(weights_of(one), weights_of(two)):
-    np.testing.assert_allclose(a, b, atol=1e-6)
-
-
-def _compiled_step_signatures(tmp_path, static, steps=None):
-  """Trains `steps` steps with XLA on 2 replicas (5 steps per call); returns the input
-  shapes the XLA-compiled gradient step was traced for, the buckets used and the
-  trainer. steps=None: the fewest of the plan's runs (one bucket each, a host call or
-  more each) in which at least 2 buckets come up and one of them twice (so that a
-  retrace per call would show)."""
-  from t2t_keras.configs import DataConfig  # pylint: disable=import-outside-toplevel
-  from t2t_keras.data import pipeline  # pylint: disable=import-outside-toplevel
-  datasets = pipeline.make_datasets(DataConfig(
-      source="synthetic", synthetic_max_length=20, synthetic_vocab_size=16,
-      synthetic_train_size=2000, synthetic_eval_size=10, max_length=24, batch_size=128,
-      static_shapes=static, bucket_growth=1.5))
-  config = TrainConfig(model_dir=str(tmp_path / f"static{static}"), strategy="mirrored",
-                       train_steps=steps, jit_compile=True, steps_per_loop=5,
-                       log_every=10, eval_every=1000, save_checkpoint_steps=1000,
-                       learning_rate_warmup_steps=10)
-  run = min(config.steps_per_loop, config.static_run_steps)
-  plan = datasets.train_fn.plan(2, run)
-  if steps is None:
-    runs = next(n for n in range(2, 40)
-                if 2 <= len({plan.bucket_of_step(run * r) for r in range(n)}) < n)
-    steps = run * runs
-    config = dataclasses.replace(config, train_steps=steps)
-  keras.utils.set_random_seed(0)
-  trainer = Trainer(dataclasses.replace(MODEL, vocab_size=datasets.vocab_size), config,
-                    distribute.create_strategy(config))
-  assert trainer.strategy.num_replicas_in_sync == 2
-  result = trainer.train(datasets.train_fn, progress=lambda line: None)
-  assert result.steps == steps and np.isfinite(result.final_loss)
-  shapes = [tuple(f.structured_input_signature[0][0]["inputs"].shape)
-            for f in trainer._compute_gradients._list_all_concrete_functions()]
-  buckets = {plan.bucket_of_step(s) for s in range(steps)}
-  return shapes, buckets, trainer
-
-
-@pytest.mark.slow
-def test_xla_on_two_replicas_compiles_one_program_per_bucket(tmp_path):
-  """The TPU setting on 2 logical CPUs: with static shapes every batch the compiled
-  step is traced for has a fully static shape, one per bucket used (XLA compiles each
-  once); the loop of 5 steps is traced once per bucket too. Without static shapes the
-  step is traced for [None, None], which XLA recompiles for every new shape: the check
-  fails."""
-  shapes, buckets, trainer = _compiled_step_signatures(tmp_path, static=True)
-  runs = trainer.current_step() // min(5, trainer.config.static_run_steps)
-  assert all(None not in shape for shape in shapes), shapes
-  assert len(buckets) >= 2 and len(set(shapes)) == len(buckets), (shapes, buckets)
-  assert runs > len(buckets)  # a bucket comes up in two runs: a retrace would show
-  assert trainer.train_fn.experimental_get_tracing_count() == len(buckets)
-  shapes, _, _ = _compiled_step_signatures(tmp_path, static=False, steps=1)
-  assert any(None in shape for shape in shapes)
-
-
-def test_float32_nonfinite_gradient_on_one_replica_is_skipped_by_all(tmp_path):
-  """Without loss scaling, replica 1's inf gradient must not reach any replica's
-  weights (before, replica 0 applied its finite gradients and replica 1 inf ones: the
-  replicas diverged), and the step reports it so that the host loop stops."""
-  config = TrainConfig(model_dir=str(tmp_path / "fp32"), strategy="mirrored",
-                       learning_rate_warmup_steps=4)
-  keras.utils.set_random_seed(0)
-  trainer = Trainer(MODEL, config, distribute.create_strategy(config))
-  assert trainer.strategy.num_replicas_in_sync == 2
-
-  step = overflow_step(trainer)
-
-  before = weights_of(trainer)
-  assert float(step(tf.constant(1))) == 1.0  # one replica's gradients were not finite
-  after = weights_of(trainer)
-  assert all(np.isfinite(w).all() for w in after)
-  for a, b in zip(before, after):  # a zero gradient everywhere: only Adam's state moved
-    np.testing.assert_allclose(a, b, atol=1e-6)
-  assert float(step(tf.constant(-1))) == 0.0
 
 
 @pytest.mark.slow
@@ -600,38 +286,6 @@ def test_weights_made_non_finite_are_never_saved(tmp_path):
     value = reader.get_tensor(name)
     if np.issubdtype(np.asarray(value).dtype, np.floating):
       assert np.isfinite(value).all(), name
-
-
-SPARSE_MODELS = {
-    "learned_positions": dataclasses.replace(MODEL, position_embedding="learned",
-                                             max_position=16),
-    "separate_embeddings": dataclasses.replace(MODEL, shared_embeddings=False),
-}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("variant", sorted(SPARSE_MODELS))
-def test_sparse_gradients_accumulate_and_equal_two_replicas(tmp_path, variant):
-  """Embedding lookups give IndexedSlices gradients (learned positions, a separate
-  source or target table): --accum_steps=2 adds them (it raised TypeError) and equals
-  2 replicas, whose all-reduce gets one dense shape."""
-  rng = np.random.default_rng(3)
-  pieces = [batch_data(rng, 2, 3 + i % 4, 2 + i % 5) for i in range(8)]
-
-  def dataset_fn(ctx):
-    del ctx
-    return _pieces_dataset(pieces).repeat()
-
-  model = SPARSE_MODELS[variant]
-  settings = dict(learning_rate=0.05, adam_epsilon=1e-4)
-  one, r1 = train(tmp_path, "one", 4, model=model, dataset_fn=dataset_fn, accum_steps=2,
-                  **settings)
-  two, r2 = train(tmp_path, "two", 4, strategy="mirrored", model=model,
-                  dataset_fn=dataset_fn, **settings)
-  assert r1.target_tokens == r2.target_tokens
-  assert r1.final_loss == pytest.approx(r2.final_loss, abs=1e-5)
-  for a, b in zip(weights_of(one), weights_of(two)):
-    np.testing.assert_allclose(a, b, atol=1e-5)
 
 
 @pytest.mark.slow

@@ -1,0 +1,152 @@
+"""Static shapes (the TPU setting): one bucket per step on every replica, resume inside
+a run of a bucket, 2 replicas equal 1 with accumulation, one XLA program per bucket."""
+
+import dataclasses
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from t2t_keras.configs import TrainConfig
+from t2t_keras.training import distribute
+from t2t_keras.training.trainer import Trainer
+from tests.trainer_test import MODEL, train, weights_of
+
+
+@pytest.mark.slow
+def test_static_per_bucket_resume_equals_uninterrupted(tmp_path):
+  """Static shapes read one dataset per bucket, in runs of --static_run_steps steps: a
+  restart in the middle of a run (step 7 of runs of 5) continues with exactly the
+  batches of an uninterrupted run."""
+  from t2t_keras.configs import DataConfig  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data import pipeline  # pylint: disable=import-outside-toplevel
+  data = pipeline.make_datasets(DataConfig(
+      source="synthetic", synthetic_max_length=20, synthetic_vocab_size=16,
+      synthetic_train_size=2000, synthetic_eval_size=10, max_length=24, batch_size=128,
+      static_shapes=True, bucket_growth=1.5))
+  model = dataclasses.replace(MODEL, vocab_size=data.vocab_size)
+  runs = {}
+  for name, stops in (("straight", [20]), ("resumed", [7, 20])):
+    for stop in stops:
+      trainer, result = train(tmp_path, name, stop, model=model, dataset_fn=data.train_fn,
+                              steps_per_loop=5, static_run_steps=5)
+    runs[name] = (trainer, result)
+  (straight, _), (resumed, result) = runs["straight"], runs["resumed"]
+  assert result.steps == 20 and resumed.current_step() == 20
+  assert len(resumed._last_batches.iterators) >= 2  # several buckets came up
+  for a, b in zip(weights_of(straight), weights_of(resumed)):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def _shapes_per_step(static, steps=30, accum_steps=1):
+  """Per step of a 2-replica MirroredStrategy: the shapes each replica's batches have."""
+  from t2t_keras.configs import DataConfig  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data import pipeline  # pylint: disable=import-outside-toplevel
+  config = DataConfig(source="synthetic", synthetic_max_length=20, synthetic_vocab_size=16,
+                      synthetic_train_size=3000, synthetic_eval_size=10, max_length=24,
+                      batch_size=128, static_shapes=static,
+                      bucket_growth=1.5, accum_steps=accum_steps)
+  datasets = pipeline.make_datasets(config)
+  strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  iterator = iter(strategy.distribute_datasets_from_function(datasets.train_fn))
+  steps_shapes = []
+  for _ in range(steps):
+    batches = [next(iterator) for _ in range(accum_steps)]
+    steps_shapes.append([tuple(t.shape) for b in batches
+                         for t in strategy.experimental_local_results(b["targets"])])
+  return steps_shapes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("accum_steps", [1, 2])
+def test_static_shapes_give_every_replica_of_a_step_the_same_shape(accum_steps):
+  """On a TPU the cores of one step must get one shape (else XLA compiles per
+  combination): every replica and micro-batch of a step shares a bucket, and the
+  distinct shapes are the bucket shapes, a small fixed set."""
+  steps = _shapes_per_step(static=True, accum_steps=accum_steps)
+  assert all(len(set(shapes)) == 1 for shapes in steps), steps
+  programs = {shapes[0] for shapes in steps}
+  assert 2 <= len(programs) <= 6  # several buckets occur; one program each
+  # Without static shapes the check has teeth: consecutive batches differ.
+  dynamic = _shapes_per_step(static=False, accum_steps=accum_steps)
+  assert any(len(set(shapes)) > 1 for shapes in dynamic)
+
+
+@pytest.mark.slow
+def test_static_two_replicas_equal_one_with_accumulation_on_the_real_pipeline(tmp_path):
+  """The per-step bucketing keeps the invariant: with the real pipeline in static mode,
+  2 replicas make the updates of 1 replica with --accum_steps=2."""
+  from t2t_keras.configs import DataConfig  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data import pipeline  # pylint: disable=import-outside-toplevel
+  runs = {}
+  for name, strategy, accum in (("one", "default", 2), ("two", "mirrored", 1)):
+    data = pipeline.make_datasets(DataConfig(
+        source="synthetic", synthetic_max_length=12, synthetic_vocab_size=16,
+        synthetic_train_size=2000, synthetic_eval_size=10, max_length=16, batch_size=96,
+        static_shapes=True, accum_steps=accum))
+    model = dataclasses.replace(MODEL, vocab_size=data.vocab_size)
+    runs[name] = train(tmp_path, name, 5, strategy=strategy, model=model,
+                       dataset_fn=data.train_fn, accum_steps=accum, learning_rate=0.05,
+                       adam_epsilon=1e-4)
+  (one, r1), (two, r2) = runs["one"], runs["two"]
+  assert two.strategy.num_replicas_in_sync == 2
+  assert r1.target_tokens == r2.target_tokens
+  for a, b in zip(weights_of(one), weights_of(two)):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def _compiled_step_signatures(tmp_path, static, steps=None):
+  """Trains `steps` steps with XLA on 2 replicas (5 steps per call); returns the input
+  shapes the XLA-compiled gradient step was traced for, the buckets used and the
+  trainer. steps=None: the fewest of the plan's runs (one bucket each, a host call or
+  more each) in which at least 2 buckets come up and one of them twice (so that a
+  retrace per call would show)."""
+  from t2t_keras.configs import DataConfig  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data import pipeline  # pylint: disable=import-outside-toplevel
+  datasets = pipeline.make_datasets(DataConfig(
+      source="synthetic", synthetic_max_length=20, synthetic_vocab_size=16,
+      synthetic_train_size=2000, synthetic_eval_size=10, max_length=24, batch_size=128,
+      static_shapes=static, bucket_growth=1.5))
+  config = TrainConfig(model_dir=str(tmp_path / f"static{static}"), strategy="mirrored",
+                       train_steps=steps, jit_compile=True, steps_per_loop=5,
+                       log_every=10, eval_every=1000, save_checkpoint_steps=1000,
+                       learning_rate_warmup_steps=10)
+  run = min(config.steps_per_loop, config.static_run_steps)
+  plan = datasets.train_fn.plan(2, run)
+  if steps is None:
+    runs = next(n for n in range(2, 40)
+                if 2 <= len({plan.bucket_of_step(run * r) for r in range(n)}) < n)
+    steps = run * runs
+    config = dataclasses.replace(config, train_steps=steps)
+  keras.utils.set_random_seed(0)
+  trainer = Trainer(dataclasses.replace(MODEL, vocab_size=datasets.vocab_size), config,
+                    distribute.create_strategy(config))
+  assert trainer.strategy.num_replicas_in_sync == 2
+  result = trainer.train(datasets.train_fn, progress=lambda line: None)
+  assert result.steps == steps and np.isfinite(result.final_loss)
+  shapes = [tuple(f.structured_input_signature[0][0]["inputs"].shape)
+            for f in trainer._compute_gradients._list_all_concrete_functions()]
+  buckets = {plan.bucket_of_step(s) for s in range(steps)}
+  return shapes, buckets, trainer
+
+
+@pytest.mark.slow
+def test_xla_on_two_replicas_compiles_one_program_per_bucket(tmp_path):
+  """The TPU setting on 2 logical CPUs: with static shapes every batch the compiled
+  step is traced for has a fully static shape, one per bucket used (XLA compiles each
+  once); the loop of 5 steps is traced once per bucket too. Without static shapes the
+  step is traced for [None, None], which XLA recompiles for every new shape: the check
+  fails."""
+  from t2t_keras.configs import DataConfig  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data import pipeline  # pylint: disable=import-outside-toplevel
+  shapes, buckets, trainer = _compiled_step_signatures(tmp_path, static=True)
+  runs = trainer.current_step() // min(5, trainer.config.static_run_steps)
+  assert all(None not in shape for shape in shapes), shapes
+  lengths = pipeline.bucket_boundaries(DataConfig().bucket_min, 24, 1.5)
+  assert {length for _, length in shapes} <= set(lengths)  # padded to bucket lengths
+  assert len(buckets) >= 2 and len(set(shapes)) == len(buckets), (shapes, buckets)
+  assert runs > len(buckets)  # a bucket comes up in two runs: a retrace would show
+  assert trainer.train_fn.experimental_get_tracing_count() == len(buckets)
+  shapes, _, _ = _compiled_step_signatures(tmp_path, static=False, steps=1)
+  assert any(None in shape for shape in shapes)
