@@ -2,22 +2,19 @@
 
 import pytest
 import os
-import subprocess
-import sys
 
 from t2t_keras.configs import DataConfig
 from t2t_keras.data import tokenizer as tokenizer_lib
+from tests import inprocess
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run(*flags):
-  return subprocess.run([sys.executable, os.path.join(REPO, "tools", "build_vocab.py"),
-                         *flags], capture_output=True, text=True, timeout=120,
-                        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, check=False)
+  """`t2t-build-vocab FLAGS`, its main in this process (tests/inprocess.py; the console
+  script's --help runs as a process in tests/packaging_test.py)."""
+  return inprocess.run("build_vocab", *flags)
 
 
-@pytest.mark.slow
 def test_builds_vocabulary_and_cache_that_training_reuses(tmp_path):
   src, tgt = tmp_path / "train.en", tmp_path / "train.de"
   src.write_text("the cat sleeps\na dog runs\nthe big house\n" * 30, encoding="utf-8")

@@ -1,7 +1,9 @@
-"""Every entry point's `main(argv)` in the quick lane, along the path a user walks:
-train a few steps of the tiny recipe, then decode, score, evaluate and export that
+"""Every command's main in the quick lane, along the path a user walks: train a few
+steps of the tiny recipe, then decode, score, evaluate, export, average and draw that
 model, each command checked against another one's output (tests/inprocess.py runs them
-in this process; tests/tools_test.py starts each console script as a real process)."""
+in this process; tests/tools_test.py and the tools' own tests start them as processes:
+t2t-query-server there, against a stand-in server, and t2t-saved-model-cli, whose
+flags are TensorFlow's argparse ones, only there)."""
 
 import numpy as np
 import pytest
@@ -104,3 +106,65 @@ def test_a_bad_flag_is_named_and_exits_nonzero(trained):
   result = inprocess.run("decode", f"--model_dir={model_dir}", "--beam_size=0")
   assert result.returncode != 0
   assert "beam_size" in result.stderr, result.stderr[-2000:]
+
+
+def test_average_checkpoints_tool_of_one_checkpoint_decodes_as_the_model(decoded, tmp_path):
+  """t2t-average-checkpoints (its main here): the average of the last checkpoint is a
+  model directory that decodes exactly as the model."""
+  model_dir, source, beams = decoded
+  averaged = tmp_path / "avg"
+  result = inprocess.run("average_checkpoints", f"--model_dir={model_dir}",
+                         f"--output_dir={averaged}", "--last_n=1")
+  assert result.returncode == 0, result.stderr[-3000:]
+  output = tmp_path / "hyp.txt"
+  result = inprocess.run("decode", f"--model_dir={averaged}", f"--input_file={source}",
+                         f"--output_file={output}", "--beam_size=2", "--alpha=0",
+                         "--extra_decode_length=3")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert output.read_text(encoding="utf-8").splitlines() == [b[0][1] for b in beams]
+  missing = inprocess.run("average_checkpoints", f"--output_dir={tmp_path / 'x'}")
+  assert missing.returncode != 0 and "--model_dir" in missing.stderr, missing.stderr
+
+
+def test_picture_tools_write_pngs(trained, tmp_path):
+  """t2t-plot-learning-curve and t2t-visualize-attention (their mains here)."""
+  model_dir, _ = trained
+  curve = tmp_path / "curve.png"
+  result = inprocess.run("plot_learning_curve", f"--model_dir={model_dir}",
+                         f"--output={curve}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert curve.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  result = inprocess.run("visualize_attention", f"--model_dir={model_dir}",
+                         "--sentence=5 6 7", f"--output_dir={tmp_path / 'att'}",
+                         "--beam_size=2", "--extra_decode_length=3")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert sorted(p.name for p in (tmp_path / "att").iterdir()) == sorted(
+      f"{kind}_layer{i}.png" for kind in ("encoder", "decoder", "cross") for i in range(2))
+
+
+def test_linearize_trees_tool_writes_words_and_trees(tmp_path):
+  trees = tmp_path / "t.mrg"
+  trees.write_text("(S (NP (DT The) (NN dog)) (VP (VBZ barks)) (. .))\n", encoding="utf-8")
+  words, linear = tmp_path / "words.txt", tmp_path / "linear.txt"
+  result = inprocess.run("linearize_trees", f"--trees={trees}", f"--sentences={words}",
+                         f"--linearized={linear}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert words.read_text(encoding="utf-8") == "The dog barks .\n"
+  assert linear.read_text(encoding="utf-8") == "(S (NP DT NN ) (VP VBZ ) . )\n"
+
+
+def test_ctranslate2_export_and_tool_translate_every_line(trained, tmp_path):
+  """export --format=ctranslate2, then t2t-ct2-translate (its main here) writes a line
+  per input; tests/ctranslate2_export_test.py compares the translations with ours."""
+  model_dir, _ = trained
+  result = inprocess.run("export", f"--model_dir={model_dir}", "--format=ctranslate2",
+                         f"--export_dir={tmp_path / 'ct2'}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  source, output = tmp_path / "src.txt", tmp_path / "out.txt"
+  source.write_text("".join(s + "\n" for s in SOURCES), encoding="utf-8")
+  result = inprocess.run("ct2_translate", f"--model={tmp_path / 'ct2'}",
+                         f"--input_file={source}", f"--output_file={output}",
+                         "--beam_size=2", "--extra_decode_length=3")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert f"{len(SOURCES)}/{len(SOURCES)} sentences" in result.stderr, result.stderr
+  assert len(output.read_text(encoding="utf-8").splitlines()) == len(SOURCES)

@@ -21,6 +21,7 @@ import sys
 import threading
 import urllib.error
 import urllib.request
+from unittest import mock
 from concurrent import futures
 
 import numpy as np
@@ -29,6 +30,7 @@ import tensorflow as tf
 import tensorflow_text  # noqa: F401  pylint: disable=unused-import  (SentencePiece ops)
 
 from t2t_keras.configs import DecodeConfig
+from tests import inprocess
 from tests.conftest import REPO_ROOT, TINY_EXPORT_DECODE, SessionModel
 
 grpc = pytest.importorskip("grpc")
@@ -289,9 +291,14 @@ def unused_port() -> int:
     return sock.getsockname()[1]
 
 
-def query(*args):
-  """Runs tools/query_serving.py; returns the CompletedProcess."""
+def query(*args, process=False):
+  """t2t-query-server ARGS (tools/query_serving.py): its main in this process
+  (tests/inprocess.py), or with `process` a process as a user starts it; returns the
+  CompletedProcess. Proxies are left out: the stand-ins listen on 127.0.0.1."""
   env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+  if not process:
+    with mock.patch.dict(os.environ, env, clear=True):
+      return inprocess.run("query_serving", "--timeout=120", *args)
   env["PYTHONIOENCODING"] = "utf-8"
   return subprocess.run([sys.executable, TOOL, "--timeout=120", *args], capture_output=True,
                         text=True, encoding="utf-8", env=env, cwd=REPO_ROOT, timeout=300,
@@ -328,12 +335,12 @@ def assert_printed(stdout, expected):
 
 @pytest.mark.slow
 def test_rest_prints_the_signatures_translations(servable, rest_server):
-  result = query("--protocol=rest", f"--server={rest_server}", "--batch_size=2", *SENTENCES)
+  result = query("--protocol=rest", f"--server={rest_server}", "--batch_size=2", *SENTENCES,
+                 process=True)
   assert result.returncode == 0, result.stderr[-3000:]
   assert_printed(result.stdout, direct(servable, SENTENCES))
 
 
-@pytest.mark.slow
 def test_grpc_prints_the_signatures_translations(servable, grpc_server, tmp_path):
   source = tmp_path / "src.txt"
   source.write_text("".join(s + "\n" for s in SENTENCES), encoding="utf-8")
@@ -354,7 +361,6 @@ def test_rest_row_format_carries_every_output(servable, rest_server):
                                                                       SENTENCES[:2])]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["rest", "grpc"])
 def test_unreachable_server_is_a_clear_error(protocol):
   server = f"127.0.0.1:{unused_port()}"
@@ -367,7 +373,6 @@ def test_unreachable_server_is_a_clear_error(protocol):
   assert "Traceback" not in result.stderr
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["rest", "grpc"])
 def test_wrong_model_name_is_a_clear_error(protocol, rest_server, grpc_server):
   server = rest_server if protocol == "rest" else grpc_server
@@ -382,7 +387,6 @@ def test_wrong_model_name_is_a_clear_error(protocol, rest_server, grpc_server):
   assert ("HTTP 404" if protocol == "rest" else "NOT_FOUND") in last
 
 
-@pytest.mark.slow
 def test_wrong_signature_is_a_clear_error(rest_server):
   result = query("--protocol=rest", f"--server={rest_server}", "--signature_name=nosuch",
                  "a dog")
@@ -418,7 +422,6 @@ class FakeReplyHandler(http.server.BaseHTTPRequestHandler):
     ({"predictions": [{"outputs": "x" * 3000, "scores": 1.0}]}, ["--max_reply_bytes=2000"],
      "sent a reply of more than --max_reply_bytes=2000 bytes"),
 ], ids=["text_score", "null_score", "list_output", "too_long"])
-@pytest.mark.slow
 def test_odd_replies_are_clear_errors(reply, args, message):
   httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeReplyHandler)
   httpd.reply = json.dumps(reply).encode()
