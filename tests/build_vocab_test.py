@@ -1,6 +1,5 @@
 """Tests of tools/build_vocab.py: the CLI builds what training then reuses."""
 
-import pytest
 import os
 
 from t2t_keras.configs import DataConfig
