@@ -19,7 +19,7 @@ the directory holds, so that a new file (or a renamed one) is one edit:
   best/, best_eval.json  the best checkpoint by dev BLEU or loss and its record
   dev_bleu.json        the last dev BLEU with sacreBLEU's signature (`record_dev_bleu`),
                        for the model card of an export
-  .worker-<i>/         scratch checkpoints of the non-chief workers
+  .worker-<i>/         scratch checkpoints of the non-chief workers (deleted once written)
   export/, ctranslate2/  default export directories
 
 Every file goes through tf.io.gfile (the directory may be on gs://) and is written
@@ -119,6 +119,15 @@ def worker_dir(model_dir: str, worker_id: int) -> str:
   """Where a non-chief worker saves: TensorFlow's multi-worker guide has every worker
   take part in saving, and only the chief write into the model directory."""
   return os.path.join(model_dir, f".worker-{worker_id}")
+
+
+def discard_worker_dir(directory: str) -> None:
+  """Deletes a non-chief worker's scratch checkpoints once written (`worker_dir`, or
+  its best/): they exist only because every worker must take part in saving, and
+  TensorFlow's multi-worker guide deletes them too; kept, every save would leave a
+  full copy per worker beside the model (16 hosts: 16 copies on gs://)."""
+  if tf.io.gfile.exists(directory):
+    tf.io.gfile.rmtree(directory)
 
 
 def default_export_dir(model_dir: str, ctranslate2: bool = False) -> str:

@@ -1,6 +1,5 @@
 """Test setup: quiet TensorFlow logs and make ../shared/data reachable."""
 
-import gc
 import os
 import shutil
 
@@ -166,15 +165,6 @@ def pytest_runtest_teardown(item):
   patch = getattr(item, "quick_lane_patch", None)
   if patch is not None:
     patch.undo()
-
-
-@pytest.fixture(autouse=True)
-def _collect_garbage():
-  """Frees what a test left in reference cycles (Keras models, trainers) once it ends:
-  their tf.data iterators keep background threads (prefetch, autotuning) running, and
-  left to accumulate in a worker process those slowed later tests several-fold."""
-  yield
-  gc.collect()
 
 
 @pytest.fixture

@@ -84,16 +84,22 @@ def test_static_two_replicas_equal_one_with_accumulation_on_the_real_pipeline(tm
     data = pipeline.make_datasets(DataConfig(
         source="synthetic", synthetic_max_length=12, synthetic_vocab_size=16,
         synthetic_train_size=2000, synthetic_eval_size=10, max_length=16, batch_size=96,
-        static_shapes=True, accum_steps=accum))
+        static_shapes=True, accum_steps=accum, bucket_growth=2.0))  # buckets 8 and 16
     model = dataclasses.replace(MODEL, vocab_size=data.vocab_size)
     runs[name] = train(tmp_path, name, 5, strategy=strategy, model=model,
                        dataset_fn=data.train_fn, accum_steps=accum, learning_rate=0.05,
                        adam_epsilon=1e-4)
   (one, r1), (two, r2) = runs["one"], runs["two"]
   assert two.strategy.num_replicas_in_sync == 2
+  assert len(two._last_batches.iterators) == 2  # both buckets came up in the 5 steps
   assert r1.target_tokens == r2.target_tokens
   for a, b in zip(weights_of(one), weights_of(two)):
     np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+# Buckets of 8 and 24 tokens: two XLA programs to compile on 2 replicas (each costs
+# seconds), the fewest that can show one program per bucket.
+XLA_BUCKET_GROWTH = 3.0
 
 
 def _compiled_step_signatures(tmp_path, static, steps=None):
@@ -107,7 +113,7 @@ def _compiled_step_signatures(tmp_path, static, steps=None):
   datasets = pipeline.make_datasets(DataConfig(
       source="synthetic", synthetic_max_length=20, synthetic_vocab_size=16,
       synthetic_train_size=2000, synthetic_eval_size=10, max_length=24, batch_size=128,
-      static_shapes=static, bucket_growth=1.5))
+      static_shapes=static, bucket_growth=XLA_BUCKET_GROWTH))
   config = TrainConfig(model_dir=str(tmp_path / f"static{static}"), strategy="mirrored",
                        train_steps=steps, jit_compile=True, steps_per_loop=5,
                        log_every=10, eval_every=1000, save_checkpoint_steps=1000,
@@ -143,7 +149,7 @@ def test_xla_on_two_replicas_compiles_one_program_per_bucket(tmp_path):
   shapes, buckets, trainer = _compiled_step_signatures(tmp_path, static=True)
   runs = trainer.current_step() // min(5, trainer.config.static_run_steps)
   assert all(None not in shape for shape in shapes), shapes
-  lengths = pipeline.bucket_boundaries(DataConfig().bucket_min, 24, 1.5)
+  lengths = pipeline.bucket_boundaries(DataConfig().bucket_min, 24, XLA_BUCKET_GROWTH)
   assert {length for _, length in shapes} <= set(lengths)  # padded to bucket lengths
   assert len(buckets) >= 2 and len(set(shapes)) == len(buckets), (shapes, buckets)
   assert runs > len(buckets)  # a bucket comes up in two runs: a retrace would show

@@ -119,8 +119,18 @@ class Agreement:
     if self._sum is None:
       strategy = self.strategy
 
-      def total(values):  # as the train loop reduces its sums: across all workers
-        per_replica = strategy.run(lambda: tf.identity(values))
+      # One replica per worker contributes, so that a worker's value counts once
+      # whatever its number of devices (8 GPUs would make the chief's step 8 times
+      # itself). Replicas are numbered worker by worker: the first local one is at a
+      # multiple of the local count.
+      local = len(strategy.extended.worker_devices)
+
+      def total(values):  # reduced as the train loop reduces its sums: over all workers
+        def contribution():
+          replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+          first = tf.equal(tf.math.floormod(replica, local), 0)
+          return tf.where(first, values, tf.zeros_like(values))
+        per_replica = strategy.run(contribution)
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
       self._sum = tf.function(total)
     return list(self._sum(tf.constant(values, tf.float32)).numpy())

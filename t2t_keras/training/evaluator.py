@@ -115,7 +115,7 @@ class Evaluator:
   def __init__(self, trainer, eval_dataset_fn, eval_hook: Optional[Callable[[int], dict]],
                save_dir: str, writer, progress: Callable[[str], None]):
     cfg = trainer.config
-    self.trainer, self.config = trainer, cfg
+    self.trainer, self.config, self.save_dir = trainer, cfg, save_dir
     self.dataset_fn, self.writer, self.progress = eval_dataset_fn, writer, progress
     self.hook = eval_hook if trainer.chief else None
     self.best = self.best_manager = None
@@ -199,6 +199,8 @@ class Evaluator:
     if self.best_manager is not None or cfg.early_stopping_patience:
       if improved and self.best_manager is not None:
         self.best_manager.save(checkpoint_number=step)
+        if not self.trainer.chief:
+          modeldir.discard_worker_dir(self.save_dir)
         if best is not None:
           self.progress(f"best so far: {best.describe()}, saved in "
                         f"{modeldir.best_dir(cfg.model_dir)}")

@@ -403,6 +403,8 @@ class _Checkpoints:
           "--learning_rate, raise --learning_rate_warmup_steps, or check the data.")
     self.manager.save(checkpoint_number=step)
     self.saved_step = step
+    if not self.trainer.chief:
+      modeldir.discard_worker_dir(self.save_dir)
     if self.trainer.chief and self.trainer.on_save is not None:
       self.trainer.on_save(step)
 

@@ -1,0 +1,52 @@
+"""Agreement across workers whatever their number of devices (training/distribute.py).
+
+A worker of a multi-worker run may hold several devices (8 GPUs, a TPU host's cores);
+every value the workers agree on must be the same for any count. TensorFlow's public
+MultiWorkerMirroredStrategy gives a CPU worker one device, so the test builds the
+strategy over the 2 logical CPUs of this process (conftest splits the CPU) with
+TensorFlow's own constructor for local devices: one worker whose replicas are numbered
+as a worker's are in a cluster. tests/multi_worker_test.py runs two workers for real.
+"""
+
+import pytest
+import tensorflow as tf
+from tensorflow.python.distribute import collective_all_reduce_strategy
+
+from t2t_keras.errors import ModelDirError
+from t2t_keras.training import distribute, init_from
+
+
+@pytest.fixture(scope="module")
+def two_device_worker():
+  devices = [d.name for d in tf.config.list_logical_devices("CPU")][:2]
+  assert len(devices) == 2, "conftest splits the CPU into 2 logical devices"
+  strategy = collective_all_reduce_strategy.CollectiveAllReduceStrategy._from_local_devices(  # pylint: disable=protected-access
+      devices)
+  assert isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+  assert strategy.num_replicas_in_sync == 2
+  return distribute.Agreement(strategy)
+
+
+def test_the_chiefs_number_is_itself_on_a_worker_of_two_devices(two_device_worker):
+  """chief_number summed the chief's value over every replica: 14 for 7 on a worker of
+  2 devices (ckpt-14 asked for instead of ckpt-7, -2 for the "none found" code -1)."""
+  assert two_device_worker.multi_worker and two_device_worker.chief
+  for value in (7, -1, 0, 123456):
+    assert two_device_worker.chief_number(value) == value
+  assert two_device_worker(any_worker=[True, False], chief_decides=[True, False]) == [
+      True, False, True, False]
+  assert two_device_worker.barrier(failed=False) is False
+  assert two_device_worker.barrier(failed=True) is True
+
+
+def test_init_from_names_the_chiefs_checkpoint_on_a_worker_of_two_devices(
+    two_device_worker, tmp_path):
+  (tmp_path / "ckpt-7.index").write_text("")
+  (tmp_path / "checkpoint").write_text('model_checkpoint_path: "ckpt-7"\n'
+                                       'all_model_checkpoint_paths: "ckpt-7"\n')
+  assert init_from.agreed_checkpoint(str(tmp_path), two_device_worker) == str(
+      tmp_path / "ckpt-7")
+  # The chief finds nothing: its "none" code (-1) reaches the workers as -1 (-2 before),
+  # and the chief says what is missing.
+  with pytest.raises(ModelDirError, match="no such model directory or checkpoint"):
+    init_from.agreed_checkpoint(str(tmp_path / "none"), two_device_worker)
