@@ -34,7 +34,7 @@ def test_static_per_bucket_resume_equals_uninterrupted(tmp_path):
     runs[name] = (trainer, result)
   (straight, _), (resumed, result) = runs["straight"], runs["resumed"]
   assert result.steps == 20 and resumed.current_step() == 20
-  assert len(resumed._last_batches.iterators) >= 2  # several buckets came up
+  assert len(resumed._last_batches.buckets_used) >= 2  # several buckets came up
   for a, b in zip(weights_of(straight), weights_of(resumed)):
     np.testing.assert_allclose(a, b, atol=1e-6)
 
@@ -91,7 +91,7 @@ def test_static_two_replicas_equal_one_with_accumulation_on_the_real_pipeline(tm
                        adam_epsilon=1e-4)
   (one, r1), (two, r2) = runs["one"], runs["two"]
   assert two.strategy.num_replicas_in_sync == 2
-  assert len(two._last_batches.iterators) == 2  # both buckets came up in the 5 steps
+  assert len(two._last_batches.buckets_used) == 2  # both buckets came up in the 5 steps
   assert r1.target_tokens == r2.target_tokens
   for a, b in zip(weights_of(one), weights_of(two)):
     np.testing.assert_allclose(a, b, atol=1e-6)

@@ -303,6 +303,7 @@ class Trainer:
     if policy.preempted:
       progress(policy.preemption_line(step))
     saver.save_unless_saved(step)
+    batches.release()
     writer.flush()
     eval_writer.flush()
     wall = clock.elapsed(clock.now())
@@ -462,6 +463,17 @@ class _Batches:
     else:
       self.single = iter(self.strategy.distribute_datasets_from_function(
           trainer._resuming(dataset_fn, step)))  # pylint: disable=protected-access
+
+  def release(self) -> None:
+    """Drops the iterators once the loop is done: their background threads (prefetch,
+    tf.data's autotuning) would run on while the process evaluates, decodes examples
+    or exports, and in a process that trains several times (a notebook, the tests)
+    they pile up. `buckets_used` keeps which buckets came up."""
+    if self.per_bucket:
+      self.buckets_used = sorted(self.iterators)
+      self.iterators = {}
+    else:
+      self.single = None
 
   def steps_left_in_run(self, step: int) -> int:
     """Steps from `step` that are sure to share its iterator."""
