@@ -122,8 +122,8 @@ def worker_dir(model_dir: str, worker_id: int) -> str:
 
 
 def discard_worker_dir(directory: str) -> None:
-  """Deletes a non-chief worker's scratch checkpoints once written (`worker_dir`, or
-  its best/): they exist only because every worker must take part in saving, and
+  """Deletes a non-chief worker's scratch directory (`worker_dir`, with its best/) once
+  a save is written: it exists only because every worker must take part in saving, and
   TensorFlow's multi-worker guide deletes them too; kept, every save would leave a
   full copy per worker beside the model (16 hosts: 16 copies on gs://)."""
   if tf.io.gfile.exists(directory):
