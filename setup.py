@@ -18,6 +18,13 @@ TOOLS = {
     "visualize_attention": "t2t-visualize-attention",
 }
 
+# The TensorFlow release lines supported: the newest, and the newest that Cloud TPU
+# VMs can install (tensorflow-tpu). CI runs the quick lane on the oldest
+# (.ci/oldest_tensorflow); BUILD.md names them.
+TF_LINES = ("2.20", "2.21")
+TF_NEXT = "2.22"
+TF_PACKAGES = ("tensorflow", "tensorflow-text", "tensorflow-serving-api")
+
 setup(
     name="t2t_keras",
     version="0.1.0",
@@ -41,10 +48,10 @@ setup(
     ],
     packages=find_packages(include=["t2t_keras", "t2t_keras.*"]),
     python_requires=">=3.10",
+    # TensorFlow is an extra, not a requirement: a Cloud TPU VM runs `tensorflow-tpu`,
+    # a distribution pip does not count as `tensorflow`, so requiring `tensorflow` here
+    # would install a second, CPU-only TensorFlow over the TPU build (BUILD.md).
     install_requires=[
-        "tensorflow>=2.21,<2.22",
-        # tensorflow-text must match tensorflow's minor version (its kernels link to it).
-        "tensorflow-text>=2.21,<2.22",
         "keras>=3.15",
         "tensorflow-datasets>=4.9",
         # tensorflow-datasets 4.9.10 imports importlib_resources when it prepares a
@@ -55,22 +62,28 @@ setup(
         "sentencepiece>=0.2",
         "matplotlib>=3.8",  # attention maps and learning curves
         "tensorboard>=2.20",  # tf.summary and the learning-curve tool
-        # TF Serving's protos: the XLA export's warm-up requests, t2t-query-server's gRPC
-        "tensorflow-serving-api>=2.21,<2.22",
     ],
     entry_points={"console_scripts": [
         f"t2t-{name}=t2t_keras.{name}:console_main" for name in ENTRY_POINTS] + [
         f"{command}=t2t_keras.tools.{module}:console_main"
         for module, command in TOOLS.items()]},
     extras_require={
-        # tensorflow-serving-api: tests/serving_test.py runs the gRPC client.
-        # ctranslate2: tests/ctranslate2_export_test.py checks the export against it.
+        # CPU and GPU hosts: TensorFlow of a release line this project supports, and
+        # the packages that must match its minor version. tensorflow-text's kernels link
+        # against TensorFlow, so each tensorflow-text release pins its own TensorFlow
+        # line: the resolver picks a matching pair. tensorflow-serving-api: TF Serving's
+        # protos (the XLA export's warm-up requests, t2t-query-server --protocol=grpc).
+        "tensorflow": [f"{name}>={TF_LINES[0]},<{TF_NEXT}" for name in TF_PACKAGES],
+        # Cloud TPU VMs: the TPU build of the same lines. tensorflow-text and
+        # tensorflow-serving-api name the `tensorflow` distribution in their own
+        # requirements, so they are installed with --no-deps beside it (BUILD.md).
+        "tpu": [f"tensorflow-tpu>={TF_LINES[0]},<{TF_NEXT}"],
         # pytest-xdist: README's test command runs the files on 2 processes; ruff:
-        # tests/lint_test.py.
+        # tests/lint_test.py; ctranslate2: tests/ctranslate2_export_test.py checks the
+        # export against it. No TensorFlow here: the tests run on whichever line the
+        # environment has (CI runs the quick lane on the oldest line too).
         "test": ["pytest>=8", "pytest-timeout", "pytest-xdist>=3.8", "ruff>=0.6",
-                 "tensorflow-serving-api>=2.21,<2.22", "ctranslate2>=4.5"],
-        # t2t-query-server --protocol=grpc (tools/query_serving.py)
-        "serving": ["tensorflow-serving-api>=2.21,<2.22"],
+                 "ctranslate2>=4.5"],
         # `python -m t2t_keras.export --format=ctranslate2` and t2t-ct2-translate
         "ctranslate2": ["ctranslate2>=4.5"],
     },

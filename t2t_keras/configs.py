@@ -310,6 +310,12 @@ class TrainConfig:
   label_smoothing: float = setting(0.1, "eps_ls.", check=DROPOUT)
   strategy: str = setting("default", "tf.distribute strategy.", choices=_STRATEGIES)
   tpu: Optional[str] = setting(None, "Cloud TPU name or address (--strategy=tpu).")
+  tpu_zone: Optional[str] = setting(
+      None, "--strategy=tpu: the Cloud TPU's zone, where the resolver cannot read it "
+      "from the VM's metadata or gcloud's configuration (a host outside the TPU's zone).")
+  gcp_project: Optional[str] = setting(
+      None, "--strategy=tpu: the Cloud TPU's project, where the resolver cannot read it "
+      "from the VM's metadata or gcloud's configuration.")
   num_logical_devices: int = setting(
       0, "Split the CPU into N logical devices (testing distribution).")
   jit_compile: bool = setting(False, "Compile train steps with XLA.")

@@ -337,14 +337,14 @@ def check_train_flags(argv, fv=FLAGS) -> list:
   if not source.is_text:
     ignored |= set(_data_flags(sources.TEXT_FIELDS))
   if fv.strategy != "tpu":
-    ignored.add("tpu")
+    ignored |= {"tpu", "tpu_zone", "gcp_project"}
   problems = []
   for name in command_line_flags(argv, fv):
     if name in ignored:
       reads = ", ".join(f"--{n}" for n in _data_flags(source.reads))
-      if name == "tpu":
-        problems.append(f"--tpu is set but --strategy={fv.strategy} does not use it: "
-                        "add --strategy=tpu, or drop --tpu")
+      if name in ("tpu", "tpu_zone", "gcp_project"):
+        problems.append(f"--{name} is set but --strategy={fv.strategy} does not use it: "
+                        f"add --strategy=tpu, or drop --{name}")
       else:
         problems.append(
             f"--{name}={_value(fv, name)} is set but --data_source={source.kind} does "

@@ -50,3 +50,24 @@ def test_init_from_names_the_chiefs_checkpoint_on_a_worker_of_two_devices(
   # and the chief says what is missing.
   with pytest.raises(ModelDirError, match="no such model directory or checkpoint"):
     init_from.agreed_checkpoint(str(tmp_path / "none"), two_device_worker)
+
+
+def test_tpu_strategy_passes_name_zone_and_project_to_the_resolver(monkeypatch):
+  """A host outside the TPU's zone or project (a GCE VM driving a TPU node) must be
+  able to name them: the resolver gets exactly what the flags say."""
+  from t2t_keras.configs import TrainConfig  # pylint: disable=import-outside-toplevel
+  seen = {}
+
+  class Resolved(Exception):
+    pass
+
+  def resolver(**kwargs):
+    seen.update(kwargs)
+    raise Resolved()
+
+  monkeypatch.setattr(tf.distribute.cluster_resolver, "TPUClusterResolver", resolver)
+  config = TrainConfig(strategy="tpu", tpu="big-pod", tpu_zone="europe-west4-a",
+                       gcp_project="my-project")
+  with pytest.raises(Resolved):
+    distribute.create_strategy(config)
+  assert seen == {"tpu": "big-pod", "zone": "europe-west4-a", "project": "my-project"}

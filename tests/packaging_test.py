@@ -170,3 +170,68 @@ def test_wheel_carries_the_tools_commands_and_license(tmp_path):
   assert "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION" in license_text
   assert "\nLicense: Apache-2.0\n" in metadata
   assert "Classifier: Topic :: Scientific/Engineering :: Artificial Intelligence" in metadata
+
+
+def _requirements(extra=None):
+  """name -> SpecifierSet of the installed t2t_keras' requirements: the unconditional
+  ones, or those of one extra."""
+  from importlib import metadata  # pylint: disable=import-outside-toplevel
+  from packaging.requirements import Requirement  # pylint: disable=import-outside-toplevel
+  found = {}
+  for line in metadata.requires("t2t_keras"):
+    requirement = Requirement(line)
+    marker = requirement.marker
+    if extra is None and marker is None:
+      found[requirement.name] = requirement.specifier
+    elif extra is not None and marker is not None and marker.evaluate({"extra": extra}):
+      found[requirement.name] = requirement.specifier
+  return found
+
+
+def test_tensorflow_is_an_extra_so_a_tpu_vm_keeps_its_own():
+  """A Cloud TPU VM's TensorFlow is the `tensorflow-tpu` distribution: a plain
+  requirement on `tensorflow` (or on packages whose own requirements name it) would
+  install a CPU-only TensorFlow over it. Both supported lines, 2.20 (the newest
+  tensorflow-tpu) and 2.21, must satisfy each extra."""
+  base = _requirements()
+  assert not {"tensorflow", "tensorflow-text", "tensorflow-serving-api",
+              "tensorflow-cpu", "tensorflow-tpu"} & set(base), base
+  assert {"keras", "sacrebleu", "sentencepiece", "tensorflow-datasets"} <= set(base)
+  tensorflow = _requirements("tensorflow")
+  assert set(tensorflow) == {"tensorflow", "tensorflow-text", "tensorflow-serving-api"}
+  tpu = _requirements("tpu")
+  assert set(tpu) == {"tensorflow-tpu"}
+  for specifiers in list(tensorflow.values()) + list(tpu.values()):
+    for version in ("2.20.0", "2.20.1", "2.21.0", "2.21.1"):
+      assert specifiers.contains(version), (specifiers, version)
+    assert not specifiers.contains("2.22.0") and not specifiers.contains("2.19.1")
+  assert not {"tensorflow", "tensorflow-text", "tensorflow-serving-api"} & set(
+      _requirements("test")), "the test extra must install on a TPU VM's TensorFlow"
+
+
+def test_import_without_tensorflow_says_how_to_install_it(monkeypatch):
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec",
+                      lambda name, *a: None if name == "tensorflow" else real(name, *a))
+  spec = importlib.util.spec_from_file_location(
+      "t2t_keras_without_tensorflow", os.path.join(REPO_ROOT, "t2t_keras", "__init__.py"))
+  with pytest.raises(ImportError, match=r"pip install 't2t_keras\[tensorflow\]'.*Cloud TPU"):
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+def test_a_tensorflow_text_of_another_line_is_named_with_the_fix(monkeypatch):
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data import tokenizer  # pylint: disable=import-outside-toplevel
+  line = ".".join(tf.__version__.split(".")[:2])
+  fake = type(sys)("tensorflow_text")
+  fake.__version__ = "2.19.0"
+  monkeypatch.setitem(sys.modules, "tensorflow_text", fake)
+  with pytest.raises(ImportError, match=(
+      rf"tensorflow-text 2\.19\.0 was built for another TensorFlow.*"
+      rf"pip install 'tensorflow-text=={line}\.\*'.*--no-deps")):
+    tokenizer._import_tensorflow_text()  # pylint: disable=protected-access
+  monkeypatch.setitem(sys.modules, "tensorflow_text", None)  # not installed
+  with pytest.raises(ImportError, match=r"tensorflow-text is not installed: install"):
+    tokenizer._import_tensorflow_text()  # pylint: disable=protected-access
+  monkeypatch.delitem(sys.modules, "tensorflow_text")
+  assert tokenizer._import_tensorflow_text().__version__.startswith(line + ".")  # pylint: disable=protected-access

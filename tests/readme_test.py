@@ -40,7 +40,7 @@ def test_ci_runs_readme_test_command():
   # It works on a fresh machine after command 1 or alone: it makes the environment if
   # needed and installs the test extras before running pytest.
   assert command.startswith("python3 -m venv .venv && ")
-  assert '.venv/bin/pip install -e ".[test]"' in command
+  assert '.venv/bin/pip install -e ".[tensorflow,test]"' in command
   assert re.search(r"\.venv/bin/python -m pytest -q( -n \d+ --dist loadfile)?"
                    r"( --durations=\d+)?( -rs)? tests$", command)
 
@@ -70,7 +70,8 @@ DEMO_TIMEOUT = 1800
 @pytest.mark.timeout(DEMO_TIMEOUT + 600)
 def test_readme_demo_command_in_a_fresh_copy_and_environment(tmp_path):
   command = readme_command("Install and run the offline demo")
-  assert command.startswith("python3 -m venv .venv && .venv/bin/pip install -e . && ")
+  assert command.startswith(
+      'python3 -m venv .venv && .venv/bin/pip install -e ".[tensorflow]" && ')
   assert f"--model_dir={DEMO_MODEL_DIR}" in command
   # Verbatim but for the model directory, so that a demo run a person left in /tmp
   # is neither resumed nor touched.

@@ -133,8 +133,12 @@ def test_tpu_strategy_needs_static_shapes():
                      ".*add --static_shapes"):
     t2t_flags.check_train_flags(argv, fv)
   argv, fv = _parsed("--flagfile=flags/demo.cfg", "--strategy=tpu", "--tpu=local",
-                     "--static_shapes")
+                     "--static_shapes", "--tpu_zone=us-central1-b", "--gcp_project=p")
   t2t_flags.check_train_flags(argv, fv)
+  argv, fv = _parsed("--flagfile=flags/demo.cfg", "--tpu_zone=us-central1-b")
+  with pytest.raises(flags.ValidationError, match="--tpu_zone is set but "
+                     "--strategy=default does not use it: add --strategy=tpu, or drop"):
+    t2t_flags.check_train_flags(argv, fv)
 
 
 def test_old_shuffle_buffer_flag_warns_and_is_otherwise_harmless():

@@ -30,12 +30,42 @@ from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import sentencepiece as spm
 import tensorflow as tf
-import tensorflow_text as tf_text
 from absl import logging
 
 from t2t_keras import BOS_ID, EOS_ID, NUM_RESERVED_IDS, PAD_ID, UNK_ID, language_tags
 from t2t_keras.configs import DataConfig
 from t2t_keras.data import cache, leftovers, sources
+
+
+
+def _minor(version: str) -> str:
+  return ".".join(version.split(".")[:2])
+
+
+def _import_tensorflow_text():
+  """tensorflow_text, or an ImportError that says which release to install.
+
+  Its kernels link against one TensorFlow release line: another line fails with an
+  undefined symbol deep inside TensorFlow's op loader, which names neither package.
+  """
+  line = _minor(tf.__version__)
+  fix = (f"install the tensorflow-text of TensorFlow's release line: pip install "
+         f"'tensorflow-text=={line}.*' (add --no-deps beside tensorflow-tpu or "
+         f"tensorflow-cpu, which pip does not count as `tensorflow`; BUILD.md)")
+  try:
+    import tensorflow_text  # pylint: disable=import-outside-toplevel
+  except ModuleNotFoundError:
+    raise ImportError(f"tensorflow-text is not installed: {fix}") from None
+  except Exception as e:  # pylint: disable=broad-except
+    raise ImportError(f"tensorflow-text does not load with TensorFlow {tf.__version__} "
+                      f"({type(e).__name__}: {str(e).strip()[:200]}): {fix}") from None
+  if _minor(tensorflow_text.__version__) != line:
+    raise ImportError(f"tensorflow-text {tensorflow_text.__version__} was built for "
+                      f"another TensorFlow than {tf.__version__}: {fix}")
+  return tensorflow_text
+
+
+tf_text = _import_tensorflow_text()
 
 VOCAB_TYPES = ("bpe", "unigram")
 _PROGRESS_SECONDS = 10.0

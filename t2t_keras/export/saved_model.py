@@ -454,8 +454,13 @@ def _one_piece_word(tokenizer) -> str:
 def write_warmup(path: str, requests: list) -> None:
   """TF Serving's warm-up file: a TFRecord of `PredictionLog`s, one `serving_default`
   request of `inputs` strings each (tensorflow-serving-api's protos)."""
-  # pylint: disable=import-outside-toplevel
-  from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
+  try:
+    # pylint: disable=import-outside-toplevel
+    from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
+  except ImportError:
+    raise ImportError("TF Serving's warm-up requests need tensorflow-serving-api of "
+                      "TensorFlow's release line: pip install 't2t_keras[tensorflow]' "
+                      "(BUILD.md: --no-deps on a TPU VM)") from None
   with tf.io.TFRecordWriter(path) as writer:
     for strings in requests:
       request = predict_pb2.PredictRequest()

@@ -3,7 +3,7 @@ r"""Sends sentences to a running TensorFlow Serving and prints the translations.
   # REST (port 8501): POST /v1/models/<name>:predict {"instances": [...]}
   python tools/query_serving.py --server=localhost:8501 --model_name=transformer \
       "A man is riding a bike." "Two dogs play in the snow."
-  # gRPC (port 8500), needs `pip install tensorflow-serving-api` (the [serving] extra)
+  # gRPC (port 8500), needs tensorflow-serving-api (the [tensorflow] extra)
   python tools/query_serving.py --protocol=grpc --server=localhost:8500 ...
   # sentences from a file (one per line) instead of arguments
   python tools/query_serving.py --input_file=src.txt
@@ -151,7 +151,9 @@ class GrpcClient:
       import tensorflow as tf
       from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
     except ImportError:
-      raise ServingError("gRPC needs tensorflow-serving-api: pip install -e '.[serving]'") \
+      raise ServingError("gRPC needs tensorflow-serving-api of TensorFlow's release line: "
+                         "pip install 't2t_keras[tensorflow]' (BUILD.md: --no-deps on a "
+                         "TPU VM)") \
           from None
     self._grpc, self._tf, self._predict_pb2 = grpc, tf, predict_pb2
     self.server, self.model, self.signature, self.timeout = server, model, signature, timeout

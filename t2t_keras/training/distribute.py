@@ -67,7 +67,8 @@ def create_strategy(config: TrainConfig) -> tf.distribute.Strategy:
                           "form.") from None
     return tf.distribute.MultiWorkerMirroredStrategy()
   if config.strategy == "tpu":
-    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=config.tpu)
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
+        tpu=config.tpu, zone=config.tpu_zone, project=config.gcp_project)
     tf.config.experimental_connect_to_cluster(resolver)
     tf.tpu.experimental.initialize_tpu_system(resolver)
     return tf.distribute.TPUStrategy(resolver)
