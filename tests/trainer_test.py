@@ -299,7 +299,7 @@ def test_every_interval_is_honoured(tmp_path):
                        learning_rate_warmup_steps=4, steps_per_loop=10)
   trainer = Trainer(MODEL, config, distribute.create_strategy(config))
   eval_fn = lambda ctx: make_dataset_fn(num_batches=2)(ctx).take(2)  # noqa: E731
-  trainer.train(make_dataset_fn(), eval_fn, progress=lines.append)
+  result = trainer.train(make_dataset_fn(), eval_fn, progress=lines.append)
   logged = [int(l.split()[1].split("/")[0]) for l in lines if l.startswith("step ")]
   evaluated = [int(l.split()[3].rstrip(":")) for l in lines if l.startswith("eval at")]
   saved = [int(p.rsplit("-", 1)[1])
@@ -307,6 +307,8 @@ def test_every_interval_is_honoured(tmp_path):
   assert logged == [3, 6, 9, 12]
   assert evaluated == [5, 10, 12]
   assert saved == [4, 8, 12]
+  # --steps_per_loop=10 stops at each interval's multiple: 3 4 5 6 8 9 10 12.
+  assert result.host_calls == 8
 
 
 def test_dev_bleu_reads_the_dev_pairs_of_any_source(monkeypatch):

@@ -61,6 +61,10 @@ class TrainResult:
   preempted: bool = False  # stopped by SIGTERM after saving a checkpoint
   stopped_early: bool = False  # --early_stopping_patience evaluations without improvement
   already_finished: bool = False  # an earlier run of this model_dir stopped early here
+  # Compiled calls the host made: each costs a round trip to the devices (a remote
+  # TPU's is far dearer than a local CPU's), so steps / host_calls is what
+  # --steps_per_loop and --static_run_steps buy.
+  host_calls: int = 0
 
 
 class Trainer:
@@ -101,6 +105,7 @@ class Trainer:
     self.on_save: Optional[Callable[[int], None]] = None
     self.agreement = distribute.Agreement(self.strategy)
     self.chief, self.worker_id = self.agreement.chief, self.agreement.worker_id
+    self.host_calls = 0  # of the last train() call
 
   # ------------------------------------------------------------------ device side
   def _gradients(self, batch, global_tokens):
@@ -281,6 +286,7 @@ class Trainer:
     clock = RunClock(self.clock, cfg.train_minutes)
     log = ProgressLog(cfg, self.learning_rate, writer, progress, clock, start_step)
     eval_metrics, stopped_early = {}, False
+    self.host_calls = 0
     with SavePolicy(cfg, self.agree, clock, progress) as policy:
       while step < cfg.train_steps:
         sums, step = self._run(batches, step)
@@ -307,10 +313,13 @@ class Trainer:
     writer.flush()
     eval_writer.flush()
     wall = clock.elapsed(clock.now())
-    logging.info("trained %d steps in %.1fs", step - start_step, wall)
+    logging.info("trained %d steps in %.1fs in %d host calls (%.1f steps a call)",
+                 step - start_step, wall, self.host_calls,
+                 (step - start_step) / max(self.host_calls, 1))
     return TrainResult(steps=step, wall_seconds=wall, target_tokens=log.total_tokens,
                        flops=log.total_flops, final_loss=log.loss, eval_metrics=eval_metrics,
-                       preempted=policy.preempted, stopped_early=stopped_early)
+                       preempted=policy.preempted, stopped_early=stopped_early,
+                       host_calls=self.host_calls)
 
   def _run(self, batches: _Batches, step: int):
     """One host call from `step`; returns its global sums and the step it reached.
@@ -328,6 +337,7 @@ class Trainer:
     except tf.errors.OutOfRangeError:
       raise TrainingError("the training dataset ran out of batches: it is empty or every "
                           "pair was filtered (see the data log above).") from None
+    self.host_calls += 1
     step = self.current_step()  # the one counter (skipped float16 steps count)
     self._check_finite(sums, step, n)
     return sums, step
