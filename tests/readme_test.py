@@ -51,7 +51,7 @@ def _fresh_copy(destination):
                           check=False)
   if listed.returncode != 0:  # not a git checkout: copy all but the environment
     shutil.copytree(REPO_ROOT, destination,
-                    ignore=shutil.ignore_patterns(".venv", "__pycache__", ".git"))
+                    ignore=shutil.ignore_patterns(".venv", ".venv-tf*", "__pycache__", ".git"))
     return
   for name in listed.stdout.decode().split("\0"):
     if name and os.path.exists(os.path.join(REPO_ROOT, name)):
