@@ -1,5 +1,6 @@
 """Static shapes (the TPU setting): one bucket per step on every replica, resume inside
-a run of a bucket, 2 replicas equal 1 with accumulation, one XLA program per bucket."""
+a run of a bucket, 2 replicas equal 1 with accumulation, one XLA program per bucket;
+evaluation one program per dev bucket with the dynamic loss, dev BLEU on a host copy."""
 
 import dataclasses
 
