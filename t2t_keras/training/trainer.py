@@ -254,6 +254,7 @@ class Trainer:
     the bucket's shape, and the loop is traced (on TPU or with --jit_compile,
     compiled) once per bucket, in the first evaluation only.
     """
+    _ByDesignRetracing.install()
     replicas = self.strategy.num_replicas_in_sync
     buckets = eval_data.buckets()
     totals, steps_left = np.zeros(4), max_batches or -1
@@ -518,9 +519,7 @@ class _Batches:
       self.plan = dataset_fn.plan(self.strategy.num_replicas_in_sync * cfg.accum_steps,
                                   self.run)
       self.iterators = {}
-      # One trace per bucket is the design here, not a mistake to warn about.
-      if not any(isinstance(f, _ByDesignRetracing) for f in tf.get_logger().filters):
-        tf.get_logger().addFilter(_ByDesignRetracing())
+      _ByDesignRetracing.install()
     else:
       self.single = iter(self.strategy.distribute_datasets_from_function(
           trainer._resuming(dataset_fn, step)))  # pylint: disable=protected-access
@@ -559,6 +558,13 @@ class _Batches:
 
 class _ByDesignRetracing(logging_lib.Filter):
   """Drops TensorFlow's "triggered tf.function retracing" warning."""
+
+  @classmethod
+  def install(cls) -> None:
+    """One trace per bucket is the design with static shapes, not a mistake to warn
+    about."""
+    if not any(isinstance(f, cls) for f in tf.get_logger().filters):
+      tf.get_logger().addFilter(cls())
 
   def filter(self, record: logging_lib.LogRecord) -> bool:
     return "triggered tf.function retracing" not in record.getMessage()
