@@ -37,33 +37,39 @@ def dry_run() -> None:
 
 
 def dev_bleu_hook(model, tokenizer, data_config, decode_config, n: int,
-                  model_dir=None):
+                  model_dir=None, strategy=None):
   """A Trainer eval hook: sacreBLEU of the first `n` dev sentences, decoded as configured.
 
   The dev sentences and references are the data source's (`Source.dev_pairs`: the
   --dev_src/--dev_tgt files, a TFDS validation split, the synthetic held-out set);
   the returned function gives {"bleu": cased sacreBLEU}. With `model_dir`, each score
   is also recorded with its step and sacreBLEU's signature (`modeldir.record_dev_bleu`,
-  read by the model card).
+  read by the model card). Under the trainer's `strategy` (other than the default) the
+  decode runs on a plain copy of the weights on the host (TPU) or the first replica's
+  device, refreshed at every call (`evaluator.DecodingWeights` says why).
   """
   # pylint: disable=import-outside-toplevel
   from t2t_keras import decoding, metrics, translate
   from t2t_keras.data import sources as sources_lib
   from t2t_keras.errors import DataError
+  from t2t_keras.training.evaluator import DecodingWeights
   source = sources_lib.data_source(data_config)
   pairs = source.dev_pairs(n)
   if pairs is None:
     raise DataError(f"--eval_bleu_sentences needs a dev split: {source.dev_help} (or "
                     "--eval_bleu_sentences=0).")
   sources, references = pairs
-  decode_fn = decoding.make_decode_fn(model, decode_config)
+  weights = DecodingWeights(model, strategy)
+  decode_fn = decoding.make_decode_fn(weights.model, decode_config)
   from t2t_keras import language_tags
   language = language_tags.default_language(data_config)  # the dev files' (or None)
 
   def hook(step):
-    outputs = translate.translate(model, tokenizer, sources, decode_config,
-                                 decode_fn=decode_fn, progress=False,
-                                 target_language=language)
+    decoding_model = weights.refresh()
+    with weights.scope():
+      outputs = translate.translate(decoding_model, tokenizer, sources, decode_config,
+                                   decode_fn=decode_fn, progress=False,
+                                   target_language=language)
     report = metrics.bleu_report([o.texts[0] for o in outputs], [references])
     if model_dir:
       from t2t_keras import modeldir
@@ -236,7 +242,8 @@ def train() -> None:
     # Every worker reads the dev text (a bad file stops them all here); only the chief
     # decodes it (training.evaluator).
     eval_hook = dev_bleu_hook(trainer.model, datasets.tokenizer, data_config, decode_config,
-                              FLAGS.eval_bleu_sentences, train_config.model_dir)
+                              FLAGS.eval_bleu_sentences, train_config.model_dir,
+                              strategy=strategy)
   result = trainer.train(datasets.train_fn, datasets.eval_fn,
                          progress=lambda line: print(line, flush=True), eval_hook=eval_hook)
   if result.already_finished:

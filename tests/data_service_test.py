@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 from t2t_keras.configs import DataConfig
-from t2t_keras.data import pipeline
+from t2t_keras.data import dev_batches, pipeline
 
 WORDS = "the a house cat dog runs sleeps under over small big green Haus Katze".split()
 
@@ -91,11 +91,16 @@ def test_training_batches_come_from_a_worker_without_python(corpus, service, sta
 
 
 @pytest.mark.slow
-def test_eval_batches_come_from_a_worker_without_python(corpus, service):
-  _, data = corpus
-  local = _batches(data.eval_fn())
-  remote = _batches(_through_service(data.eval_fn(), service, "eval"))
-  assert sum(len(b["inputs"]) for b in local) >= 300
+@pytest.mark.parametrize("static", [False, True])
+def test_eval_batches_come_from_a_worker_without_python(corpus, service, static):
+  config, data = corpus
+  evaluation = dev_batches.EvalData(dataclasses.replace(config, static_shapes=static),
+                                    data.eval_fn.split)
+  # Static: the per-bucket dataset the trainer reads, of the bucket with most pairs.
+  bucket = int(np.argmax(evaluation.pairs)) if static else None
+  local = _batches(evaluation(bucket=bucket))
+  remote = _batches(_through_service(evaluation(bucket=bucket), service, f"eval{static}"))
+  assert sum(len(b["inputs"]) for b in local) >= (evaluation.pairs.max() if static else 300)
   assert sorted(map(str, remote)) == sorted(map(str, local))
 
 
@@ -118,6 +123,8 @@ def test_dataset_graphs_hold_no_python_calls(corpus, static):
       config, "dev", data.tokenizer))]
   if static:
     datasets.append(train(bucket=train.plan(1).bucket_of_step(0)))
+    evaluation = dev_batches.EvalData(config, data.eval_fn.split)
+    datasets.append(evaluation(bucket=evaluation.buckets()[0]))
   for dataset in datasets:
     ops = _op_types(dataset)
     assert "MapDataset" in ops or "ParallelMapDatasetV2" in ops  # the walk sees functions

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from t2t_keras import BOS_ID, EOS_ID, PAD_ID
 from t2t_keras.configs import DataConfig
-from t2t_keras.data import cache, pipeline, sources
+from t2t_keras.data import cache, dev_batches, pipeline, sources
 from t2t_keras.data.sources import DataError
 
 WORDS = "the a house cat dog runs sleeps under over small big green Haus Katze grün".split()
@@ -148,11 +148,38 @@ def test_eval_has_every_pair_exactly_once(corpus, static):
     shapes.add(tuple(batch["inputs"].shape))
   expected = [(s.encode(), t.encode()) for s, t in pairs]  # Empty and long ones too.
   assert collections.Counter(seen) == collections.Counter(expected)
-  if static:
+  if static:  # the training buckets' shapes, and beyond them for the long pairs
     longest = data.eval_stats.longest
     assert longest > config.max_length
-    lengths = pipeline.bucket_boundaries(8, longest)
+    lengths = dev_batches.eval_lengths(config, longest)
+    assert set(pipeline.bucket_boundaries(8, config.max_length)) < set(lengths)
     assert shapes <= {(max(1, config.batch_size // n), n) for n in lengths}
+    assert any(length > config.max_length for _, length in shapes)
+
+
+def test_static_eval_buckets_give_every_replica_of_every_host_one_shape_a_step(corpus):
+  """Static dev data per bucket on 2 hosts of 2 replicas (a TPU slice): each host
+  yields `steps` steps of 2 batches, all of the bucket's shape (all-PAD batches make
+  up the last step), and the 4 replicas together get each of the bucket's pairs once."""
+  config, pairs, data = corpus
+  evaluation = dev_batches.EvalData(  # buckets 8, 16, 32 and beyond: few datasets
+      dataclasses.replace(config, static_shapes=True, bucket_growth=2.0),
+      data.eval_fn.split)
+  seen = []
+  for bucket in evaluation.buckets():
+    shape = tuple(evaluation.bucket_shape(bucket))
+    steps = evaluation.steps(bucket, 4)
+    for host in range(2):
+      ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=host,
+                                       num_replicas_in_sync=4)
+      dataset = evaluation(ctx, bucket=bucket)
+      assert tuple(dataset.element_spec["targets"].shape) == shape
+      batches = list(dataset)
+      assert len(batches) == 2 * steps
+      assert {tuple(b[k].shape) for b in batches for k in ("inputs", "targets")} == {shape}
+      seen += [row for b in batches for row in _rows(b, data.tokenizer)]
+  assert collections.Counter(seen) == collections.Counter(
+      (s.encode(), t.encode()) for s, t in pairs)
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
 """Static shapes (the TPU setting): one bucket per step on every replica, resume inside
-a run of a bucket, 2 replicas equal 1 with accumulation, one XLA program per bucket."""
+a run of a bucket, 2 replicas equal 1 with accumulation, one XLA program per bucket;
+evaluation one program per dev bucket with the dynamic loss, dev BLEU on a host copy."""
 
 import dataclasses
 
@@ -156,3 +157,104 @@ def test_xla_on_two_replicas_compiles_one_program_per_bucket(tmp_path):
   assert trainer.train_fn.experimental_get_tracing_count() == len(buckets)
   shapes, _, _ = _compiled_step_signatures(tmp_path, static=False, steps=1)
   assert any(None in shape for shape in shapes)
+
+
+def _eval_datasets(static):
+  """A dev set of 60 pairs over both buckets (8 and 24 tokens: 16 and 5 rows), whose
+  batches straddle the buckets and end partly filled."""
+  from t2t_keras.configs import DataConfig  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data import pipeline  # pylint: disable=import-outside-toplevel
+  return pipeline.make_datasets(DataConfig(
+      source="synthetic", synthetic_max_length=20, synthetic_vocab_size=16,
+      synthetic_train_size=200, synthetic_eval_size=60, max_length=24, batch_size=128,
+      static_shapes=static, bucket_growth=XLA_BUCKET_GROWTH))
+
+
+@pytest.mark.slow  # XLA compiles the 2 buckets' programs on 2 replicas: about 20 s
+def test_static_eval_on_two_replicas_is_one_program_per_bucket_with_the_dynamic_loss(
+    tmp_path, monkeypatch):
+  """--static_shapes --jit_compile on 2 replicas: evaluation runs one program per dev
+  bucket, traced for the bucket's static shape on both replicas (also in a second
+  evaluation: no retrace), every step gives both replicas one shape (padding batches
+  and rows are masked), and the dev loss is the dynamic evaluation's."""
+  from t2t_keras.data import pipeline  # pylint: disable=import-outside-toplevel
+  static_data, dynamic_data = _eval_datasets(True), _eval_datasets(False)
+  config = TrainConfig(model_dir=str(tmp_path / "m"), strategy="mirrored", train_steps=1,
+                       jit_compile=True)
+  keras.utils.set_random_seed(0)
+  trainer = Trainer(dataclasses.replace(MODEL, vocab_size=static_data.vocab_size), config,
+                    distribute.create_strategy(config))
+  strategy = trainer.strategy
+  assert strategy.num_replicas_in_sync == 2
+  traced, run = [], strategy.run  # per trace of an eval program: each replica's shape
+
+  def recording_run(fn, args=(), kwargs=None, options=None):
+    traced.append([tuple(t.shape) for t in
+                   strategy.experimental_local_results(args[0]["targets"])])
+    return run(fn, args=args, kwargs=kwargs, options=options)
+  monkeypatch.setattr(strategy, "run", recording_run)
+  lines = []
+  static = trainer.evaluate(static_data.eval_fn, progress=lines.append)
+  again = trainer.evaluate(static_data.eval_fn, progress=lines.append)
+  programs = list(traced)
+  dynamic = trainer.evaluate(dynamic_data.eval_fn)
+  lengths = pipeline.bucket_boundaries(8, 24, XLA_BUCKET_GROWTH)
+  shapes = {(128 // n, n) for n in lengths}
+  assert 1 <= len(programs) <= len(lengths), programs
+  for replicas in programs:  # each program: one static bucket shape on both replicas
+    assert len(replicas) == 2 and len(set(replicas)) == 1 and replicas[0] in shapes, programs
+  assert len({r[0] for r in programs}) == len(programs) == 2, programs  # both buckets
+  assert sum("eval program" in line for line in lines) == len(programs), lines
+  # What each replica receives, step by step, from the dev data of static mode.
+  steps = [[tuple(t.shape) for t in strategy.experimental_local_results(b["targets"])]
+           for b in strategy.distribute_datasets_from_function(static_data.eval_fn)]
+  assert all(len(set(s)) == 1 and s[0] in shapes for s in steps), steps
+  assert static["tokens"] == dynamic["tokens"] == again["tokens"]
+  for key in ("loss", "perplexity", "accuracy"):
+    assert static[key] == pytest.approx(dynamic[key], rel=1e-5, abs=1e-5), key
+    assert again[key] == static[key], key
+
+
+def test_dev_bleu_under_two_replicas_decodes_a_host_copy_as_the_plain_decode(monkeypatch):
+  """The dev-BLEU decode of a run on 2 replicas with --static_shapes --jit_compile reads
+  a plain copy of the weights on the host (as it must where the training weights live
+  on an accelerator), refreshed at each evaluation: it gives the plain decode's
+  translations of the current weights."""
+  # pylint: disable=import-outside-toplevel
+  from t2t_keras import metrics, train, translate
+  from t2t_keras.configs import DataConfig, DecodeConfig
+  from t2t_keras.data import sources, tokenizer
+  from t2t_keras.model import create_model
+  data = DataConfig(synthetic_task="copy", synthetic_vocab_size=8, synthetic_eval_size=6,
+                    static_shapes=True)
+  source = sources.data_source(data)
+  model_config = dataclasses.replace(MODEL, vocab_size=source.vocab_size)
+  config = TrainConfig(model_dir="unused", strategy="mirrored", jit_compile=True)
+  keras.utils.set_random_seed(1)
+  trainer = Trainer(model_config, config, distribute.create_strategy(config))
+  integers = tokenizer.IntegerTokenizer(source.vocab_size)
+  decode_config = DecodeConfig(beam_size=2, extra_decode_length=2)
+  hook = train.dev_bleu_hook(trainer.model, integers, data, decode_config, 4,
+                             strategy=trainer.strategy)
+  # Training moves the weights after the hook is made.
+  rng = np.random.default_rng(2)
+  trainer.model.set_weights([w + rng.normal(0, 0.5, w.shape).astype(w.dtype)
+                             for w in trainer.model.get_weights()])
+  decoded, real_translate = [], translate.translate
+  monkeypatch.setattr(translate, "translate", lambda model, *args, **kwargs: (
+      decoded.append(model) or real_translate(model, *args, **kwargs)))
+  hypotheses, real_report = [], metrics.bleu_report
+  monkeypatch.setattr(metrics, "bleu_report",
+                      lambda hyps, refs: hypotheses.append(hyps) or real_report(hyps, refs))
+  hook(1)
+  (model,), (texts,) = decoded, hypotheses
+  assert model is not trainer.model
+  assert not any(isinstance(v.value, tf.distribute.DistributedValues)
+                 for v in model.variables)  # plain variables ...
+  assert all("CPU" in v.value.device for v in model.variables)  # ... on the host
+  plain = create_model(model_config)
+  plain.set_weights(trainer.model.get_weights())
+  expected = real_translate(plain, integers, source.dev_pairs(4)[0], decode_config,
+                            progress=False)
+  assert texts == [o.texts[0] for o in expected]
+  assert len(set(texts)) > 1, texts  # outputs that tell weights apart

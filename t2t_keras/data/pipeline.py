@@ -21,11 +21,10 @@ Train: empty pairs and pairs longer than max_length are dropped and counted; the
 rest are batched by `plan.BatchPlan`: the whole corpus shuffled by (seed, epoch), one
 bucket per step for all replicas, hosts and micro-batches, rare buckets merged into
 wider ones, any step reachable at once (resume); each input pipeline holds only its
-share of the pairs. Eval: never dropped, shuffled or repeated: every pair
-appears exactly once; empty sides become just EOS; pairs longer than max_length are
-kept in extra buckets (up to the longest pair; such a batch has at least one row even
-if it then exceeds the budget), and in static mode the last batch of each bucket is
-padded with all-PAD rows (zero loss weight) instead of being dropped.
+share of the pairs. Eval (`dev_batches`): never dropped, shuffled or repeated: every
+pair appears exactly once, in the training buckets plus extra ones for pairs longer
+than max_length; in static mode one dataset per bucket, padded with all-PAD rows and
+batches (zero loss weight) so that every replica of a step gets the bucket's shape.
 
 Elements: {"inputs": int32 [B, S], "targets": int32 [B, T]}, ids + EOS, PAD 0.
 """
@@ -122,10 +121,7 @@ side (`corpora.CorpusSplits`)."""
       [name for name, _ in parts])
 
 
-_CHUNK_ROWS = 64  # Rows of similar length padded together before unbatching.
-
-
-def _loaded(load: Callable[[], tuple], inner: Callable[..., tf.data.Dataset]
+def loaded(load: Callable[[], tuple], inner: Callable[..., tf.data.Dataset]
             ) -> tf.data.Dataset:
   """`inner(*tensors)`, where `load()` builds the tensors: TF ops run once per
   iterator, wherever the dataset graph runs (no Python there)."""
@@ -141,74 +137,8 @@ def _loaded(load: Callable[[], tuple], inner: Callable[..., tf.data.Dataset]
   return tf.data.Dataset.from_tensors(0).map(lambda _: components()).flat_map(unpack)
 
 
-def _with_eos(ragged: tf.RaggedTensor) -> tf.RaggedTensor:
+def with_eos(ragged: tf.RaggedTensor) -> tf.RaggedTensor:
   return tf.concat([ragged, tf.fill([ragged.nrows(), 1], EOS_ID)], axis=1)
-
-
-def _examples(split: cache.TokenizedSplit, input_context=None) -> tf.data.Dataset:
-  """Every pair of a split, by length, as {"inputs", "targets"} id vectors ending
-  with EOS.
-
-  tf.data's cost is per function call, so the pairs are padded to dense rows in chunks
-  of similar length (they are read by length), and unbatching dense rows calls no
-  function. Rows may end with PAD beyond their EOS; `_trim` cuts batches to size
-  (ids are never PAD inside a sequence).
-
-  Args:
-    split: the tokenized split.
-    input_context: keep only this input pipeline's pairs (every num_input_pipelines-th
-      in reading order, so shards are disjoint and balanced).
-  """
-  num_shards, shard = 1, 0
-  if input_context is not None:
-    num_shards, shard = (input_context.num_input_pipelines,
-                         input_context.input_pipeline_id)
-
-  def load():
-    src, tgt, lengths = split.read(split.present)
-    mine = tf.range(shard, tf.shape(lengths)[0], num_shards)
-    return tuple(_with_eos(tf.gather(tf.RaggedTensor.from_row_lengths(x, lengths[:, i]),
-                                     mine)) for i, x in enumerate((src, tgt)))
-
-  def chunks(src, tgt):
-    starts = tf.range(0, src.nrows(), _CHUNK_ROWS)
-    return tf.data.Dataset.from_tensor_slices(starts).map(lambda i: {
-        "inputs": src[i:i + _CHUNK_ROWS].to_tensor(PAD_ID),
-        "targets": tgt[i:i + _CHUNK_ROWS].to_tensor(PAD_ID)})
-
-  return _loaded(load, chunks).unbatch()
-
-
-def _row_lengths(ids: tf.Tensor) -> tf.Tensor:
-  return tf.math.count_nonzero(tf.not_equal(ids, PAD_ID), axis=-1, dtype=tf.int32)
-
-
-def _length(example: dict) -> tf.Tensor:
-  return tf.maximum(_row_lengths(example["inputs"]), _row_lengths(example["targets"]))
-
-
-def _trim(batch: dict, lengths: List[int], static: bool) -> dict:
-  """Cuts a padded batch to its longest sequence per side, or (static) both sides
-  to the bucket's length."""
-  if static:
-    longest = tf.reduce_max(_length(batch))
-    bucket = tf.searchsorted(tf.constant(lengths, tf.int32), longest[None])[0]
-    width = tf.gather(lengths, bucket)
-    return {k: tf.pad(v[:, :width], [[0, 0], [0, width - tf.minimum(
-        width, tf.shape(v)[1])]]) for k, v in batch.items()}
-  return {k: v[:, :tf.reduce_max(_row_lengths(v))] for k, v in batch.items()}
-
-
-def _bucket(ds: tf.data.Dataset, lengths: List[int], batch_size: int, static: bool
-            ) -> tf.data.Dataset:
-  """Groups dev examples into the buckets of padded `lengths` (see module docstring)."""
-  sizes = bucket_batch_sizes(lengths, batch_size)
-  ds = ds.bucket_by_sequence_length(
-      _length, bucket_boundaries=[n + 1 for n in lengths],
-      bucket_batch_sizes=sizes + [1],  # Last bucket stays empty.
-      padding_values={"inputs": PAD_ID, "targets": PAD_ID})
-  return ds.map(lambda batch: _trim(batch, lengths, static),
-                num_parallel_calls=tf.data.AUTOTUNE)
 
 
 class TrainData:
@@ -344,7 +274,7 @@ class TrainData:
             epoch, pool, k, slot, per_step, pipelines, pipeline_id))
         out = {}
         for key, ids in (("inputs", src), ("targets", tgt)):
-          padded = _with_eos(tf.gather(ids, rows))
+          padded = with_eos(tf.gather(ids, rows))
           if static:
             width = tf.gather(widths, tf.gather(batch_plan.pool_bucket, pool))
             out[key] = padded.to_tensor(PAD_ID, shape=tf.stack([tf.size(rows, tf.int64), width]))
@@ -358,7 +288,7 @@ class TrainData:
       parallel = tf.data.AUTOTUNE if bucket is None else per_step
       return ds.map(batch, num_parallel_calls=parallel, deterministic=True)
 
-    ds = _loaded(load, batches)
+    ds = loaded(load, batches)
     return ds.prefetch(tf.data.AUTOTUNE if bucket is None else per_step)
 
 
@@ -376,7 +306,7 @@ def eval_dataset(config: DataConfig, tokenizer=None,
                  input_context: Optional[tf.distribute.InputContext] = None,
                  split: Optional[cache.TokenizedSplit] = None
                  ) -> Optional[tf.data.Dataset]:
-  """One pass over the dev split: every pair exactly once (see module docstring).
+  """One pass over the dev split: every pair exactly once (`dev_batches.EvalData`).
 
   Args:
     config: data configuration.
@@ -387,24 +317,11 @@ def eval_dataset(config: DataConfig, tokenizer=None,
   Returns:
     Finite dataset of {"inputs": [B, S], "targets": [B, T]}, or None without dev data.
   """
+  from t2t_keras.data import dev_batches  # pylint: disable=import-outside-toplevel
   split = split or load_split(config, "dev", tokenizer)
   if split is None:
     return None
-  stats = split_stats(split, config.max_length)
-  lengths = bucket_boundaries(config.bucket_min, max(config.max_length, stats.longest),
-                              config.bucket_growth)
-  ds = _examples(split, input_context)
-  ds = _bucket(ds, lengths, config.batch_size, config.static_shapes)
-  if config.static_shapes:
-    batch_size = config.batch_size
-
-    def pad_rows(batch):
-      rows = tf.maximum(1, batch_size // tf.shape(batch["inputs"])[1])
-      return {k: tf.pad(v, [[0, rows - tf.shape(v)[0]], [0, 0]])
-              for k, v in batch.items()}
-
-    ds = ds.map(pad_rows)
-  return ds.prefetch(tf.data.AUTOTUNE)
+  return dev_batches.EvalData(config, split)(input_context)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -417,14 +334,15 @@ class Datasets:
     vocab_size: ids in the vocabulary (ModelConfig.vocab_size).
     train_fn: a TrainData: `train_fn(input_context=None, start_step=0, ...)` is the
       infinite training dataset from `start_step` on.
-    eval_fn: input_context (or None) -> one-pass dev dataset; None without dev data.
+    eval_fn: a `dev_batches.EvalData`: `eval_fn(input_context=None)` is the one-pass
+      dev dataset (static shapes: also one dataset per bucket); None without dev data.
     train_stats / eval_stats: counts of the splits (eval_stats None without dev).
   """
 
   tokenizer: tf.Module
   vocab_size: int
   train_fn: TrainData
-  eval_fn: Optional[Callable[[Optional[tf.distribute.InputContext]], tf.data.Dataset]]
+  eval_fn: Optional[Callable[..., tf.data.Dataset]]
   train_stats: SplitStats
   eval_stats: Optional[SplitStats]
 
@@ -439,6 +357,7 @@ def make_datasets(config: DataConfig) -> Datasets:
     sources.DataError: a source's bad settings, missing/misaligned/invalid files, or
       no training pair left.
   """
+  from t2t_keras.data import dev_batches  # pylint: disable=import-outside-toplevel
   config.validate()
   sources.data_source(config).validate()  # an unknown kind or its bad settings
   tokenizer = tokenizer_lib.load_or_build_tokenizer(config)
@@ -461,7 +380,7 @@ def make_datasets(config: DataConfig) -> Datasets:
                  eval_stats.summary("dev", config.max_length))
     if eval_stats.pairs == 0:
       raise sources.DataError("The dev split is empty; fix it or leave it unset.")
-    eval_fn = lambda ctx=None: eval_dataset(config, input_context=ctx, split=dev)  # noqa: E731
+    eval_fn = dev_batches.EvalData(config, dev)
   return Datasets(
       tokenizer=tokenizer, vocab_size=tokenizer.vocab_size,
       train_fn=train_fn,

@@ -10,6 +10,7 @@ collective, so that every worker saves the best checkpoint and stops at the same
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import uuid
@@ -19,6 +20,51 @@ import tensorflow as tf
 
 from t2t_keras import modeldir
 from t2t_keras.errors import TrainingError
+
+
+class DecodingWeights:
+  """The model the dev-BLEU decode runs: the training model, or a plain copy of it.
+
+  Under a distribution strategy the training weights are distributed variables on the
+  replicas' devices. On a TPU they live in TPU memory, and a search run outside
+  `strategy.run` would be placed there op by op, at shapes that change every step of
+  the search, which TPUs cannot run. So under any strategy but the default one the
+  decode runs on a plain copy, refreshed from the training weights (one read of each
+  variable) before every decode: on the host's CPU under TPUStrategy, on the first
+  replica's device otherwise (a GPU decodes faster than the host). One path for every
+  strategy, the one tests check on 2 logical CPU devices; a compiled static-shape
+  search inside `strategy.run` would spare the copy but ties decoding to the training
+  topology. Under the default strategy the weights are ordinary variables and the
+  model decodes as it is.
+
+  Args:
+    model: the training model.
+    strategy: the trainer's strategy (None: the default one).
+  """
+
+  def __init__(self, model, strategy: Optional[tf.distribute.Strategy] = None):
+    self.source = model
+    self.device = None
+    if strategy is not None and strategy is not tf.distribute.get_strategy():
+      tpu = isinstance(strategy, (tf.distribute.TPUStrategy,
+                                  tf.distribute.experimental.TPUStrategy))
+      self.device = "/device:CPU:0" if tpu else strategy.extended.worker_devices[0]
+    self.model = model
+    if self.device is not None:
+      from t2t_keras.model import create_model  # pylint: disable=import-outside-toplevel
+      with tf.device(self.device):
+        self.model = create_model(model.model_config)
+
+  def scope(self):
+    """Where the decode runs: the copy's device (none in particular without a copy)."""
+    return tf.device(self.device) if self.device else contextlib.nullcontext()
+
+  def refresh(self):
+    """The decoding model, holding the training model's current weights."""
+    if self.model is not self.source:
+      with self.scope():
+        self.model.set_weights(self.source.get_weights())
+    return self.model
 
 
 class BestEval:
@@ -174,7 +220,7 @@ class Evaluator:
   def __call__(self, step: int, last: bool, train_minutes: float):
     """Evaluates at `step`; returns (the metrics, whether to stop early now)."""
     cfg, best = self.config, self.best
-    metrics = self.trainer.evaluate(self.dataset_fn, cfg.eval_steps)
+    metrics = self.trainer.evaluate(self.dataset_fn, cfg.eval_steps, self.progress)
     line = (f"eval at step {step}: loss {metrics['loss']:.4f} | perplexity "
             f"{metrics['perplexity']:.3f} | accuracy {metrics['accuracy']:.4f}")
     improved = stop = False

@@ -97,8 +97,14 @@ class Trainer:
       self.optimizer.build(self.model.trainable_variables)
     self._compute_gradients = tf.function(self._gradients,
                                           jit_compile=train_config.jit_compile or None)
-    # Dev batches come in a few bucket shapes; relax shapes instead of one trace each.
+    # Dynamic shapes: dev batches come in many shapes; relax shapes instead of one
+    # trace each. Static shapes: one compiled loop per dev bucket (`_evaluate_static`),
+    # kept on the trainer so that later evaluations reuse its traces.
     self._eval_fn = tf.function(self._eval_step, reduce_retracing=True)
+    self._eval_replica_fn = tf.function(self._eval_replica,
+                                        jit_compile=train_config.jit_compile or None)
+    self.eval_loop_fn = tf.function(self._eval_loop)
+    self._eval_programs = []  # the static dev buckets evaluated so far, in order
     self._weights_finite_fn = None  # see _weights_finite
     # Called on the chief after each checkpoint (train.py records the batch plan's key
     # with the first one, so that the key describes what the checkpoints were trained on).
@@ -187,12 +193,27 @@ class Trainer:
                      for t, v in zip(totals, per_replica))
     return totals
 
+  def _eval_replica(self, batch):
+    logits = self.model(batch, training=False)
+    return losses.loss_sums(logits, batch["targets"], self.config.label_smoothing)
+
   def _eval_step(self, batch):
-    def replica(batch):
-      logits = self.model(batch, training=False)
-      return losses.loss_sums(logits, batch["targets"], self.config.label_smoothing)
-    per_replica = self.strategy.run(replica, args=(batch,))
+    per_replica = self.strategy.run(self._eval_replica, args=(batch,))
     return [self.strategy.reduce(SUM, v, axis=None) for v in per_replica]
+
+  def _eval_loop(self, iterator, num_steps):
+    """`num_steps` steps of one static dev bucket; returns the global sums (as
+    `losses.loss_sums`). Traced once per bucket: the iterator's shape is static."""
+    totals = (tf.constant(0.0),) * 4
+    for _ in tf.range(num_steps):
+      # Through a Python function, as in training: a jit-compiled tf.function handed
+      # to strategy.run directly ran with one replica's variables on the other
+      # replica's device (an error).
+      per_replica = self.strategy.run(lambda batch: self._eval_replica_fn(batch),
+                                      args=(next(iterator),))
+      totals = tuple(t + self.strategy.reduce(SUM, v, axis=None)
+                     for t, v in zip(totals, per_replica))
+    return totals
 
   # ------------------------------------------------------------------ host side
   def agree(self, any_worker=(), chief_decides=()) -> list:
@@ -203,21 +224,62 @@ class Trainer:
     """optimizer.iterations as a Python int (works for mirrored variables too)."""
     return int(self.optimizer.iterations.numpy())
 
-  def evaluate(self, eval_dataset_fn: DatasetFn, max_batches: int = 0) -> dict:
-    """Loss (smoothed), perplexity (exp NLL per token) and token accuracy on a dev set."""
-    dataset = self.strategy.distribute_datasets_from_function(eval_dataset_fn)
-    step = self._eval_fn
-    totals = np.zeros(4)
-    for i, batch in enumerate(dataset):
-      if max_batches and i >= max_batches:
-        break
-      totals += np.array([float(v) for v in step(batch)])
+  def evaluate(self, eval_dataset_fn: DatasetFn, max_batches: int = 0,
+               progress: Optional[Callable[[str], None]] = None) -> dict:
+    """Loss (smoothed), perplexity (exp NLL per token) and token accuracy on a dev set.
+
+    A dev dataset function with static shapes (the data package's `EvalData` under
+    --static_shapes) is evaluated bucket by bucket, one compiled program per bucket
+    (`_evaluate_static`); `progress` then gets a line for each program's first use.
+    `max_batches` (0: all) counts steps, of one batch per replica.
+    """
+    if getattr(eval_dataset_fn, "static_shapes", False) and hasattr(eval_dataset_fn,
+                                                                   "buckets"):
+      totals = self._evaluate_static(eval_dataset_fn, max_batches, progress or print)
+    else:
+      dataset = self.strategy.distribute_datasets_from_function(eval_dataset_fn)
+      totals = np.zeros(4)
+      for i, batch in enumerate(dataset):
+        if max_batches and i >= max_batches:
+          break
+        totals += np.array([float(v) for v in self._eval_fn(batch)])
     loss_sum, nll_sum, correct, tokens = totals
     if tokens == 0:
       raise TrainingError("the dev set produced no target tokens: check --dev_src/--dev_tgt "
                           "(empty files, or every pair longer than --max_length?).")
     return {"loss": loss_sum / tokens, "perplexity": math.exp(min(nll_sum / tokens, 50.0)),
             "accuracy": correct / tokens, "tokens": tokens}
+
+  def _evaluate_static(self, eval_data, max_batches: int,
+                       progress: Callable[[str], None]) -> np.ndarray:
+    """Sums over the dev buckets, one host call (a `tf.range` loop) per bucket.
+
+    Each bucket's dataset has a static element shape and whole steps (all-PAD rows
+    and batches fill them, with zero loss weight), so every replica of every step gets
+    the bucket's shape, and the loop is traced (on TPU or with --jit_compile,
+    compiled) once per bucket, in the first evaluation only.
+    """
+    _ByDesignRetracing.install()
+    replicas = self.strategy.num_replicas_in_sync
+    buckets = eval_data.buckets()
+    totals, steps_left = np.zeros(4), max_batches or -1
+    for bucket in buckets:
+      steps = eval_data.steps(bucket, replicas)
+      if steps_left >= 0:
+        steps, steps_left = min(steps, steps_left), steps_left - min(steps, steps_left)
+      if steps == 0:
+        break
+      if bucket not in self._eval_programs:
+        self._eval_programs.append(bucket)
+        rows, length = eval_data.bucket_shape(bucket)
+        progress(f"static shapes: eval program {len(self._eval_programs)} of "
+                 f"{len(buckets)}, dev bucket [{rows}, {length}] (evaluation is traced "
+                 "and compiled once per dev bucket)")
+      dataset = self.strategy.distribute_datasets_from_function(
+          lambda ctx, bucket=bucket: eval_data(ctx, bucket=bucket))
+      totals += np.array([float(v) for v in self.eval_loop_fn(iter(dataset),
+                                                               tf.constant(steps))])
+    return totals
 
   def checkpoint(self) -> tf.train.Checkpoint:
     """Model, optimizer and the dropout layers' random-seed states.
@@ -467,9 +529,7 @@ class _Batches:
       self.plan = dataset_fn.plan(self.strategy.num_replicas_in_sync * cfg.accum_steps,
                                   self.run)
       self.iterators = {}
-      # One trace per bucket is the design here, not a mistake to warn about.
-      if not any(isinstance(f, _ByDesignRetracing) for f in tf.get_logger().filters):
-        tf.get_logger().addFilter(_ByDesignRetracing())
+      _ByDesignRetracing.install()
     else:
       self.single = iter(self.strategy.distribute_datasets_from_function(
           trainer._resuming(dataset_fn, step)))  # pylint: disable=protected-access
@@ -508,6 +568,13 @@ class _Batches:
 
 class _ByDesignRetracing(logging_lib.Filter):
   """Drops TensorFlow's "triggered tf.function retracing" warning."""
+
+  @classmethod
+  def install(cls) -> None:
+    """One trace per bucket is the design with static shapes, not a mistake to warn
+    about."""
+    if not any(isinstance(f, cls) for f in tf.get_logger().filters):
+      tf.get_logger().addFilter(cls())
 
   def filter(self, record: logging_lib.LogRecord) -> bool:
     return "triggered tf.function retracing" not in record.getMessage()
