@@ -35,9 +35,9 @@ flags.DEFINE_integer("worker_port", 0, "The worker's port (0 = any free port).",
                      lower_bound=0)
 flags.DEFINE_string("dispatcher_address", None,
                     "--worker: the dispatcher to register with, HOST:PORT.")
-flags.DEFINE_string("worker_host", None,
-                    "--worker: the host name or IP the trainers reach this worker at "
-                    "(they fetch batches from it directly); default: this host's name.")
+flags.DEFINE_string("host", None,
+                    "The host name or IP the trainers reach this machine at (they fetch "
+                    "batches from the worker directly); default: this machine's name.")
 FLAGS = flags.FLAGS
 
 
@@ -55,15 +55,16 @@ def main(argv):
   import tensorflow_text  # noqa: F401 (registers the ops a dataset graph may use)
 
   service = tf.data.experimental.service
+  host = FLAGS.host or socket.getfqdn()
   servers = []
   dispatcher_address = (FLAGS.dispatcher_address or "").removeprefix("grpc://")
   if FLAGS.dispatcher:
     dispatcher = service.DispatchServer(service.DispatcherConfig(port=FLAGS.port))
     dispatcher_address = dispatcher.target.split("://", 1)[1]
-    print(f"dispatcher at {dispatcher.target}", flush=True)
+    print(f"dispatcher at grpc://{host}:{dispatcher_address.rsplit(':', 1)[1]}",
+          flush=True)
     servers.append(dispatcher)
   if FLAGS.worker:
-    host = FLAGS.worker_host or socket.getfqdn()
     worker = service.WorkerServer(service.WorkerConfig(
         dispatcher_address=dispatcher_address, worker_address=f"{host}:%port%",
         port=FLAGS.worker_port))
