@@ -10,6 +10,7 @@ ENTRY_POINTS = ("train", "decode", "export", "evaluate", "score")
 TOOLS = {
     "average_checkpoints": "t2t-average-checkpoints",
     "build_vocab": "t2t-build-vocab",  # tensor2tensor's t2t-datagen
+    "data_service": "t2t-data-service",  # tf.data service servers for train --data_service
     "ct2_translate": "t2t-ct2-translate",
     "linearize_trees": "t2t-linearize-trees",
     "plot_learning_curve": "t2t-plot-learning-curve",

@@ -23,6 +23,7 @@ span configs (a TPU needs static shapes) are the train command's (flags.py).
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Callable, List, Optional, Tuple
 
 from t2t_keras.errors import ConfigError
@@ -284,6 +285,9 @@ class DataConfig:
     return self
 
 
+# A tf.data service dispatcher, as --data_service names it (the protocol is optional).
+DATA_SERVICE_ADDRESS = re.compile(r"^(grpc://)?([^:/\s,]+):(\d+)$")
+
 _STRATEGIES = ("default", "mirrored", "multi_worker_mirrored", "tpu")
 
 
@@ -316,6 +320,12 @@ class TrainConfig:
   gcp_project: Optional[str] = setting(
       None, "--strategy=tpu: the Cloud TPU's project, where the resolver cannot read it "
       "from the VM's metadata or gcloud's configuration.")
+  data_service: Optional[str] = setting(
+      None, "Run the training input pipelines on tf.data service: grpc://HOST:PORT of a "
+      "dispatcher with one worker (python -m t2t_keras.tools.data_service), or several "
+      "such dispatchers comma-separated (input pipeline i reads from the i-th mod their "
+      "number). The same batches as without it, at every step and on resume "
+      "(t2t_keras/data/service.py; docs/training.md).")
   num_logical_devices: int = setting(
       0, "Split the CPU into N logical devices (testing distribution).")
   jit_compile: bool = setting(False, "Compile train steps with XLA.")
@@ -370,6 +380,13 @@ class TrainConfig:
     if self.strategy == "tpu" and self.tpu is None:
       problems.append("--strategy=tpu needs --tpu (a Cloud TPU name, 'local' on a TPU "
                       "VM, or grpc://host:port)")
+    if self.data_service is not None and not all(
+        DATA_SERVICE_ADDRESS.match(part.strip()) for part in self.data_service.split(",")):
+      problems.append(
+          f"--data_service={self.data_service} must be grpc://HOST:PORT, the address of "
+          "a tf.data service dispatcher (several comma-separated, one per "
+          "dispatcher+worker pair); start them with `python -m "
+          "t2t_keras.tools.data_service --dispatcher --worker --port=PORT`")
     raise_problems(problems, "training settings")
     return self
 

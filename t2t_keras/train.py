@@ -205,6 +205,11 @@ def train() -> None:
   if train_config.deterministic:
     tf.config.experimental.enable_op_determinism()
   keras.utils.set_random_seed(train_config.seed)
+  dispatchers = []
+  if train_config.data_service:  # an absent dispatcher: said now, not a hang at step 1
+    from t2t_keras.data import service
+    dispatchers = service.addresses(train_config.data_service)
+    service.check_reachable(dispatchers)
   data_config = t2t_flags.data_config()
   decode_config = t2t_flags.decode_config()
   # --init_from applies once, to a model directory without checkpoints; the chief
@@ -244,7 +249,11 @@ def train() -> None:
     eval_hook = dev_bleu_hook(trainer.model, datasets.tokenizer, data_config, decode_config,
                               FLAGS.eval_bleu_sentences, train_config.model_dir,
                               strategy=strategy)
-  result = trainer.train(datasets.train_fn, datasets.eval_fn,
+  train_fn = datasets.train_fn
+  if dispatchers:
+    train_fn = service.ServedTrainData(train_fn, dispatchers)
+    print(f"training input from tf.data service: {', '.join(dispatchers)}", flush=True)
+  result = trainer.train(train_fn, datasets.eval_fn,
                          progress=lambda line: print(line, flush=True), eval_hook=eval_hook)
   if result.already_finished:
     return

@@ -1,36 +1,30 @@
-"""The training and eval datasets are pure TensorFlow graphs: tf.data service runs them.
+"""The training and eval datasets are pure TensorFlow graphs: tf.data service runs them,
+and `train --data_service` trains on what it serves exactly as without it.
 
 Cloud TPU pods and tf.data service ship the dataset graph to another host's CPU, where
-no Python runs: a worker started in a separate process (which never imports t2t_keras)
-must deserialize and run the graph, and give the batches the client process makes.
+no Python of the pipeline runs: a worker started in a separate process by
+`t2t_keras.tools.data_service` (which imports none of t2t_keras.data) must deserialize
+and run the graph, and give the batches the client process makes.
 """
 
 import dataclasses
+import inspect
 import os
+import socket
 import subprocess
 import sys
-import textwrap
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from t2t_keras.configs import DataConfig
-from t2t_keras.data import dev_batches, pipeline
+from t2t_keras.data import dev_batches, pipeline, service as service_lib
+from tests import inprocess
+from tests.conftest import REPO_ROOT
 
 WORDS = "the a house cat dog runs sleeps under over small big green Haus Katze".split()
 
-_WORKER = textwrap.dedent("""
-    import sys
-    import tensorflow as tf
-    assert "t2t_keras" not in sys.modules
-    worker = tf.data.experimental.service.WorkerServer(
-        tf.data.experimental.service.WorkerConfig(
-            dispatcher_address=sys.argv[1], worker_address="127.0.0.1:%port%", port=0,
-            heartbeat_interval_ms=100))
-    print("worker up", flush=True)
-    worker.join()
-""")
 
 
 @pytest.fixture(scope="module")
@@ -51,14 +45,18 @@ def corpus(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def service():
-  """A dispatcher in this process and one worker in another process."""
+  """A dispatcher in this process and one worker in another process, started by the
+  tool users start theirs with."""
   dispatcher = tf.data.experimental.service.DispatchServer(
       tf.data.experimental.service.DispatcherConfig(port=0))
   address = dispatcher.target.split("://")[1]
-  worker = subprocess.Popen([sys.executable, "-c", _WORKER, address],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-  assert worker.stdout.readline().strip() == "worker up"
+  worker = subprocess.Popen(
+      [sys.executable, "-m", "t2t_keras.tools.data_service", "--worker",
+       f"--dispatcher_address={address}", "--host=127.0.0.1"],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO_ROOT))
+  line = worker.stdout.readline()
+  assert line.startswith("worker at 127.0.0.1:"), line + worker.stderr.read()
   yield dispatcher
   worker.kill()
   worker.wait()
@@ -129,3 +127,84 @@ def test_dataset_graphs_hold_no_python_calls(corpus, static):
     ops = _op_types(dataset)
     assert "MapDataset" in ops or "ParallelMapDatasetV2" in ops  # the walk sees functions
     assert not ops & {"PyFunc", "PyFuncStateless", "EagerPyFunc"}, ops
+
+
+def _losses(stdout):
+  return [line.split("| loss ")[1].split(" ")[0] for line in stdout.splitlines()
+          if line.startswith("step ") and "| loss " in line]
+
+
+def _train(model_dir, *flags):
+  result = inprocess.run(
+      "train", "--flagfile=flags/tiny.cfg", f"--model_dir={model_dir}",
+      "--synthetic_train_size=2000", "--eval_steps=1", "--deterministic",
+      "--log_every=1", "--save_checkpoint_steps=100", "--eval_every=100",
+      "--show_examples=0", *flags)
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+  return result
+
+
+def _weights(model_dir):
+  """The latest checkpoint's variables: the weights (as the optimizer tracks them), Adam's
+  moments and the step, not the count of saves."""
+  reader = tf.train.load_checkpoint(str(model_dir))
+  return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+          if name.endswith("VARIABLE_VALUE") and not name.startswith("save_counter")}
+
+
+@pytest.mark.slow
+def test_training_through_the_service_equals_training_without_it(service, tmp_path):
+  """--data_service: the same batches, so bitwise the same losses and weights, for a run
+  through the service stopped at step 3 and resumed there (a new job that starts at
+  step 3) as for an uninterrupted run without it."""
+  served = f"--data_service={service.target}"
+  local = _losses(_train(tmp_path / "local", "--train_steps=6").stdout)
+  first = _train(tmp_path / "served", "--train_steps=3", served)
+  assert f"training input from tf.data service: {service.target}" in first.stdout
+  resumed = _train(tmp_path / "served", "--train_steps=6", served)
+  assert "at step 3" in resumed.stdout
+  assert len(local) == 6 and _losses(first.stdout) + _losses(resumed.stdout) == local
+  expected, weights = _weights(tmp_path / "local"), _weights(tmp_path / "served")
+  assert weights.keys() == expected.keys() and len(expected) > 10
+  for name, value in expected.items():
+    np.testing.assert_array_equal(weights[name], value, err_msg=name)
+
+def test_served_training_data_is_read_as_the_local_one():
+  """The trainer reads a ServedTrainData as a TrainData (it seeks, and with static shapes
+  makes one dataset per bucket from the plan), and input pipeline i reads from the
+  i-th dispatcher: the graph it gets is the service's reader of that dispatcher."""
+  config = DataConfig(source="synthetic", synthetic_train_size=200, synthetic_eval_size=8,
+                      vocab_size=20, max_length=16, batch_size=64, static_shapes=True)
+  train = pipeline.TrainData(config, pipeline.load_split(config, "train", None))
+  dispatchers = [tf.data.experimental.service.DispatchServer(
+      tf.data.experimental.service.DispatcherConfig(port=0)) for _ in range(2)]
+  served = service_lib.ServedTrainData(train, [d.target for d in dispatchers])
+  assert "start_step" in inspect.signature(served).parameters  # Trainer._resuming
+  assert served.static_shapes and served.plan(2) is train.plan(2)
+  assert served.bucket_shape(1) == train.bucket_shape(1)
+  ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=1,
+                                   num_replicas_in_sync=2)
+  bucket = train.plan(2).bucket_of_step(3)
+  dataset = served(ctx, start_step=3, bucket=bucket)
+  assert any(op.startswith("DataServiceDataset") for op in _op_types(dataset))
+  graph = dataset._as_serialized_graph().numpy()  # pylint: disable=protected-access
+  address = dispatchers[1].target.split("://")[1].encode()
+  assert address in graph and dispatchers[0].target.split("://")[1].encode() not in graph
+  assert dataset.element_spec == train(ctx, start_step=3, bucket=bucket).element_spec
+
+
+def test_bad_or_absent_dispatchers_are_refused_with_what_to_do(tmp_path):
+  bad = inprocess.run("train", "--flagfile=flags/tiny.cfg", f"--model_dir={tmp_path}",
+                      "--data_service=dispatcher")
+  assert bad.returncode != 0
+  assert "--data_service=dispatcher must be grpc://HOST:PORT" in bad.stderr
+  assert "t2t_keras.tools.data_service --dispatcher --worker" in bad.stderr
+  with socket.socket() as free:  # a port nobody listens on once closed
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+  absent = inprocess.run("train", "--flagfile=flags/tiny.cfg", f"--model_dir={tmp_path}",
+                         f"--data_service=grpc://127.0.0.1:{port},localhost:{port}")
+  assert absent.returncode == 1, absent.stderr[-2000:]
+  assert (f"--data_service: no tf.data service dispatcher answers at "
+          f"grpc://127.0.0.1:{port}") in absent.stderr
+  assert "or drop --data_service" in absent.stderr and "Traceback" not in absent.stderr
