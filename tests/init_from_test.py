@@ -19,12 +19,6 @@ from tests import inprocess
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 
 
-def checkpoint_values(path):
-  reader = tf.train.load_checkpoint(path)
-  return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
-          if k.startswith("model/") and k.endswith("VARIABLE_VALUE")}
-
-
 def test_weights_are_the_checkpoints_and_other_shapes_are_refused(tiny_model_dir):
   config = modeldir.load_model_config(tiny_model_dir)
   keras.utils.set_random_seed(5)  # other initial weights than the source's
