@@ -13,6 +13,8 @@ and shared embeddings: sparse and dense gradients reduced across workers).
 
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -165,3 +167,119 @@ def test_two_workers_with_a_fast_clock_equal_two_replicas(tmp_path, shared_data)
   assert expected.keys() == got.keys() and any("position" in k for k in got), sorted(got)
   for name in expected:
     np.testing.assert_allclose(got[name], expected[name], atol=1e-5, err_msg=name)
+
+
+# A lost worker: the synthetic copy task of flags/tiny.cfg (no corpora), few steps.
+LOST_STEPS = 20
+LOST_FLAGS = ["--flagfile=flags/tiny.cfg", "--layer_prepostprocess_dropout=0.1",
+              "--deterministic", f"--train_steps={LOST_STEPS}", "--save_checkpoint_steps=5",
+              "--log_every=5", "--eval_every=100000", "--show_examples=0", "--seed=3"]
+
+
+def launch_workers(model_dir, flags, tmp_path, name, hooks=None):
+  """Starts both workers, their output in files; `hooks`: {worker index: SIGNAL_AT
+  value} for a worker that signals itself at a step (preemption_test's sitecustomize)."""
+  from tests.preemption_test import SIGNAL_AT  # pylint: disable=import-outside-toplevel
+  ports = free_ports(2)
+  cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+  processes = []
+  for index in range(2):
+    env = dict(ENV, TF_CONFIG=json.dumps({"cluster": cluster,
+                                          "task": {"type": "worker", "index": index}}))
+    if hooks and index in hooks:
+      hook_dir = tmp_path / f"hook-{name}-{index}"
+      hook_dir.mkdir()
+      (hook_dir / "sitecustomize.py").write_text(SIGNAL_AT)
+      env["SIGNAL_AT"] = hooks[index]
+      env["PYTHONPATH"] = os.pathsep.join(
+          [str(hook_dir)] + [p for p in [env.get("PYTHONPATH")] if p])
+    out = open(tmp_path / f"{name}-{index}.log", "w+", encoding="utf-8")  # noqa: SIM115
+    processes.append((subprocess.Popen(
+        [sys.executable, "-m", "t2t_keras.train", "--strategy=multi_worker_mirrored",
+         f"--model_dir={model_dir}"] + flags,
+        cwd=REPO_ROOT, env=env, text=True, stdout=out, stderr=subprocess.STDOUT), out))
+  return processes
+
+
+def wait_workers(processes, timeout=300):
+  """[(exit code, output, exit time)] of both workers; a hang past `timeout` fails."""
+  deadline, ended = time.time() + timeout, {}
+  while len(ended) < len(processes) and time.time() < deadline:
+    for i, (p, _) in enumerate(processes):
+      if i not in ended and p.poll() is not None:
+        ended[i] = time.time()
+    time.sleep(0.2)
+  for p, _ in processes:
+    if p.poll() is None:
+      p.kill()
+      p.wait()
+  outputs = []
+  for p, out in processes:
+    out.seek(0)
+    outputs.append(out.read())
+    out.close()
+  if len(ended) < len(processes):
+    pytest.fail(f"a worker did not exit within {timeout} s:\n"
+                + "\n---\n".join(o[-3000:] for o in outputs))
+  return [(p.returncode, out, ended[i]) for i, ((p, _), out) in
+          enumerate(zip(processes, outputs))]
+
+
+def checkpoint_state(model_dir, step):
+  """Every model, optimizer and dropout-seed tensor of ckpt-`step`, by name."""
+  path = tf.train.latest_checkpoint(str(model_dir))
+  assert path and path.endswith(f"ckpt-{step}"), path
+  reader = tf.train.load_checkpoint(path)
+  return {name: reader.get_tensor(name) for name, _ in tf.train.list_variables(path)
+          if name.startswith(("model/", "optimizer/", "dropout_seeds/"))}
+
+
+@pytest.mark.slow
+def test_a_lost_worker_stops_the_run_which_resumes_exactly(tmp_path):
+  """Two workers, four launches of both, the tiny copy task:
+  1. uninterrupted, to the end (the reference);
+  2. SIGTERM to worker 1 (not the chief) at step 7: both save at step 7, exit 42;
+  3. relaunched, the chief is SIGKILLed at step 13 (after the step-10 checkpoint):
+     the survivor exits 1 within the documented bound with one `error:` line naming
+     worker 0, the last checkpoint and the command to relaunch (before: TensorFlow's
+     raw op error, a stack trace);
+  4. relaunched, it resumes at step 10 and ends bitwise equal to the reference."""
+  start = time.time()
+  straight_dir, model_dir = tmp_path / "straight", tmp_path / "lost"
+  results = wait_workers(launch_workers(straight_dir, LOST_FLAGS, tmp_path, "straight"))
+  for code, out, _ in results:
+    assert code == 0, out[-3000:]
+  straight = checkpoint_state(straight_dir, LOST_STEPS)
+
+  results = wait_workers(launch_workers(model_dir, LOST_FLAGS, tmp_path, "term",
+                                        hooks={1: f"7:{int(signal.SIGTERM)}"}))
+  for code, out, _ in results:
+    assert code == 42, out[-3000:]
+    assert "received: saving a checkpoint at step 7 " in out, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+  assert tf.train.latest_checkpoint(str(model_dir)).endswith("ckpt-7")
+
+  results = wait_workers(launch_workers(model_dir, LOST_FLAGS, tmp_path, "kill",
+                                        hooks={0: f"13:{int(signal.SIGKILL)}"}))
+  (chief_code, _, chief_end), (code, out, end) = results
+  print(f"the survivor exited {end - chief_end:.1f} s after the chief was killed")
+  assert chief_code == -signal.SIGKILL
+  assert code == 1, out[-3000:]
+  assert end - chief_end < 60, out[-3000:]
+  last = out.strip().splitlines()[-1]
+  assert last.startswith("error: lost worker 0 (127.0.0.1:"), out[-3000:]
+  assert " after step 13: its process ended " in last, last
+  assert f"{model_dir}{os.sep}ckpt-10 (step 10)" in last, last
+  assert f"-m t2t_keras.train --strategy=multi_worker_mirrored --model_dir={model_dir}" in (
+      last), last
+  assert "Traceback" not in out and "[[{{node" not in out, out[-3000:]
+
+  results = wait_workers(launch_workers(model_dir, LOST_FLAGS, tmp_path, "resume"))
+  for code, out, _ in results:
+    assert code == 0, out[-3000:]
+    assert re.search(r"resumed from \S+ckpt-10 at step 10\b", out), out[-3000:]
+  got = checkpoint_state(model_dir, LOST_STEPS)
+  assert sorted(got) == sorted(straight) and any(n.startswith("dropout_seeds/") for n in got)
+  different = [name for name in got if not np.array_equal(got[name], straight[name])]
+  assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
+  print(f"8 processes: {time.time() - start:.0f} s")
