@@ -173,12 +173,19 @@ def test_two_workers_with_a_fast_clock_equal_two_replicas(tmp_path, shared_data)
 LOST_STEPS = 20
 LOST_FLAGS = ["--flagfile=flags/tiny.cfg", "--layer_prepostprocess_dropout=0.1",
               "--deterministic", f"--train_steps={LOST_STEPS}", "--save_checkpoint_steps=5",
-              "--log_every=5", "--eval_every=100000", "--show_examples=0", "--seed=3"]
+              "--log_every=5", "--eval_every=100000", "--eval_steps=1", "--show_examples=0",
+              "--synthetic_train_size=2000", "--seed=3"]
+
+# A worker that is alive but stuck (a hung write, a deadlock): SIGUSR1 (sent by
+# preemption_test's SIGNAL_AT at a chosen step) makes its main thread sleep, while
+# TensorFlow's threads go on answering heartbeats and connections.
+STUCK = "import signal, time\nsignal.signal(signal.SIGUSR1, lambda *a: time.sleep(3600))\n"
 
 
 def launch_workers(model_dir, flags, tmp_path, name, hooks=None):
   """Starts both workers, their output in files; `hooks`: {worker index: SIGNAL_AT
-  value} for a worker that signals itself at a step (preemption_test's sitecustomize)."""
+  value} for a worker that signals itself at a step (preemption_test's sitecustomize,
+  with STUCK)."""
   from tests.preemption_test import SIGNAL_AT  # pylint: disable=import-outside-toplevel
   ports = free_ports(2)
   cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
@@ -189,7 +196,7 @@ def launch_workers(model_dir, flags, tmp_path, name, hooks=None):
     if hooks and index in hooks:
       hook_dir = tmp_path / f"hook-{name}-{index}"
       hook_dir.mkdir()
-      (hook_dir / "sitecustomize.py").write_text(SIGNAL_AT)
+      (hook_dir / "sitecustomize.py").write_text(STUCK + SIGNAL_AT)
       env["SIGNAL_AT"] = hooks[index]
       env["PYTHONPATH"] = os.pathsep.join(
           [str(hook_dir)] + [p for p in [env.get("PYTHONPATH")] if p])
@@ -201,12 +208,23 @@ def launch_workers(model_dir, flags, tmp_path, name, hooks=None):
   return processes
 
 
-def wait_workers(processes, timeout=300):
-  """[(exit code, output, exit time)] of both workers; a hang past `timeout` fails."""
+def wait_workers(processes, timeout=300, stuck=None):
+  """[(exit code, output, exit time)] of both workers; a hang past `timeout` fails.
+
+  `stuck`: the index of a worker that never exits by itself: once the others have
+  exited it is killed, and its "exit time" is when its output first said
+  "sitecustomize:" (when it got stuck)."""
   deadline, ended = time.time() + timeout, {}
-  while len(ended) < len(processes) and time.time() < deadline:
-    for i, (p, _) in enumerate(processes):
-      if i not in ended and p.poll() is not None:
+  waited = [i for i in range(len(processes)) if i != stuck]
+  while time.time() < deadline and not all(i in ended for i in waited):
+    for i, (p, out) in enumerate(processes):
+      if i in ended:
+        continue
+      if i == stuck:
+        out.seek(0)
+        if "sitecustomize:" in out.read():
+          ended[i] = time.time()
+      elif p.poll() is not None:
         ended[i] = time.time()
     time.sleep(0.2)
   for p, _ in processes:
@@ -234,16 +252,31 @@ def checkpoint_state(model_dir, step):
           if name.startswith(("model/", "optimizer/", "dropout_seeds/"))}
 
 
+def assert_lost_line(out, lost, step, checkpoint, why):
+  """The last line of a worker that lost `lost`: which, when, the checkpoint, the
+  command that resumes, and no stack trace or TensorFlow op error."""
+  last = out.strip().splitlines()[-1]
+  assert last.startswith(f"error: lost worker {lost} (127.0.0.1:"), out[-3000:]
+  assert f" after step {step}: {why}" in last, last
+  assert f"The last checkpoint is {checkpoint} (step {checkpoint.rsplit('-', 1)[1]})." in (
+      last), last
+  assert "Relaunch every worker, each with its TF_CONFIG, to resume: python -m " \
+         "t2t_keras.train --strategy=multi_worker_mirrored --model_dir=" in last, last
+  assert "Traceback" not in out and "[[{{node" not in out, out[-3000:]
+
+
 @pytest.mark.slow
 def test_a_lost_worker_stops_the_run_which_resumes_exactly(tmp_path):
-  """Two workers, four launches of both, the tiny copy task:
+  """Two workers, five launches of both, the tiny copy task:
   1. uninterrupted, to the end (the reference);
   2. SIGTERM to worker 1 (not the chief) at step 7: both save at step 7, exit 42;
   3. relaunched, the chief is SIGKILLed at step 13 (after the step-10 checkpoint):
-     the survivor exits 1 within the documented bound with one `error:` line naming
-     worker 0, the last checkpoint and the command to relaunch (before: TensorFlow's
-     raw op error, a stack trace);
-  4. relaunched, it resumes at step 10 and ends bitwise equal to the reference."""
+     the survivor exits 1 within seconds with one `error:` line naming worker 0,
+     the last checkpoint and the command to relaunch (before: TensorFlow's raw op
+     error, a stack trace);
+  4. relaunched, worker 1 gets stuck (alive) at step 17: the chief stops once it has
+     waited --peer_timeout_minutes (before: it waited forever), with the same line;
+  5. relaunched, it resumes at step 15 and ends bitwise equal to the reference."""
   start = time.time()
   straight_dir, model_dir = tmp_path / "straight", tmp_path / "lost"
   results = wait_workers(launch_workers(straight_dir, LOST_FLAGS, tmp_path, "straight"))
@@ -264,22 +297,25 @@ def test_a_lost_worker_stops_the_run_which_resumes_exactly(tmp_path):
   (chief_code, _, chief_end), (code, out, end) = results
   print(f"the survivor exited {end - chief_end:.1f} s after the chief was killed")
   assert chief_code == -signal.SIGKILL
-  assert code == 1, out[-3000:]
-  assert end - chief_end < 60, out[-3000:]
-  last = out.strip().splitlines()[-1]
-  assert last.startswith("error: lost worker 0 (127.0.0.1:"), out[-3000:]
-  assert " after step 13: its process ended " in last, last
-  assert f"{model_dir}{os.sep}ckpt-10 (step 10)" in last, last
-  assert f"-m t2t_keras.train --strategy=multi_worker_mirrored --model_dir={model_dir}" in (
-      last), last
-  assert "Traceback" not in out and "[[{{node" not in out, out[-3000:]
+  assert code == 1 and end - chief_end < 60, out[-3000:]
+  assert_lost_line(out, 0, 13, f"{model_dir}{os.sep}ckpt-10", "its process ended ")
+
+  timeout = 18  # --peer_timeout_minutes=0.3
+  results = wait_workers(launch_workers(
+      model_dir, LOST_FLAGS + ["--peer_timeout_minutes=0.3"], tmp_path, "stuck",
+      hooks={1: f"17:{int(signal.SIGUSR1)}"}), stuck=1)
+  (code, out, end), (_, _, stuck_at) = results
+  print(f"the chief exited {end - stuck_at:.1f} s after worker 1 got stuck")
+  assert code == 1 and timeout - 1 < end - stuck_at < timeout + 60, out[-3000:]
+  assert_lost_line(out, 1, 17, f"{model_dir}{os.sep}ckpt-15",
+                   f"no answer in {timeout} s (--peer_timeout_minutes)")
 
   results = wait_workers(launch_workers(model_dir, LOST_FLAGS, tmp_path, "resume"))
   for code, out, _ in results:
     assert code == 0, out[-3000:]
-    assert re.search(r"resumed from \S+ckpt-10 at step 10\b", out), out[-3000:]
+    assert re.search(r"resumed from \S+ckpt-15 at step 15\b", out), out[-3000:]
   got = checkpoint_state(model_dir, LOST_STEPS)
   assert sorted(got) == sorted(straight) and any(n.startswith("dropout_seeds/") for n in got)
   different = [name for name in got if not np.array_equal(got[name], straight[name])]
   assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
-  print(f"8 processes: {time.time() - start:.0f} s")
+  print(f"10 processes: {time.time() - start:.0f} s")
