@@ -9,6 +9,11 @@ flags.txt entry, no temporary leftovers); every decision that ends the loop is t
 chief's, so a worker whose clock runs 1000x fast still stops with the others; and with
 --deterministic the final weights equal one process with 2 replicas (learned positions
 and shared embeddings: sparse and dense gradients reduced across workers).
+
+A lost worker (the tiny copy task, no corpora): a SIGTERM to one worker stops both at
+the same step; a worker killed or stuck stops the other within a bounded time with one
+line naming it, the last checkpoint and the command; relaunched, the run ends bitwise
+equal to an uninterrupted one.
 """
 
 import json

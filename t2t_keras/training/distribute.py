@@ -264,7 +264,8 @@ class PeerWatch:
   same, but it starts a thread per collective that lives for the whole timeout (its
   documentation reserves it for debugging): at a few collectives per step and a
   timeout of minutes, thousands of sleeping threads. The watch is one thread per
-  process, armed once per host call.
+  process, armed around each call that waits (a host call of steps, an agreement, a
+  dev batch).
   """
 
   MESSAGE = "t2t_keras: no answer from the other workers"
