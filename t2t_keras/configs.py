@@ -328,6 +328,13 @@ class TrainConfig:
       "(t2t_keras/data/service.py; docs/training.md).")
   num_logical_devices: int = setting(
       0, "Split the CPU into N logical devices (testing distribution).")
+  peer_timeout_minutes: float = setting(
+      30.0, "--strategy=multi_worker_mirrored: the longest a worker waits for the others "
+      "in one collective (a step, a shared decision) before it stops with an error naming "
+      "the lost worker and the checkpoint to resume from. It must cover the longest any "
+      "worker can be busy alone: the chief's dev BLEU decoding, a first trace or XLA "
+      "compilation, a checkpoint write. A worker that dies is noticed within seconds "
+      "whatever this is; 0 = wait forever.", check=AT_LEAST_0)
   jit_compile: bool = setting(False, "Compile train steps with XLA.")
   steps_per_loop: int = setting(1, "Train steps per host call (TPU).", check=POSITIVE)
   static_run_steps: int = setting(

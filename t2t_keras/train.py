@@ -187,7 +187,27 @@ def start_from(trainer, tokenizer, train_config, checkpoint: str, chief: bool) -
         f"{vocab}, optimizer {record['optimizer']}", flush=True)
 
 
+def relaunch_command() -> str:
+  """The command line of this process, as a user would type it again."""
+  import os  # pylint: disable=import-outside-toplevel
+  import shlex  # pylint: disable=import-outside-toplevel
+  program = sys.argv[0]
+  if os.path.abspath(program) == os.path.abspath(__file__):  # python -m t2t_keras.train
+    program = "python -m t2t_keras.train"
+  return " ".join([program] + [shlex.quote(arg) for arg in sys.argv[1:]])
+
+
 def train() -> None:
+  """Trains; a lost worker's message ends with the command that resumes the run."""
+  from t2t_keras.training import distribute  # pylint: disable=import-outside-toplevel
+  try:
+    run_training()
+  except distribute.WorkerLostError as error:
+    error.command = relaunch_command()
+    raise
+
+
+def run_training() -> None:
   # pylint: disable=import-outside-toplevel
   import keras
   import tensorflow as tf

@@ -8,6 +8,8 @@ TensorFlow's own constructor for local devices: one worker whose replicas are nu
 as a worker's are in a cluster. tests/multi_worker_test.py runs two workers for real.
 """
 
+import time
+
 import pytest
 import tensorflow as tf
 from tensorflow.python.distribute import collective_all_reduce_strategy
@@ -71,3 +73,40 @@ def test_tpu_strategy_passes_name_zone_and_project_to_the_resolver(monkeypatch):
   with pytest.raises(Resolved):
     distribute.create_strategy(config)
   assert seen == {"tpu": "big-pod", "zone": "europe-west4-a", "project": "my-project"}
+
+
+def test_a_worker_that_waits_too_long_stops_with_one_line(two_device_worker, monkeypatch):
+  """A peer alive but stuck left the others waiting in a collective forever: the watch
+  aborts this process's collectives once a call has waited --peer_timeout_minutes, and
+  the error that TensorFlow then raises becomes one line with the step, the last
+  checkpoint and the command. Disarmed in time, the watch does nothing. (The abort is
+  replaced: a real one would fail every later collective of this test process;
+  multi_worker_test loses a real worker.)"""
+  agreement = distribute.Agreement(two_device_worker.strategy, timeout_seconds=0.3)
+  aborted = []
+  monkeypatch.setattr(agreement._watch, "abort", lambda: aborted.append(time.monotonic()))  # pylint: disable=protected-access
+  for _ in range(3):  # calls that end in time
+    with agreement.collective():
+      time.sleep(0.05)
+  time.sleep(0.5)
+  assert not aborted
+  start = time.monotonic()
+  with pytest.raises(distribute.WorkerLostError) as caught:
+    with agreement.collective():
+      while not aborted and time.monotonic() < start + 10:
+        time.sleep(0.01)
+      # What the blocked collective raises once aborted.
+      raise tf.errors.DeadlineExceededError(
+          None, None, f"{distribute.PeerWatch.MESSAGE} in 0.3 s [[{{node CollectiveReduceV2}}]]")
+  assert aborted and 0.25 < aborted[0] - start < 5
+  error = caught.value.at(13, "/runs/mw/ckpt-10")
+  error.command = "python -m t2t_keras.train --model_dir=/runs/mw"
+  assert str(error) == (
+      "lost another worker after step 13: no answer in 0.3 s (--peer_timeout_minutes): "
+      "it is stuck, or busy alone for longer than that; this worker stopped too. The last "
+      "checkpoint is /runs/mw/ckpt-10 (step 10). Relaunch every worker, each with its "
+      "TF_CONFIG, to resume: python -m t2t_keras.train --model_dir=/runs/mw")
+  # Errors that are not a collective's pass unchanged.
+  with pytest.raises(tf.errors.InvalidArgumentError):
+    with agreement.collective():
+      raise tf.errors.InvalidArgumentError(None, None, "a model's bug")

@@ -9,10 +9,17 @@ flags.txt entry, no temporary leftovers); every decision that ends the loop is t
 chief's, so a worker whose clock runs 1000x fast still stops with the others; and with
 --deterministic the final weights equal one process with 2 replicas (learned positions
 and shared embeddings: sparse and dense gradients reduced across workers).
+
+A lost worker (the tiny copy task, no corpora): a SIGTERM to one worker stops both at
+the same step; a worker killed or stuck stops the other within a bounded time with one
+line naming it, the last checkpoint and the command; relaunched, the run ends bitwise
+equal to an uninterrupted one.
 """
 
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -165,3 +172,155 @@ def test_two_workers_with_a_fast_clock_equal_two_replicas(tmp_path, shared_data)
   assert expected.keys() == got.keys() and any("position" in k for k in got), sorted(got)
   for name in expected:
     np.testing.assert_allclose(got[name], expected[name], atol=1e-5, err_msg=name)
+
+
+# A lost worker: the synthetic copy task of flags/tiny.cfg (no corpora), few steps.
+LOST_STEPS = 20
+LOST_FLAGS = ["--flagfile=flags/tiny.cfg", "--layer_prepostprocess_dropout=0.1",
+              "--deterministic", f"--train_steps={LOST_STEPS}", "--save_checkpoint_steps=5",
+              "--log_every=5", "--eval_every=100000", "--eval_steps=1", "--show_examples=0",
+              "--synthetic_train_size=2000", "--seed=3"]
+
+# A worker that is alive but stuck (a hung write, a deadlock): SIGUSR1 (sent by
+# preemption_test's SIGNAL_AT at a chosen step) makes its main thread sleep, while
+# TensorFlow's threads go on answering heartbeats and connections.
+STUCK = "import signal, time\nsignal.signal(signal.SIGUSR1, lambda *a: time.sleep(3600))\n"
+
+
+def launch_workers(model_dir, flags, tmp_path, name, hooks=None):
+  """Starts both workers, their output in files; `hooks`: {worker index: SIGNAL_AT
+  value} for a worker that signals itself at a step (preemption_test's sitecustomize,
+  with STUCK)."""
+  from tests.preemption_test import SIGNAL_AT  # pylint: disable=import-outside-toplevel
+  ports = free_ports(2)
+  cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+  processes = []
+  for index in range(2):
+    env = dict(ENV, TF_CONFIG=json.dumps({"cluster": cluster,
+                                          "task": {"type": "worker", "index": index}}))
+    if hooks and index in hooks:
+      hook_dir = tmp_path / f"hook-{name}-{index}"
+      hook_dir.mkdir()
+      (hook_dir / "sitecustomize.py").write_text(STUCK + SIGNAL_AT)
+      env["SIGNAL_AT"] = hooks[index]
+      env["PYTHONPATH"] = os.pathsep.join(
+          [str(hook_dir)] + [p for p in [env.get("PYTHONPATH")] if p])
+    out = open(tmp_path / f"{name}-{index}.log", "w+", encoding="utf-8")  # noqa: SIM115
+    processes.append((subprocess.Popen(
+        [sys.executable, "-m", "t2t_keras.train", "--strategy=multi_worker_mirrored",
+         f"--model_dir={model_dir}"] + flags,
+        cwd=REPO_ROOT, env=env, text=True, stdout=out, stderr=subprocess.STDOUT), out))
+  return processes
+
+
+def wait_workers(processes, timeout=300, stuck=None):
+  """[(exit code, output, exit time)] of both workers; a hang past `timeout` fails.
+
+  `stuck`: the index of a worker that never exits by itself: once the others have
+  exited it is killed, and its "exit time" is when its output first said
+  "sitecustomize:" (when it got stuck)."""
+  deadline, ended = time.time() + timeout, {}
+  waited = [i for i in range(len(processes)) if i != stuck]
+  while time.time() < deadline and not all(i in ended for i in waited):
+    for i, (p, out) in enumerate(processes):
+      if i in ended:
+        continue
+      if i == stuck:
+        out.seek(0)
+        if "sitecustomize:" in out.read():
+          ended[i] = time.time()
+      elif p.poll() is not None:
+        ended[i] = time.time()
+    time.sleep(0.2)
+  for p, _ in processes:
+    if p.poll() is None:
+      p.kill()
+      p.wait()
+  outputs = []
+  for p, out in processes:
+    out.seek(0)
+    outputs.append(out.read())
+    out.close()
+  if len(ended) < len(processes):
+    pytest.fail(f"a worker did not exit within {timeout} s:\n"
+                + "\n---\n".join(o[-3000:] for o in outputs))
+  return [(p.returncode, out, ended[i]) for i, ((p, _), out) in
+          enumerate(zip(processes, outputs))]
+
+
+def checkpoint_state(model_dir, step):
+  """Every model, optimizer and dropout-seed tensor of ckpt-`step`, by name."""
+  path = tf.train.latest_checkpoint(str(model_dir))
+  assert path and path.endswith(f"ckpt-{step}"), path
+  reader = tf.train.load_checkpoint(path)
+  return {name: reader.get_tensor(name) for name, _ in tf.train.list_variables(path)
+          if name.startswith(("model/", "optimizer/", "dropout_seeds/"))}
+
+
+def assert_lost_line(out, lost, step, checkpoint, why):
+  """The last line of a worker that lost `lost`: which, when, the checkpoint, the
+  command that resumes, and no stack trace or TensorFlow op error."""
+  last = out.strip().splitlines()[-1]
+  assert last.startswith(f"error: lost worker {lost} (127.0.0.1:"), out[-3000:]
+  assert f" after step {step}: {why}" in last, last
+  assert f"The last checkpoint is {checkpoint} (step {checkpoint.rsplit('-', 1)[1]})." in (
+      last), last
+  assert "Relaunch every worker, each with its TF_CONFIG, to resume: python -m " \
+         "t2t_keras.train --strategy=multi_worker_mirrored --model_dir=" in last, last
+  assert "Traceback" not in out and "[[{{node" not in out, out[-3000:]
+
+
+@pytest.mark.slow
+def test_a_lost_worker_stops_the_run_which_resumes_exactly(tmp_path):
+  """Two workers, five launches of both, the tiny copy task:
+  1. uninterrupted, to the end (the reference);
+  2. SIGTERM to worker 1 (not the chief) at step 7: both save at step 7, exit 42;
+  3. relaunched, the chief is SIGKILLed at step 13 (after the step-10 checkpoint):
+     the survivor exits 1 within seconds with one `error:` line naming worker 0,
+     the last checkpoint and the command to relaunch (before: TensorFlow's raw op
+     error, a stack trace);
+  4. relaunched, worker 1 gets stuck (alive) at step 17: the chief stops once it has
+     waited --peer_timeout_minutes (before: it waited forever), with the same line;
+  5. relaunched, it resumes at step 15 and ends bitwise equal to the reference."""
+  start = time.time()
+  straight_dir, model_dir = tmp_path / "straight", tmp_path / "lost"
+  results = wait_workers(launch_workers(straight_dir, LOST_FLAGS, tmp_path, "straight"))
+  for code, out, _ in results:
+    assert code == 0, out[-3000:]
+  straight = checkpoint_state(straight_dir, LOST_STEPS)
+
+  results = wait_workers(launch_workers(model_dir, LOST_FLAGS, tmp_path, "term",
+                                        hooks={1: f"7:{int(signal.SIGTERM)}"}))
+  for code, out, _ in results:
+    assert code == 42, out[-3000:]
+    assert "received: saving a checkpoint at step 7 " in out, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+  assert tf.train.latest_checkpoint(str(model_dir)).endswith("ckpt-7")
+
+  results = wait_workers(launch_workers(model_dir, LOST_FLAGS, tmp_path, "kill",
+                                        hooks={0: f"13:{int(signal.SIGKILL)}"}))
+  (chief_code, _, chief_end), (code, out, end) = results
+  print(f"the survivor exited {end - chief_end:.1f} s after the chief was killed")
+  assert chief_code == -signal.SIGKILL
+  assert code == 1 and end - chief_end < 60, out[-3000:]
+  assert_lost_line(out, 0, 13, f"{model_dir}{os.sep}ckpt-10", "its process ended ")
+
+  timeout = 18  # --peer_timeout_minutes=0.3
+  results = wait_workers(launch_workers(
+      model_dir, LOST_FLAGS + ["--peer_timeout_minutes=0.3"], tmp_path, "stuck",
+      hooks={1: f"17:{int(signal.SIGUSR1)}"}), stuck=1)
+  (code, out, end), (_, _, stuck_at) = results
+  print(f"the chief exited {end - stuck_at:.1f} s after worker 1 got stuck")
+  assert code == 1 and timeout - 1 < end - stuck_at < timeout + 60, out[-3000:]
+  assert_lost_line(out, 1, 17, f"{model_dir}{os.sep}ckpt-15",
+                   f"no answer in {timeout} s (--peer_timeout_minutes)")
+
+  results = wait_workers(launch_workers(model_dir, LOST_FLAGS, tmp_path, "resume"))
+  for code, out, _ in results:
+    assert code == 0, out[-3000:]
+    assert re.search(r"resumed from \S+ckpt-15 at step 15\b", out), out[-3000:]
+  got = checkpoint_state(model_dir, LOST_STEPS)
+  assert sorted(got) == sorted(straight) and any(n.startswith("dropout_seeds/") for n in got)
+  different = [name for name in got if not np.array_equal(got[name], straight[name])]
+  assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
+  print(f"10 processes: {time.time() - start:.0f} s")

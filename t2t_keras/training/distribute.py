@@ -7,13 +7,18 @@ multi_worker_mirrored: the hosts in TF_CONFIG. tpu: a Cloud TPU by name or addre
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import threading
+import time
+from typing import Optional
 
 import tensorflow as tf
 
 from t2t_keras.configs import TrainConfig
-from t2t_keras.errors import UserError
+from t2t_keras.errors import TrainingError, UserError
 
 
 class StrategyError(UserError, ValueError):
@@ -75,13 +80,17 @@ def create_strategy(config: TrainConfig) -> tf.distribute.Strategy:
   raise AssertionError(f"--strategy={config.strategy!r}")  # TrainConfig.validate refuses it
 
 
+def _resolver(strategy: tf.distribute.Strategy):
+  return getattr(strategy.extended, "_cluster_resolver", None) or getattr(
+      strategy, "cluster_resolver", None)
+
+
 def chief_and_worker_id(strategy: tf.distribute.Strategy):
   """(is this process the chief, its worker index): (True, 0) outside multi-worker runs.
 
   The chief is the "chief" task if TF_CONFIG names one, else worker 0.
   """
-  resolver = getattr(strategy.extended, "_cluster_resolver", None) or getattr(
-      strategy, "cluster_resolver", None)
+  resolver = _resolver(strategy)
   if resolver is None or not resolver.task_type:
     return True, 0
   task_type, task_id = resolver.task_type, resolver.task_id or 0
@@ -99,13 +108,73 @@ class Agreement:
   in `chief_decides` (its clock, its dev score) is the chief's. Every worker must make
   the same calls in the same order. Outside multi-worker runs the flags are returned
   as they are and nothing is communicated.
+
+  It also owns how a worker waits for the others: every call that does (its own, the
+  trainer's steps and dev loss) runs inside `collective`, which turns a lost worker
+  into one clear error within a bounded time.
+
+  Args:
+    strategy: the run's strategy.
+    timeout_seconds: the longest one collective call (`collective`) may wait for the
+      other workers; 0 = forever (`PeerWatch`).
   """
 
-  def __init__(self, strategy: tf.distribute.Strategy):
+  def __init__(self, strategy: tf.distribute.Strategy, timeout_seconds: float = 0.0):
     self.strategy = strategy
     self.chief, self.worker_id = chief_and_worker_id(strategy)
     self.multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
     self._sum = None
+    self._watch = PeerWatch(timeout_seconds) if self.multi_worker else None
+
+  @contextlib.contextmanager
+  def collective(self):
+    """Around a call that waits for the other workers (a train step, an agreement):
+    a lost worker becomes a `WorkerLostError` naming it, within the timeout.
+
+    The errors caught are those TensorFlow raises when a collective cannot complete
+    (a peer's connection failed, the coordination service declared a task dead, the
+    watch aborted the collectives); other errors (a model's bug) pass unchanged.
+    """
+    if self._watch is None:
+      yield
+      return
+    self._watch.arm()
+    try:
+      yield
+    except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+            tf.errors.AbortedError, tf.errors.CancelledError) as error:
+      raise WorkerLostError(*self._who_and_why(error)) from error
+    finally:
+      self._watch.disarm()
+
+  def _who_and_why(self, error: tf.errors.OpError):
+    """(the lost worker, what happened) from TensorFlow's error message."""
+    resolver = _resolver(self.strategy)
+    spec = resolver.cluster_spec() if resolver else tf.train.ClusterSpec({})
+    mine = (resolver.task_type, int(resolver.task_id or 0)) if resolver else None
+    others = [(job, task) for job in spec.jobs for task in spec.task_indices(job)
+              if (job, task) != mine]
+    # TensorFlow names the task whose connection failed; a stuck one is not named,
+    # which leaves no doubt only when there is a single other worker.
+    named = [(job, int(task)) for job, task in
+             re.findall(r"/job:(\w+)/replica:\d+/task:(\d+)", error.message)]
+    named = [peer for peer in named if peer in others]
+    peer = named[0] if named else (others[0] if len(others) == 1 else None)
+    if peer:
+      who = f"{peer[0]} {peer[1]} ({spec.task_address(*peer)})"
+    elif others:
+      who = "one of " + ", ".join(f"{job} {task}" for job, task in others)
+    else:
+      who = "another worker"
+    if PeerWatch.MESSAGE in error.message:
+      why = (f"no answer in {self._watch.timeout:g} s (--peer_timeout_minutes): it is "
+             "stuck, or busy alone for longer than that")
+    elif re.search(r"[Cc]onnection reset|[Ss]ocket closed|[Ff]ailed to connect|crashed",
+                   error.message):
+      why = "its process ended (its connection was reset or it stopped sending heartbeats)"
+    else:
+      why = f"the collective failed ({type(error).__name__})"
+    return who, why
 
   def __call__(self, any_worker=(), chief_decides=()) -> list:
     flags = [bool(v) for v in any_worker] + [bool(v) for v in chief_decides]
@@ -134,7 +203,8 @@ class Agreement:
         per_replica = strategy.run(contribution)
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
       self._sum = tf.function(total)
-    return list(self._sum(tf.constant(values, tf.float32)).numpy())
+    with self.collective():
+      return list(self._sum(tf.constant(values, tf.float32)).numpy())
 
   def chief_number(self, value: int) -> int:
     """The chief's `value` (a whole number, |value| < 2**24), on every worker."""
@@ -146,3 +216,96 @@ class Agreement:
     """Returns once every worker has called it (e.g. after the chief wrote the data);
     returns whether some worker called it with `failed`."""
     return self(any_worker=[failed])[0]
+
+
+class WorkerLostError(TrainingError):
+  """A worker of a multi-worker run died or stopped answering, so the others stop.
+
+  One line says which worker, at which step, the last checkpoint and the command that
+  resumes from it: the trainer adds the step and the checkpoint (`at`), the entry point
+  the command (`command`), each knowing its part.
+  """
+
+  def __init__(self, lost: str, why: str):
+    super().__init__(lost, why)
+    self.lost, self.why = lost, why
+    self.step: Optional[int] = None
+    self.checkpoint: Optional[str] = None
+    self.command: Optional[str] = None
+
+  def at(self, step: int, checkpoint: Optional[str]) -> "WorkerLostError":
+    self.step, self.checkpoint = step, checkpoint
+    return self
+
+  def __str__(self) -> str:
+    where, saved = "", ""
+    if self.step is not None:  # in the training loop
+      where = f" after step {self.step}"
+      saved = (f" The last checkpoint is {self.checkpoint} (step "
+               f"{self.checkpoint.rsplit('-', 1)[-1]})." if self.checkpoint else
+               " There is no checkpoint yet.")
+    how = f": {self.command}" if self.command else ""
+    return (f"lost {self.lost}{where}: {self.why}; this worker stopped too.{saved} "
+            f"Relaunch every worker, each with its TF_CONFIG, to resume{how}")
+
+
+class PeerWatch:
+  """Bounds how long a worker waits in a collective for the other workers.
+
+  A collective returns once every worker has joined it. A worker whose process ends is
+  noticed by TensorFlow within seconds: its connections are reset, or the coordination
+  service that MultiWorkerMirroredStrategy starts stops receiving its heartbeats, and
+  the collectives fail. A worker that is alive but stuck (a hung filesystem write, a
+  deadlock) keeps its connections and heartbeats, and the others would wait forever.
+  While armed, the watch aborts this process's collectives once `timeout` seconds
+  have passed, as TensorFlow's own peer health check does
+  (`abort_collective_ops`); the blocked call then raises.
+
+  TensorFlow's per-collective `CommunicationOptions(timeout_seconds=...)` would do the
+  same, but it starts a thread per collective that lives for the whole timeout (its
+  documentation reserves it for debugging): at a few collectives per step and a
+  timeout of minutes, thousands of sleeping threads. The watch is one thread per
+  process, armed around each call that waits (a host call of steps, an agreement, a
+  dev batch).
+  """
+
+  MESSAGE = "t2t_keras: no answer from the other workers"
+
+  def __init__(self, timeout_seconds: float):
+    self.timeout = timeout_seconds
+    self._deadline = None
+    self._condition = threading.Condition()
+    self._thread = None
+
+  def arm(self) -> None:
+    if self.timeout <= 0:
+      return
+    with self._condition:
+      self._deadline = time.monotonic() + self.timeout
+      if self._thread is None:  # daemon: never keeps a finished process alive
+        self._thread = threading.Thread(target=self._watch, name="PeerWatch", daemon=True)
+        self._thread.start()
+      self._condition.notify()
+
+  def disarm(self) -> None:
+    with self._condition:
+      self._deadline = None
+
+  def _watch(self) -> None:
+    with self._condition:
+      while True:
+        if self._deadline is None:
+          self._condition.wait()
+          continue
+        left = self._deadline - time.monotonic()
+        if left > 0:
+          self._condition.wait(left)
+          continue
+        self._deadline = None
+        self.abort()
+
+  def abort(self) -> None:
+    """Makes the collectives of this process fail (tests replace it)."""
+    from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
+    context.context().abort_collective_ops(
+        tf.errors.DEADLINE_EXCEEDED, f"{self.MESSAGE} in {self.timeout:g} s")

@@ -109,7 +109,8 @@ class Trainer:
     # Called on the chief after each checkpoint (train.py records the batch plan's key
     # with the first one, so that the key describes what the checkpoints were trained on).
     self.on_save: Optional[Callable[[int], None]] = None
-    self.agreement = distribute.Agreement(self.strategy)
+    self.agreement = distribute.Agreement(self.strategy,
+                                          60 * train_config.peer_timeout_minutes)
     self.chief, self.worker_id = self.agreement.chief, self.agreement.worker_id
     self.host_calls = 0  # of the last train() call
 
@@ -242,7 +243,8 @@ class Trainer:
       for i, batch in enumerate(dataset):
         if max_batches and i >= max_batches:
           break
-        totals += np.array([float(v) for v in self._eval_fn(batch)])
+        with self.agreement.collective():  # dev loss is computed by all workers together
+          totals += np.array([float(v) for v in self._eval_fn(batch)])
     loss_sum, nll_sum, correct, tokens = totals
     if tokens == 0:
       raise TrainingError("the dev set produced no target tokens: check --dev_src/--dev_tgt "
@@ -277,8 +279,9 @@ class Trainer:
                  "and compiled once per dev bucket)")
       dataset = self.strategy.distribute_datasets_from_function(
           lambda ctx, bucket=bucket: eval_data(ctx, bucket=bucket))
-      totals += np.array([float(v) for v in self.eval_loop_fn(iter(dataset),
-                                                               tf.constant(steps))])
+      with self.agreement.collective():  # dev loss is computed by all workers together
+        totals += np.array([float(v) for v in self.eval_loop_fn(iter(dataset),
+                                                                 tf.constant(steps))])
     return totals
 
   def checkpoint(self) -> tf.train.Checkpoint:
@@ -349,25 +352,28 @@ class Trainer:
     log = ProgressLog(cfg, self.learning_rate, writer, progress, clock, start_step)
     eval_metrics, stopped_early = {}, False
     self.host_calls = 0
-    with SavePolicy(cfg, self.agree, clock, progress) as policy:
-      while step < cfg.train_steps:
-        sums, step = self._run(batches, step)
-        log.add(sums)
-        now = clock.now()
-        decision = policy.decide(step, now)
-        if step % cfg.log_every == 0 or decision.last:
-          log.write(step, now)
-        if decision.save:
-          saver.save(step)
-          policy.saved()
-        if evaluator.due(step, decision.last) and not decision.preempted:
-          eval_start = clock.now()
-          eval_metrics, stopped_early = evaluator(
-              step, decision.last, train_minutes=clock.trained(eval_start) / 60)
-          clock.exclude_since(eval_start)
-          log.exclude_since(eval_start)
-        if decision.last or stopped_early:
-          break
+    try:
+      with SavePolicy(cfg, self.agree, clock, progress) as policy:
+        while step < cfg.train_steps:
+          sums, step = self._run(batches, step)
+          log.add(sums)
+          now = clock.now()
+          decision = policy.decide(step, now)
+          if step % cfg.log_every == 0 or decision.last:
+            log.write(step, now)
+          if decision.save:
+            saver.save(step)
+            policy.saved()
+          if evaluator.due(step, decision.last) and not decision.preempted:
+            eval_start = clock.now()
+            eval_metrics, stopped_early = evaluator(
+                step, decision.last, train_minutes=clock.trained(eval_start) / 60)
+            clock.exclude_since(eval_start)
+            log.exclude_since(eval_start)
+          if decision.last or stopped_early:
+            break
+    except distribute.WorkerLostError as error:  # the resume point, for its message
+      raise error.at(step, tf.train.latest_checkpoint(cfg.model_dir))
     if policy.preempted:
       progress(policy.preemption_line(step))
     saver.save_unless_saved(step)
@@ -394,8 +400,9 @@ class Trainer:
     n = min([cfg.steps_per_loop, cfg.train_steps - step,
              batches.steps_left_in_run(step)] + [k - step % k for k in intervals])
     try:
-      sums = np.array([float(v) for v in self.train_fn(batches.iterator(step),
-                                                        tf.constant(n))])
+      with self.agreement.collective():
+        sums = np.array([float(v) for v in self.train_fn(batches.iterator(step),
+                                                          tf.constant(n))])
     except tf.errors.OutOfRangeError:
       raise TrainingError("the training dataset ran out of batches: it is empty or every "
                           "pair was filtered (see the data log above).") from None
