@@ -116,9 +116,13 @@ def run_workers(model_dir, flags, fast_clock_dir=None, timeout=400):
 
 
 def model_weights(model_dir):
+  """Every trainable weight of the latest checkpoint. A training checkpoint names each
+  variable once, by its first path: most weights are under the optimizer's list of
+  trainable variables, not under `model/` (which holds only what the optimizer does
+  not reach first)."""
   reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(model_dir)))
   return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-          if name.startswith("model/")}
+          if name.startswith(("model/", "optimizer/_trainable_variables/"))}
 
 
 def assert_chief_wrote_once(model_dir, outputs):
