@@ -118,6 +118,10 @@ def write_atomically(path: str, chunks: Iterable[bytes],
         f.write(chunk)
     if check is not None:
       check(temporary)
+    # mkstemp creates the file private (0600); the data is not: the usual permissions.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(temporary, 0o666 & ~umask)
     os.replace(temporary, path)
   except BaseException:
     if os.path.exists(temporary):

@@ -23,14 +23,17 @@ The corpora (docs/data.md has where each comes from and its terms):
   ptb_wsj_sample   NLTK's Penn Treebank WSJ sample, split by file (non-commercial)
   tatoeba_deu_eng  Tatoeba EN-DE from an export you give; not reproducible byte for byte
 
-A thin CLI over t2t_keras.data.public_corpora; it does not import TensorFlow.
+A thin CLI over t2t_keras.data.public_corpora (the downloads: t2t_keras.data.fetch).
 After `pip install`, `t2t-datagen` is this tool (same flags).
 """
 
 from absl import app, flags
 
 from t2t_keras import console, errors
-from t2t_keras.data import public_corpora
+
+console.quiet_tensorflow()  # t2t_keras.data's package imports TensorFlow: quietly
+
+from t2t_keras.data import public_corpora  # noqa: E402
 
 flags.DEFINE_string("data_dir", "data",
                     "Where the corpora go, one folder each (the recipes read data/...).")
