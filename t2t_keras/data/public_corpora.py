@@ -73,7 +73,6 @@ class Corpus:
 
   name = ""
   files: Dict[str, Optional[str]] = {}
-  description = ""
 
   def paths(self, data_dir: str) -> List[str]:
     return [os.path.join(data_dir, name) for name in self.files]
@@ -117,10 +116,18 @@ class Corpus:
     fetch.write_atomically(os.path.join(options.data_dir, name), encoded, check)
 
 
+def _split(text: str) -> List[str]:
+  """Lines split at newlines only (str.splitlines would also split inside a sentence
+  at U+2028, U+0085 or a form feed); a CR before the newline goes."""
+  lines = text.split("\n")
+  if lines and not lines[-1]:
+    lines.pop()
+  return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
 def _lines(data: bytes) -> List[str]:
   """A text file's lines, each ending in a newline (the last one too)."""
-  text = data.decode("utf-8")
-  return [line + "\n" for line in text.splitlines()]
+  return [line + "\n" for line in _split(data.decode("utf-8"))]
 
 
 class Multi30k(Corpus):
@@ -128,7 +135,6 @@ class Multi30k(Corpus):
   tokenized, original case): train 29,000, valid 1,014, test2016 1,000 captions."""
 
   name = "multi30k"
-  description = "Multi30k task 1 EN-DE (github.com/multi30k/dataset, data/task1/raw)"
   URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
   SPLITS = {"train": "train", "val": "valid", "test_2016_flickr": "test2016"}
   files = {
@@ -173,7 +179,6 @@ class WMT14Tests(Corpus):
   """
 
   name = "wmt14"
-  description = "WMT newstest2013 / newstest2014 (full) EN-DE via sacreBLEU"
   # file name: (sacreBLEU test set, keep the segments' own whitespace)
   SETS = {"newstest2013": ("wmt13", True), "newstest2014": ("wmt14/full", False)}
   files = {
@@ -223,7 +228,7 @@ def _segments(path: str) -> List[str]:
   """The text of each `<seg ...>...</seg>` line of a WMT SGML file, as written (the
   pattern of sacreBLEU's FakeSGMLDataset, without its whitespace folding)."""
   return [re.sub(r"<seg.*?>(.*)</seg>.*?", r"\1", line).strip() + "\n"
-          for line in _read(path).decode("utf-8").splitlines()
+          for line in _split(_read(path).decode("utf-8"))
           if line.startswith("<seg ")]
 
 
@@ -237,7 +242,6 @@ class PTBSample(Corpus):
   """
 
   name = "ptb_wsj_sample"
-  description = "Penn Treebank WSJ sample of NLTK (nltk_data treebank.zip)"
   URL = "https://raw.githubusercontent.com/nltk/nltk_data/gh-pages/packages/corpora/treebank.zip"
   SPLITS = (("train", 1, 144), ("dev", 145, 174), ("test", 175, 199))
   files = {
@@ -299,7 +303,6 @@ class Tatoeba(Corpus):
   """
 
   name = "tatoeba_deu_eng"
-  description = "Tatoeba EN-DE from a manythings.org/anki export you give (--tatoeba_file)"
   files = {f"tatoeba_deu_eng/{split}.{lang}": None
            for split in ("train", "valid", "test") for lang in ("en", "de")}
   HELD_OUT_PER_MILLE = {"valid": (0, 10), "test": (10, 20)}
@@ -343,12 +346,12 @@ def _read_tatoeba(path: str) -> List[Tuple[str, str]]:
     raise DataError(f"--tatoeba_file={path} cannot be read ({error}): give "
                     "manythings.org/anki's deu-eng.zip or its deu.txt.") from None
   pairs = []
-  for number, line in enumerate(data.decode("utf-8").splitlines(), 1):
+  for number, line in enumerate(_split(data.decode("utf-8")), 1):
     fields = line.split("\t")
     if len(fields) < 2 or not fields[0].strip() or not fields[1].strip():
       raise DataError(f"--tatoeba_file={path}:{number}: expected English TAB German "
                       f"[TAB attribution], got {line[:80]!r}.")
-    pairs.append((" ".join(fields[0].split()), " ".join(fields[1].split())))
+    pairs.append((fields[0].strip(), fields[1].strip()))
   return pairs
 
 
