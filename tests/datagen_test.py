@@ -304,3 +304,14 @@ def test_recipes_read_the_files_datagen_writes_under_data(recipe):
   with open(os.path.join(REPO_ROOT, "flags", f"{recipe}.cfg"), encoding="utf-8") as f:
     text = f.read()
   assert "t2t_keras.tools.datagen --corpora=" in text and "shared/data" not in text
+
+
+def test_a_missing_recipe_file_names_the_command_that_fetches_it():
+  from t2t_keras.data import textfiles  # pylint: disable=import-outside-toplevel
+  from t2t_keras.errors import DataError  # pylint: disable=import-outside-toplevel
+  with pytest.raises(DataError, match=r"data/nope/train\.en.*python -m "
+                     r"t2t_keras\.tools\.datagen"):
+    textfiles.check_file_exists("data/nope/train.en")
+  with pytest.raises(DataError) as raised:
+    textfiles.check_file_exists("elsewhere/train.en")
+  assert "tools.datagen" not in str(raised.value)
