@@ -9,9 +9,10 @@ ENTRY_POINTS = ("train", "decode", "export", "evaluate", "score")
 # repository's recipes (flags/*.cfg) and figures, which a wheel does not carry.
 TOOLS = {
     "average_checkpoints": "t2t-average-checkpoints",
-    "build_vocab": "t2t-build-vocab",  # tensor2tensor's t2t-datagen
+    "build_vocab": "t2t-build-vocab",  # the vocabulary half of tensor2tensor's t2t-datagen
     "data_service": "t2t-data-service",  # tf.data service servers for train --data_service
     "ct2_translate": "t2t-ct2-translate",
+    "datagen": "t2t-datagen",  # downloads and prepares the recipes' public corpora
     "linearize_trees": "t2t-linearize-trees",
     "plot_learning_curve": "t2t-plot-learning-curve",
     "query_serving": "t2t-query-server",  # tensor2tensor's name for its serving client

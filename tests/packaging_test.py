@@ -79,6 +79,7 @@ OWN_FLAG = {"t2t-train": "", "t2t-decode": "--input_file",
             "t2t-score": "--source_file", "t2t-average-checkpoints": "--last_n",
             "t2t-build-vocab": "overwrite_vocab",
             "t2t-data-service": "--dispatcher_address", "t2t-ct2-translate": "--compute_type",
+            "t2t-datagen": "--tatoeba_file",
             "t2t-linearize-trees": "--trees", "t2t-plot-learning-curve": "--labels",
             "t2t-query-server": "--signature_name", "t2t-saved-model-cli": "show",
             "t2t-visualize-attention": "--sentence"}

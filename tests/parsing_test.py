@@ -530,8 +530,10 @@ def test_parsing_recipe_trains_decodes_and_scores(ptb, tmp_path):
           "--num_hidden_layers=1", "--vocab_size=400", "--train_steps=3", "--log_every=1",
           "--eval_every=3", "--eval_steps=2", "--save_checkpoint_steps=3",
           "--show_examples=0", "--batch_size=1024"]
+  # The recipe reads data/ptb_wsj_sample (t2t-datagen's); ../shared/data has the same.
   trained = inprocess.run("train", "--flagfile=flags/parsing_ptb_sample.cfg",
-                          f"--model_dir={model_dir}", *tiny)
+                          f"--model_dir={model_dir}", f"--train_src={ptb['train'][0]}",
+                          f"--dev_src={ptb['dev'][0]}", *tiny)
   assert trained.returncode == 0, trained.stdout[-2000:] + trained.stderr[-3000:]
   assert "step 3/3" in trained.stdout and "eval at step 3" in trained.stdout
   assert (model_dir / "vocab.model").exists()
@@ -600,7 +602,7 @@ def assert_copies_words(output, words):
   assert len(tokens) == 2 * len(words), output
 
 
-def test_flagfiles_follow_the_paper_and_fit_the_sample():
+def test_flagfiles_follow_the_paper_and_fit_the_sample(shared_data):
   from absl import flags  # pylint: disable=import-outside-toplevel
 
   from t2t_keras import flags as t2t_flags  # pylint: disable=import-outside-toplevel
@@ -623,8 +625,10 @@ def test_flagfiles_follow_the_paper_and_fit_the_sample():
   sample = parse("flags/parsing_ptb_sample.cfg")
   assert sample.data_source == "parsing" and sample.train_src.endswith("train.mrg")
   assert sample.alpha == 0.3 and sample.extra_decode_length == 300
-  assert os.path.exists(os.path.join(REPO_ROOT, sample.train_src))
-  assert os.path.exists(os.path.join(REPO_ROOT, sample.dev_src))
+  # data/ is where t2t-datagen writes; ../shared/data holds the same files.
+  for path in (sample.train_src, sample.dev_src):
+    assert path.startswith("data/ptb_wsj_sample/"), path
+    assert os.path.exists(os.path.join(shared_data, os.path.relpath(path, "data")))
   with open(os.path.join(REPO_ROOT, "docs", "parsing.md"), encoding="utf-8") as f:
     section = f.read()
   assert section.startswith("# Constituency parsing\n")

@@ -1,8 +1,8 @@
 """Runs a translation recipe end to end under a training-time budget.
 
   python tools/run_recipe.py --recipe=flags/multi30k_en_de.cfg --model_dir=/tmp/m30k \
-      --test_src=../shared/data/multi30k/test2016.en \
-      --test_ref=../shared/data/multi30k/test2016.de [--train_minutes=60]
+      --test_src=data/multi30k/test2016.en \
+      --test_ref=data/multi30k/test2016.de [--train_minutes=60]
 
 1. trains: `python -m t2t_keras.train --flagfile=<recipe> --model_dir=...` with
    `--train_minutes` (training stops with a checkpoint when the budget is spent; dev

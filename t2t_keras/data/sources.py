@@ -401,7 +401,7 @@ class TreebankSource(Source):
     problems = super().problems()
     if not self.config.train_src:
       problems.append("--data_source=parsing needs --train_src: a file of bracketed "
-                      "trees (.mrg, e.g. ../shared/data/ptb_wsj_sample/train.mrg)")
+                      "trees (.mrg, e.g. data/ptb_wsj_sample/train.mrg)")
     return problems
 
   def check_model(self, model_config):

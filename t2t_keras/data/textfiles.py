@@ -53,9 +53,13 @@ def open_binary(path: str):
 def check_file_exists(path: str):
   """Raises DataError naming the file and the flags to check if it is missing."""
   if not path or not tf.io.gfile.exists(path) or tf.io.gfile.isdir(path):
+    # The CPU recipes read data/<corpus>/...: say how to get them.
+    fetch = (" The recipes' corpora under data/ come from `python -m "
+             "t2t_keras.tools.datagen` (docs/data.md)." if path and
+             os.path.normpath(path).startswith("data" + os.sep) else "")
     raise DataError(f"Data file {path!r} does not exist; check the --train_src/"
                     "--train_tgt/--dev_src/--dev_tgt flags (relative paths resolve "
-                    f"from the current directory, {os.getcwd()}).")
+                    f"from the current directory, {os.getcwd()}).{fetch}")
 
 
 def scan_text_file(path: str, skip_invalid_utf8: bool = False) -> FileScan:

@@ -140,7 +140,7 @@ def decode_utf8(data: bytes, name: str) -> str:
 def parse_trees(text: str, name: str = "<trees>") -> List[Tuple[int, Tree]]:
   """Every bracketed tree of a text, with the line where it starts.
 
-  Trees may take one line each (as in ../shared/data/ptb_wsj_sample) or span several
+  Trees may take one line each (as in data/ptb_wsj_sample) or span several
   lines (the Penn Treebank's own .mrg files); a tree starts at a top-level "(".
 
   Args:

@@ -1,6 +1,6 @@
 """Turns a treebank file into the parsing task's line-aligned text files.
 
-  python tools/linearize_trees.py --trees=../shared/data/ptb_wsj_sample/test.mrg \
+  python tools/linearize_trees.py --trees=data/ptb_wsj_sample/test.mrg \
       --sentences=/tmp/test.words [--linearized=/tmp/test.linear]
 
 --sentences receives each cleaned tree's words (the input `python -m t2t_keras.decode`
