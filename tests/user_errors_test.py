@@ -41,6 +41,7 @@ OTHER_PROGRAMS = {
     "dist", "durations",  # pytest and pytest-xdist (README's test command, CONTRIBUTING.md)
     "tf_xla_persistent_cache_directory", "tf_xla_persistent_cache_read_only",
     "tf_xla_persistent_cache_prefix",  # TensorFlow's TF_XLA_FLAGS (docs/training.md)
+    "zone", "worker", "command",  # gcloud compute tpus tpu-vm ssh (docs/training.md)
 }
 _FLAG_NAME = re.compile(r"(?<![\w-])--([a-z][a-z0-9_]*)")
 
