@@ -58,9 +58,11 @@ def console_main():
   # pylint: disable=import-outside-toplevel
   from t2t_keras import console
   console.quiet_tensorflow(argv)
-  console.own_help(__name__)  # --help: this docstring, from a console script too
   import tensorflow_text  # noqa: F401  pylint: disable=unused-import
   from tensorflow.python.tools import saved_model_cli
+  # --help: this docstring and saved_model_cli's flags (absl answers --help before its
+  # argparse commands could).
+  console.own_help(__name__, adopt=(saved_model_cli.__name__,))
 
   from t2t_keras import model_card
   path = _dir_argument(argv)
