@@ -121,10 +121,11 @@ def command_help(module_name: str, adopt: Sequence[str] = (), flag_values=None) 
   training, decoding), each flag with its help and default. Flags of absl, TensorFlow
   and other commands imported into the same process are left out.
   """
-  # pylint: disable=import-outside-toplevel
-  from absl import flags
-
-  from t2t_keras import flags as t2t_flags
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  # Only a command that imported t2t_keras.flags has its groups (importing it would
+  # import TensorFlow for the help of a tool that needs none).
+  t2t_flags = sys.modules.get("t2t_keras.flags")
+  groups = t2t_flags.GROUPS if t2t_flags else {}
   fv = flags.FLAGS if flag_values is None else flag_values
   defined_by = {id(flag): module for module, defined in fv.flags_by_module_dict().items()
                 for flag in defined}
@@ -139,7 +140,7 @@ def command_help(module_name: str, adopt: Sequence[str] = (), flag_values=None) 
         own.append(flag)
         seen.add(id(flag))
   sections = [(f"{_command_name(module_name)}:", own)] if own else []
-  for group, about in t2t_flags.GROUPS.items():
+  for group, about in groups.items():
     listed = [fv[name] for name, of in t2t_flags.GROUP_OF.items()
               if of == group and name in fv and id(fv[name]) not in seen
               and defined_by.get(id(fv[name])) == t2t_flags.__name__]

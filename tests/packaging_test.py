@@ -20,8 +20,8 @@ from tests import inprocess
 from tests.conftest import REPO_ROOT
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO_ROOT)
-# Repository tools that are not commands, and why: setup.py says so too.
-REPOSITORY_ONLY_TOOLS = {"run_recipe"}  # reproduces flags/*.cfg recipes, not in the wheel
+# Repository tools that are not commands, and why (setup.py would say so too): none.
+REPOSITORY_ONLY_TOOLS = set()
 
 
 def setup_literals():
@@ -95,6 +95,7 @@ OWN_FLAGS = {
     "t2t-linearize-trees": {"linearize_trees": ["trees"]},
     "t2t-plot-learning-curve": {"plot_learning_curve": ["model_dir", "labels"]},
     "t2t-query-server": {"query_serving": ["server", "signature_name"]},
+    "t2t-run-recipe": {"run_recipe": ["recipe", "model_dir", "test_src", "train_minutes"]},
     "t2t-saved-model-cli": {"saved_model_cli": ["dir", "tag_set"]},
     "t2t-visualize-attention": {"visualize_attention": ["model_dir", "sentence"],
                                 "decoding": ["beam_size"]},

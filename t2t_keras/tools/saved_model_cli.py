@@ -6,7 +6,7 @@ tensorflow_text (TensorFlow Serving has them built in). Same arguments as
 saved_model_cli, e.g.
 
   python tools/saved_model_cli.py show --dir /tmp/export/1 --all
-  python tools/saved_model_cli.py run --dir /tmp/export/1 --tag_set serve \
+  python tools/saved_model_cli.py run --dir /tmp/export/1 --tag_set serve \\
       --signature_def serving_default --input_exprs "inputs=['A dog runs.']"
 
 `show` starts with the export's model card (t2t_keras.model_card: the model, its
