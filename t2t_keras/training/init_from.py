@@ -119,8 +119,8 @@ def check_vocabularies(init_from: str, source: DataConfig, run: DataConfig,
     ModelDirError: text and symbol ids on either side, or another number of symbols,
       saying what to pass.
   """
-  if vocab != "source" or _symbols(source) == _symbols(run) == False:  # noqa: E712
-    return
+  if vocab != "source" or not (_symbols(source) or _symbols(run)):
+    return  # text and text: the source's pieces tokenize the run's text
   new = "pass --init_from_vocab=new to train on this run's own"
   if _symbols(source) and _symbols(run):
     if source.synthetic_vocab_size != run.synthetic_vocab_size:
