@@ -244,6 +244,11 @@ def test_a_synthetic_task_model_is_a_valid_init_from(tmp_path, tiny_model_dir):
   assert (record["pieces_kept"], record["pieces_new"]) == (16, 2), record
   text = init_from.pieces(tokenizer_lib.load_tokenizer(modeldir.vocab_path(tiny_model_dir)))
   assert not set(old[4:]) & set(text), "a symbol matched a text piece"
+  # What the refusals below offer: a text vocabulary over a symbol model's weights.
+  model = create_model(dataclasses.replace(modeldir.load_model_config(str(source)),
+                                           vocab_size=len(text)))
+  record = init_from.initialize(model, str(source), old_pieces=old, new_pieces=text)
+  assert (record["pieces_kept"], record["pieces_new"]) == (0, len(text) - 4), record
 
   data = tmp_path / "text"
   write_corpus(data, 3, ["a b c"] * 3, ["x y z"] * 3)
