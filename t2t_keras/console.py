@@ -161,8 +161,8 @@ def own_help(module_name: str, adopt: Sequence[str] = ()) -> None:
 
   absl's --help lists only the flags `__main__` defines: none for a command whose
   flags t2t_keras.flags generates from the configs, nor for a console script's wrapper
-  or a `tools/` launcher; its --helpfull lists some 480, absl's test flags and
-  TensorFlow's TPU tracer among them. Call it once every flag is defined, before
+  or a `tools/` launcher; its --helpfull lists every flag of the process, absl's test
+  flags and TensorFlow's TPU tracer among them. Call it once every flag is defined, before
   `app.run`. For absl's own usage message (a usage error), `module_name`'s docstring
   and flags become those of the `__main__` that launched it.
   """
