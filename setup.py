@@ -5,8 +5,8 @@ from setuptools import find_packages, setup
 # tensor2tensor had t2t-trainer and t2t-decoder; `python -m t2t_keras.X` runs the same.
 ENTRY_POINTS = ("train", "decode", "export", "evaluate", "score")
 # The tools a user needs after `pip install` (t2t_keras/tools/; `python tools/X.py` in a
-# checkout). tools/run_recipe.py stays a repository tool: it reproduces the
-# repository's recipes (flags/*.cfg) and figures, which a wheel does not carry.
+# checkout). t2t-run-recipe runs any flagfile; the repository's recipes (flags/*.cfg)
+# are not in the wheel, so reproducing them needs a checkout (its --help says so).
 TOOLS = {
     "average_checkpoints": "t2t-average-checkpoints",
     "build_vocab": "t2t-build-vocab",  # the vocabulary half of tensor2tensor's t2t-datagen
@@ -16,6 +16,7 @@ TOOLS = {
     "linearize_trees": "t2t-linearize-trees",
     "plot_learning_curve": "t2t-plot-learning-curve",
     "query_serving": "t2t-query-server",  # tensor2tensor's name for its serving client
+    "run_recipe": "t2t-run-recipe",
     "saved_model_cli": "t2t-saved-model-cli",
     "visualize_attention": "t2t-visualize-attention",
 }

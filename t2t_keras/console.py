@@ -12,8 +12,8 @@ a failing op still raises a Python exception with its message, and a run that fa
 in a way the message does not explain is worth repeating with `--verbosity=0`.
 
 Entry points call `quiet_tensorflow()` before TensorFlow is imported (the C++ level is
-read once, at import) and `setup_logging()` once flags are parsed; a command whose code
-is not its `__main__` (a console script, or a `tools/` launcher) calls `own_help()`.
+read once, at import) and `setup_logging()` once flags are parsed; every command's
+`console_main` calls `own_help()`, which answers --help with the command's own flags.
 """
 
 from __future__ import annotations
@@ -78,15 +78,99 @@ def quiet_tensorflow(argv: Optional[Sequence[str]] = None, import_now: bool = Tr
       os.close(saved)
 
 
-def own_help(module_name: str) -> None:
-  """absl's help shows `module_name`'s docstring and flags, for a command launched
-  from another `__main__` (a console script's wrapper or a `tools/` launcher).
+# absl's spellings of --help (--helpfull stays absl's: every flag of the process).
+_HELP_FLAGS = ("help", "helpshort", "?")
 
-  absl's help prints `__main__`'s docstring and the flags defined by `sys.argv[0]`;
-  a launcher defines none, so without this the help of `t2t-average-checkpoints`
-  would list no flags at all.
+
+def _help_requested(argv: Sequence[str]) -> bool:
+  for arg in argv[1:]:
+    if arg == "--":
+      break
+    name, _, value = arg.lstrip("-").partition("=")
+    if arg.startswith("-") and name in _HELP_FLAGS and value.lower() in ("", "true", "1"):
+      return True
+  return False
+
+
+def _command_name(module_name: str) -> str:
+  """"decode" for t2t_keras.decode, "export" for t2t_keras.export.__main__, ..."""
+  if module_name == "__main__":
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    module_name = spec.name if spec else os.path.splitext(os.path.basename(sys.argv[0]))[0]
+  return [part for part in module_name.split(".") if part != "__main__"][-1]
+
+
+def _render_flag(flag) -> str:
+  """One flag as absl's help renders it: name, help, default, type."""
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  text = f"-{flag.short_name}," if flag.short_name else ""
+  text += f"--{'[no]' if flag.boolean else ''}{flag.name}: {flag.help or ''}"
+  lines = [flags.text_wrap(text, indent="    ", firstline_indent="  ")]
+  if flag.default_as_str:
+    lines.append(flags.text_wrap(f"(default: {flag.default_as_str})", indent="    "))
+  if flag.parser.syntactic_help:
+    lines.append(flags.text_wrap(f"({flag.parser.syntactic_help})", indent="    "))
+  return "\n".join(lines)
+
+
+def command_help(module_name: str, adopt: Sequence[str] = (), flag_values=None) -> str:
+  """The --help of the command `module_name`: its docstring, then its flags by group.
+
+  First the flags the command's module defines or declares key flags (and those of the
+  modules in `adopt`), then the groups of t2t_keras.flags it defined (model, data,
+  training, decoding), each flag with its help and default. Flags of absl, TensorFlow
+  and other commands imported into the same process are left out.
   """
   from absl import flags  # pylint: disable=import-outside-toplevel
+  # Only a command that imported t2t_keras.flags has its groups (importing it would
+  # import TensorFlow for the help of a tool that needs none).
+  t2t_flags = sys.modules.get("t2t_keras.flags")
+  groups = t2t_flags.GROUPS if t2t_flags else {}
+  fv = flags.FLAGS if flag_values is None else flag_values
+  defined_by = {id(flag): module for module, defined in fv.flags_by_module_dict().items()
+                for flag in defined}
+
+  def current(flag) -> bool:  # the registry may have swapped a flag of that name
+    return flag.name in fv and fv[flag.name] is flag
+
+  own, seen = [], set()
+  for key in (sys.argv[0] if module_name == "__main__" else module_name, *adopt):
+    for flag in fv.get_key_flags_for_module(key):
+      if current(flag) and id(flag) not in seen:
+        own.append(flag)
+        seen.add(id(flag))
+  sections = [(f"{_command_name(module_name)}:", own)] if own else []
+  for group, about in groups.items():
+    listed = [fv[name] for name, of in t2t_flags.GROUP_OF.items()
+              if of == group and name in fv and id(fv[name]) not in seen
+              and defined_by.get(id(fv[name])) == t2t_flags.__name__]
+    if listed:
+      sections.append((f"{group}: {about}", listed))
+  doc = (sys.modules[module_name].__doc__ or "").strip()
+  out = [doc, "", flags.text_wrap(
+      "flags (--flagfile=FILE reads flags from FILE, e.g. a recipe of flags/; "
+      "--helpfull also lists absl's and TensorFlow's):")]
+  for title, listed in sections:
+    out += ["", flags.text_wrap(title, indent="  ", firstline_indent="")]
+    out += [_render_flag(flag) for flag in listed]
+  return "\n".join(out) + "\n"
+
+
+def own_help(module_name: str, adopt: Sequence[str] = ()) -> None:
+  """`--help` prints `command_help(module_name, adopt)` and exits (code 1, as absl's).
+
+  absl's --help lists only the flags `__main__` defines: none for a command whose
+  flags t2t_keras.flags generates from the configs, nor for a console script's wrapper
+  or a `tools/` launcher; its --helpfull lists every flag of the process, absl's test
+  flags and TensorFlow's TPU tracer among them. Call it once every flag is defined, before
+  `app.run`. For absl's own usage message (a usage error), `module_name`'s docstring
+  and flags become those of the `__main__` that launched it.
+  """
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  if _help_requested(sys.argv):
+    sys.stdout.write(command_help(module_name, adopt))
+    sys.stdout.flush()
+    sys.exit(1)
   module = sys.modules[module_name]
   main = sys.modules.get("__main__")
   if main is None or main is module:

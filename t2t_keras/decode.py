@@ -56,6 +56,7 @@ FLAGS = flags.FLAGS
 t2t_flags.define_all()
 flags.DEFINE_string("input_file", None, "Source sentences, one per line (default stdin).")
 t2t_flags.define_output_file("Where translations go (default stdout).")
+flags.declare_key_flag("output_file")  # listed under this command's --help
 flags.DEFINE_string("reference_file", None, "Reference translations: print BLEU and chrF.")
 t2t_flags.define_settings(DecodeConfig, ("sampling_topk", "sampling_topp",
                                          "sampling_temperature", "num_samples",

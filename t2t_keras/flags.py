@@ -49,13 +49,29 @@ class _Definer:
     return functools.partial(getattr(flags, name), flag_values=self.flag_values)
 
 
-def _once(first_flag):
-  """Lets several entry points define the same group without duplicate errors."""
+# The groups `--help` lists the shared flags in (console.own_help): group -> what it
+# is, in the order shown, and flag name -> group, in definition order. A command's help
+# shows the groups it defined, so the names are recorded as the groups define them.
+GROUPS = {}
+GROUP_OF = {}
+_CONFIG_GROUPS = {ModelConfig: "model", DataConfig: "data", TrainConfig: "training",
+                  DecodeConfig: "decoding"}
+
+
+def _once(first_flag, group):
+  """Lets several entry points define the same group without duplicate errors, and
+  files the flags it defines under `group` for --help (the docstring describes it)."""
   def wrapper(fn):
+    GROUPS[group] = " ".join(fn.__doc__.split())
+
     @functools.wraps(fn)
     def define(flag_values=FLAGS):
       if first_flag not in flag_values:
+        before = set(flag_values)
         fn(_Definer(flag_values))
+        for name in flag_values:
+          if name not in before:
+            GROUP_OF.setdefault(name, group)
     return define
   return wrapper
 
@@ -87,6 +103,8 @@ def define_settings(config_class, names=None, flag_values=FLAGS, choices=None,
       f.DEFINE_enum(name, field.default, list(enum), text)
     else:
       getattr(f, _DEFINERS[field.type])(name, field.default, text)
+    if config_class in _CONFIG_GROUPS:
+      GROUP_OF.setdefault(name, _CONFIG_GROUPS[config_class])
     if meta["check"]:
       ok, text = meta["check"]
       f.register_validator(name, lambda v, ok=ok: v is None or ok(v),
@@ -128,14 +146,14 @@ def _check_data(config: DataConfig) -> None:
   sources.data_source(config.validate()).validate()  # the source checks its own flags
 
 
-@_once("vocab_size")
+@_once("vocab_size", "model")
 def define_model_flags(f):
   """Architecture flags (paper section 3 and Table 3)."""
   define_settings(ModelConfig, flag_values=f.flag_values)
   _validate_group(f, ModelConfig, ModelConfig.validate)
 
 
-@_once("data_source")
+@_once("data_source", "data")
 def define_data_flags(f):
   """Where the sentence pairs come from (the sources of t2t_keras.data.sources) and how
   they are batched."""
@@ -148,7 +166,7 @@ def define_data_flags(f):
   _validate_group(f, DataConfig, _check_data)
 
 
-@_once("model_dir")
+@_once("model_dir", "training")
 def define_train_flags(f):
   """Optimisation, distribution and checkpointing, and what happens after training."""
   define_settings(TrainConfig, flag_values=f.flag_values)
@@ -180,7 +198,7 @@ _SHARED_DECODE_FIELDS = ("beam_size", "alpha", "extra_decode_length", "return_be
                          "min_decode_length")
 
 
-@_once("beam_size")
+@_once("beam_size", "decoding")
 def define_decode_flags(f):
   """Beam search (paper: beam 4, alpha 0.6, input length + 50) and what to decode with."""
   define_settings(DecodeConfig, _SHARED_DECODE_FIELDS, flag_values=f.flag_values)

@@ -4,7 +4,7 @@ The trainer writes `<model_dir>/train` (training loss, learning rate, throughput
 `<model_dir>/eval` (dev loss, accuracy, BLEU when --eval_bleu_sentences is set, and
 `train_minutes`: training time with dev evaluation excluded). `read_scalars` reads
 them back; `plot` draws loss (and dev BLEU) against training time or step.
-Used by tools/plot_learning_curve.py and tools/run_recipe.py.
+Used by t2t_keras/tools/plot_learning_curve.py and t2t_keras/tools/run_recipe.py.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ flags.DEFINE_string("source_file", None, "Source sentences, one per line.")
 flags.DEFINE_string("target_file", None, "Target sentences (translations to score), "
                     "line-aligned with --source_file.")
 t2t_flags.define_output_file("Where scores go (default stdout).")
+flags.declare_key_flag("output_file")  # listed under this command's --help
 flags.DEFINE_bool("per_token", False, "Append each token's log probability (space "
                   "separated, EOS last) after a tab.")
 

@@ -139,9 +139,15 @@ def init_from_data_config(train_config, data_config, checkpoint):
   import tensorflow as tf
 
   from t2t_keras import modeldir
+  from t2t_keras.data import sources
   from t2t_keras.training import init_from
-  if train_config.init_from_vocab != "source":
-    return data_config
+  if checkpoint is not None:
+    init_from.check_vocabularies(
+        train_config.init_from, modeldir.data_config_of(init_from.source_dir(checkpoint)),
+        data_config, train_config.init_from_vocab)
+  if (train_config.init_from_vocab != "source"
+      or not sources.SOURCE_CLASSES[data_config.source].is_text):
+    return data_config  # its own vocabulary, or symbol ids: the same as the source's
   if FLAGS["vocab_file"].present:
     raise flags.ValidationError(
         f"--vocab_file={FLAGS.vocab_file} with --init_from: the run trains on the source "
@@ -165,12 +171,12 @@ def start_from(trainer, tokenizer, train_config, checkpoint: str, chief: bool) -
   """--init_from: the source checkpoint's weights (and with --init_from_optimizer its
   optimizer state) into the new run's model, recorded in init_from.json."""
   # pylint: disable=import-outside-toplevel
-  from t2t_keras.data import tokenizer as tokenizer_lib
-  from t2t_keras import modeldir
+  from t2t_keras import loading
   from t2t_keras.training import init_from
   old_pieces = new_pieces = None
   if train_config.init_from_vocab == "new":
-    old = tokenizer_lib.load_tokenizer(modeldir.vocab_path(init_from.source_dir(checkpoint)))
+    # The source's tokenizer as its config.json says: SentencePiece or symbol ids.
+    old = loading.load_tokenizer(init_from.source_dir(checkpoint))
     old_pieces, new_pieces = init_from.pieces(old), init_from.pieces(tokenizer)
   record = init_from.initialize(
       trainer.model, checkpoint,

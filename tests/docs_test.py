@@ -1,5 +1,6 @@
 """The documents' links: every relative link in README.md, BUILD.md, CONTRIBUTING.md and
-docs/*.md points to a file that exists and, with a #anchor, to a heading of that file.
+docs/*.md points to a file that exists and, with a #anchor, to a heading of that file;
+and docs/python_api.md's examples run and print what the commands print.
 
 Anchors follow GitHub's rules for headings: lowercase, every character that is not a
 letter, digit, space, `-` or `_` dropped, each space a `-`, and a repeated heading gets
@@ -7,10 +8,13 @@ letter, digit, space, `-` or `_` dropped, each space a `-`, and a repeated headi
 links and are skipped.
 """
 
+import contextlib
 import glob
+import io
 import os
 import re
 
+from tests import inprocess
 from tests.conftest import REPO_ROOT
 
 _LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
@@ -137,3 +141,40 @@ def test_the_check_finds_broken_files_and_anchors(tmp_path):
   assert len(bad) == 3, bad
   assert "no file" in bad[0] and "missing.md" in bad[0]
   assert "#other" in bad[1] and "#nowhere" in bad[2]
+
+
+def python_blocks(path):
+  """The ```python code blocks of a Markdown file, in order."""
+  with open(path, encoding="utf-8") as f:
+    return re.findall(r"^```python\n(.*?)^```", f.read(), re.S | re.M)
+
+
+def test_the_python_api_page_runs_and_agrees_with_the_commands(tiny_model_dir, tmp_path):
+  """docs/python_api.md's blocks, run in order on the tiny model, print the
+  translations `decode` writes and the line `score` writes for the same input."""
+  code = "\n".join(python_blocks(os.path.join(REPO_ROOT, "docs", "python_api.md")))
+  assert code.count('model_dir = "runs/multi30k"') == 1, "the page's model directory"
+  code = code.replace('"runs/multi30k"', repr(tiny_model_dir))
+  printed, namespace = io.StringIO(), {}
+  with contextlib.redirect_stdout(printed):
+    exec(compile(code, "docs/python_api.md", "exec"), namespace)  # pylint: disable=exec-used
+  lines = printed.getvalue().splitlines()
+  assert lines[0] == f"loaded {os.path.join(tiny_model_dir, 'ckpt-7')}", lines
+  sentences, results = namespace["sentences"], namespace["results"]
+  assert lines[1:3] == [f"{s} -> {r.texts[0]} ({r.scores[0]:.4f})"
+                        for s, r in zip(sentences, results)], lines
+
+  (tmp_path / "src.txt").write_text("".join(s + "\n" for s in sentences), encoding="utf-8")
+  decoded = inprocess.run("decode", f"--model_dir={tiny_model_dir}",
+                          f"--input_file={tmp_path / 'src.txt'}", "--beam_size=4",
+                          "--alpha=0.6", "--extra_decode_length=50")
+  assert decoded.returncode == 0, decoded.stderr[-3000:]
+  assert decoded.stdout.splitlines() == [r.texts[0] for r in results]
+
+  (tmp_path / "pair.src").write_text(namespace["source"] + "\n", encoding="utf-8")
+  (tmp_path / "pair.tgt").write_text(namespace["target"] + "\n", encoding="utf-8")
+  scored = inprocess.run("score", f"--model_dir={tiny_model_dir}",
+                         f"--source_file={tmp_path / 'pair.src'}",
+                         f"--target_file={tmp_path / 'pair.tgt'}")
+  assert scored.returncode == 0, scored.stderr[-3000:]
+  assert scored.stdout.splitlines() == [lines[3]], (scored.stdout, lines)

@@ -187,3 +187,96 @@ def test_every_worker_starts_from_the_checkpoint_the_chief_names(tmp_path):
   assert prefix == str(tmp_path / "ckpt-7")
   with pytest.raises(ModelDirError, match="the chief found no checkpoint"):
     init_from.agreed_checkpoint(str(tmp_path / "none"), FakeAgreement(False, -1))
+
+
+
+def train_symbols(model_dir, *flags):
+  """A few steps of flags/tiny.cfg (the synthetic copy task: symbol ids, no vocabulary
+  file, as the README's demo), in this process."""
+  return inprocess.run("train", "--flagfile=flags/tiny.cfg", f"--model_dir={model_dir}",
+                       "--train_steps=3", "--save_checkpoint_steps=3", "--eval_every=1000",
+                       "--log_every=1", "--show_examples=0", "--synthetic_train_size=200",
+                       "--synthetic_eval_size=20", *flags)
+
+
+def symbol_model_dir(path):
+  """A model directory as training on flags/tiny.cfg writes it (config.json, ckpt-7; no
+  vocabulary file: the synthetic task's vocabulary is its 16 symbols and 4 reserved
+  ids), with random weights."""
+  from t2t_keras.configs import DataConfig, ModelConfig  # pylint: disable=import-outside-toplevel
+  config = ModelConfig(vocab_size=20, hidden_size=32, filter_size=64, num_heads=4,
+                       num_hidden_layers=2, layer_prepostprocess_dropout=0.0)
+  modeldir.write_or_check_config(str(path), config, data=DataConfig(
+      source="synthetic", synthetic_task="copy", synthetic_vocab_size=16))
+  tf.train.CheckpointManager(tf.train.Checkpoint(model=create_model(config)), str(path),
+                             3).save(7)
+  return path
+
+
+def test_a_synthetic_task_model_is_a_valid_init_from(tmp_path, tiny_model_dir):
+  """A model of a symbol task (the README's demo) fine-tunes on its symbols, and with
+  --init_from_vocab=new onto more symbols (rows by symbol id); a text run from it, a
+  symbol run from a text model, or another number of symbols, is told why the source's
+  vocabulary cannot serve and what to pass (before: "its vocabulary .../vocab.model is
+  missing; copy the vocabulary..." for a model that never had one)."""
+  source = symbol_model_dir(tmp_path / "source")
+  tuned = tmp_path / "tuned"
+  result = train_symbols(tuned, f"--init_from={source}", "--synthetic_task=reverse")
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+  assert f"initialized from {source}/ckpt-7" in result.stdout, result.stdout[-2000:]
+  assert json.loads((tuned / "init_from.json").read_text())["vocabulary"] == "source"
+
+  # --init_from_vocab=new reads the source's tokenizer as train's start_from does.
+  from t2t_keras import loading  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data import tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
+  old = init_from.pieces(loading.load_tokenizer(str(source)))
+  new = init_from.pieces(tokenizer_lib.IntegerTokenizer(22))
+  model = create_model(dataclasses.replace(modeldir.load_model_config(str(source)),
+                                           vocab_size=22))
+  record = init_from.initialize(model, str(source), old_pieces=old, new_pieces=new)
+  # 16 symbols shared (same ids), 2 new ones; the 4 reserved ids keep their rows.
+  assert (record["pieces_kept"], record["pieces_new"]) == (16, 2), record
+  text = init_from.pieces(tokenizer_lib.load_tokenizer(modeldir.vocab_path(tiny_model_dir)))
+  assert not set(old[4:]) & set(text), "a symbol matched a text piece"
+  # What the refusals below offer: a text vocabulary over a symbol model's weights.
+  model = create_model(dataclasses.replace(modeldir.load_model_config(str(source)),
+                                           vocab_size=len(text)))
+  record = init_from.initialize(model, str(source), old_pieces=old, new_pieces=text)
+  assert (record["pieces_kept"], record["pieces_new"]) == (0, len(text) - 4), record
+
+  data = tmp_path / "text"
+  write_corpus(data, 3, ["a b c"] * 3, ["x y z"] * 3)
+  result = inprocess.run(
+      "train", "--flagfile=flags/tiny.cfg", f"--model_dir={tmp_path / 'text_run'}",
+      "--data_source=files", f"--train_src={data}/train.en", f"--train_tgt={data}/train.de",
+      f"--init_from={source}")
+  assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+  assert "was trained on --data_source=synthetic (symbol ids" in result.stderr, \
+      result.stderr[-2000:]
+  assert "pass --init_from_vocab=new" in result.stderr, result.stderr[-2000:]
+  result = train_symbols(tmp_path / "from_text", f"--init_from={tiny_model_dir}")
+  assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+  assert "SentencePiece vocabulary), which cannot tokenize the symbol ids" in \
+      result.stderr and "pass --init_from_vocab=new" in result.stderr, result.stderr[-2000:]
+  result = train_symbols(tmp_path / "more", f"--init_from={source}",
+                         "--synthetic_vocab_size=18")
+  assert result.returncode == 1, result.stderr[-3000:]
+  assert "give --synthetic_vocab_size=16, or pass --init_from_vocab=new" in result.stderr
+
+
+@pytest.mark.slow
+def test_fine_tuning_a_trained_synthetic_model_onto_more_symbols(trained_reverse_dir,
+                                                                 tmp_path):
+  """The CLI path of --init_from_vocab=new from what training wrote for a symbol task
+  (before: "Vocabulary .../vocab.model does not exist; build it with
+  tools/build_vocab.py")."""
+  from tests.conftest import REVERSE_VOCAB  # pylint: disable=import-outside-toplevel
+  tuned = tmp_path / "tuned"
+  result = train_symbols(tuned, f"--init_from={trained_reverse_dir}",
+                         "--init_from_vocab=new", "--hidden_size=32", "--filter_size=64",
+                         "--num_heads=4", "--pre_norm=true",
+                         f"--synthetic_vocab_size={REVERSE_VOCAB - 4 + 2}")
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+  record = json.loads((tuned / "init_from.json").read_text())
+  assert (record["vocabulary"], record["pieces_kept"], record["pieces_new"]) == (
+      "new", REVERSE_VOCAB - 4, 2), record

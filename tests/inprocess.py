@@ -44,7 +44,7 @@ ENTRY_POINTS = {"train": "t2t_keras.train", "decode": "t2t_keras.decode",
                 "score": "t2t_keras.score", "evaluate": "t2t_keras.evaluate",
                 "export": "t2t_keras.export.__main__"}
 TOOLS = ("average_checkpoints", "build_vocab", "ct2_translate", "datagen", "linearize_trees",
-         "plot_learning_curve", "query_serving", "visualize_attention")
+         "plot_learning_curve", "query_serving", "run_recipe", "visualize_attention")
 
 _TOOL_REGISTRIES: Dict[str, dict] = {}
 

@@ -7,6 +7,7 @@ import configparser
 import glob
 import importlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,11 +16,12 @@ from concurrent import futures
 
 import pytest
 
+from tests import inprocess
 from tests.conftest import REPO_ROOT
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO_ROOT)
-# Repository tools that are not commands, and why: setup.py says so too.
-REPOSITORY_ONLY_TOOLS = {"run_recipe"}  # reproduces flags/*.cfg recipes, not in the wheel
+# Repository tools that are not commands, and why (setup.py would say so too): none.
+REPOSITORY_ONLY_TOOLS = set()
 
 
 def setup_literals():
@@ -72,17 +74,65 @@ def _run_help(command, target):
                         cwd=REPO_ROOT, env=ENV, timeout=600, check=False)
 
 
-# A flag of each command that --help must list (its own flags, not only absl's); the
-# entry points' shared flags are generated in t2t_keras.flags (--helpfull lists them).
-OWN_FLAG = {"t2t-train": "", "t2t-decode": "--input_file",
-            "t2t-export": "--export_version", "t2t-evaluate": "--hypotheses",
-            "t2t-score": "--source_file", "t2t-average-checkpoints": "--last_n",
-            "t2t-build-vocab": "overwrite_vocab",
-            "t2t-data-service": "--dispatcher_address", "t2t-ct2-translate": "--compute_type",
-            "t2t-datagen": "--tatoeba_file",
-            "t2t-linearize-trees": "--trees", "t2t-plot-learning-curve": "--labels",
-            "t2t-query-server": "--signature_name", "t2t-saved-model-cli": "show",
-            "t2t-visualize-attention": "--sentence"}
+# Flags each command's --help must list, by the section it lists them under: its own
+# flags under its name, the shared ones under their group of t2t_keras.flags (model,
+# data, training, decoding). Not only the docstring, as absl's --help printed.
+OWN_FLAGS = {
+    "t2t-train": {"model": ["hidden_size", "num_heads"], "data": ["data_source"],
+                  "training": ["model_dir", "train_steps", "learning_rate"],
+                  "decoding": ["beam_size", "alpha"]},
+    "t2t-decode": {"decode": ["input_file", "output_file", "reference_file"],
+                   "decoding": ["beam_size", "sampling_topk", "checkpoint_path"],
+                   "training": ["model_dir"]},
+    "t2t-export": {"export": ["export_version", "format"], "decoding": ["beam_size"]},
+    "t2t-evaluate": {"evaluate": ["hypotheses", "references"]},
+    "t2t-score": {"score": ["source_file", "target_file", "output_file"],
+                  "training": ["model_dir"]},
+    "t2t-average-checkpoints": {"average_checkpoints": ["model_dir", "last_n"]},
+    "t2t-build-vocab": {"build_vocab": ["overwrite_vocab"],
+                        "model": ["vocab_size"], "data": ["data_dir"]},
+    "t2t-ct2-translate": {"ct2_translate": ["model", "compute_type", "beam_size"]},
+    "t2t-data-service": {"data_service": ["dispatcher_address", "port"]},
+    "t2t-datagen": {"datagen": ["data_dir", "corpora", "tatoeba_file"]},
+    "t2t-linearize-trees": {"linearize_trees": ["trees"]},
+    "t2t-plot-learning-curve": {"plot_learning_curve": ["model_dir", "labels"]},
+    "t2t-query-server": {"query_serving": ["server", "signature_name"]},
+    "t2t-run-recipe": {"run_recipe": ["recipe", "model_dir", "test_src", "train_minutes"]},
+    "t2t-saved-model-cli": {"saved_model_cli": ["dir", "tag_set"]},
+    "t2t-visualize-attention": {"visualize_attention": ["model_dir", "sentence"],
+                                "decoding": ["beam_size"]},
+}
+# absl's and TensorFlow's flags (--helpfull's): absltest's, the TPU tracer's, logging's.
+NOT_OWN = ("test_srcdir", "test_tmpdir", "tt_check_filter", "hbm_oom_exit",
+           "op_conversion_fallback_to_while_loop", "logtostderr", "only_check_args")
+
+
+def help_sections(output: str) -> dict:
+  """section -> flag names listed under it, read from a command's --help output."""
+  sections, current = {}, None
+  lines = output.splitlines()
+  start = next((i for i, line in enumerate(lines) if line.startswith("flags")), len(lines))
+  for line in lines[start + 1:]:
+    header = re.match(r"([A-Za-z_]\w*):( |$)", line)
+    flag = re.match(r"  (?:-\S,)?--(?:\[no\])?(\w+):", line)
+    if header:
+      current = sections.setdefault(header.group(1), [])
+    elif flag and current is not None:
+      current.append(flag.group(1))
+  return sections
+
+
+def check_help(command: str, output: str) -> None:
+  """`output` lists the flags OWN_FLAGS expects of `command` in their sections, and
+  none of absl's or TensorFlow's."""
+  sections = help_sections(output)
+  for section, names in OWN_FLAGS[command].items():
+    assert section in sections, (command, sorted(sections), output[-3000:])
+    missing = set(names) - set(sections[section])
+    assert not missing, (command, section, missing, sections[section])
+  listed = {name for names in sections.values() for name in names}
+  assert not listed & set(NOT_OWN), (command, listed & set(NOT_OWN))
+  assert not any(f"--{name}" in output for name in NOT_OWN), command
 
 
 def _top_level_names(tree) -> set:
@@ -103,7 +153,7 @@ def test_every_command_resolves_and_shows_its_own_help():
   """Each declared `module:function` imports, is callable and prints its usage with its
   own flags; four at a time, each process imports TensorFlow."""
   commands = declared_commands()
-  assert set(commands) == set(OWN_FLAG)
+  assert set(commands) == set(OWN_FLAGS)
   for target in commands.values():  # resolvable without running anything
     module, function = target.split(":")
     spec = importlib.util.find_spec(module)
@@ -124,7 +174,23 @@ def test_every_command_resolves_and_shows_its_own_help():
     with open(origin, encoding="utf-8") as f:
       first_line = ast.get_docstring(ast.parse(f.read())).splitlines()[0]
     assert output.startswith(first_line), (command, output[:500])
-    assert OWN_FLAG[command] in output, (command, output[-2000:])
+    check_help(command, output)
+
+
+def _command_of(name: str) -> str:
+  """The console script of an inprocess.run name (an entry point or a tool module)."""
+  return f"t2t-{name}" if name in inprocess.ENTRY_POINTS else setup_literals()[1][name]
+
+
+@pytest.mark.parametrize("name", sorted(inprocess.ENTRY_POINTS) + list(inprocess.TOOLS))
+def test_help_lists_the_commands_own_flags_by_group(name):
+  """--help in-process: the command's own flags and its groups of shared flags, each
+  with its help and default, and not absl's or TensorFlow's (absl's --help printed the
+  docstring and "Try --helpfull": not one flag of train's)."""
+  result = inprocess.run(name, "--help")
+  assert result.returncode == 1, result  # absl's code after --help
+  check_help(_command_of(name), result.stdout)
+  assert "(default: " in result.stdout
 
 
 def _source_copy(destination):

@@ -12,6 +12,7 @@ import time
 
 import sacrebleu
 
+from tests import inprocess
 from tests.conftest import REPO_ROOT
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
@@ -61,14 +62,18 @@ def test_recipe_trains_decodes_scores_and_plots(tmp_path):
   assert "loss" in plotted.stdout
 
 
-@pytest.mark.slow
 def test_recipe_and_curve_errors_are_clear(tmp_path):
-  result = run("tools/run_recipe.py", "--recipe=flags/nope.cfg", f"--model_dir={tmp_path}",
-               "--test_src=a", "--test_ref=b")
-  assert result.returncode != 0
+  """A missing recipe says where recipes come from: a checkout's flags/, which an
+  installed t2t-run-recipe lacks."""
+  result = inprocess.run("run_recipe", "--recipe=flags/nope.cfg",
+                         f"--model_dir={tmp_path}", "--test_src=a", "--test_ref=b",
+                         cwd=str(tmp_path))
+  assert result.returncode == 1
   assert "--recipe=flags/nope.cfg does not exist" in result.stderr
-  empty = run("tools/plot_learning_curve.py", f"--model_dir={tmp_path}",
-              f"--output={tmp_path}/x.png")
+  assert "flags/ of a checkout of the t2t_keras repository" in result.stderr
+  assert not os.listdir(tmp_path)  # stopped before making anything
+  empty = inprocess.run("plot_learning_curve", f"--model_dir={tmp_path}",
+                        f"--output={tmp_path}/x.png")
   assert empty.returncode == 1
   assert "no TensorBoard scalars" in empty.stderr
 
@@ -172,10 +177,8 @@ while True:
 """
 
 DRIVER = """
-import importlib.util, sys
-spec = importlib.util.spec_from_file_location("run_recipe", "tools/run_recipe.py")
-run_recipe = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(run_recipe)
+import sys
+from t2t_keras.tools import run_recipe
 with run_recipe.ForwardSignals() as signals:
   run_recipe.run([sys.executable, sys.argv[1]], sys.argv[2], signals)
   print("driver went on", flush=True)

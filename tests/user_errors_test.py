@@ -27,7 +27,7 @@ from tests.conftest import REPO_ROOT
 
 # Flags of other programs that the documents and messages name on purpose.
 OTHER_PROGRAMS = {
-    "flagfile", "verbosity", "v",  # absl's own
+    "flagfile", "verbosity", "v", "help", "helpfull",  # absl's own
     "port", "rest_api_port", "model_name", "model_base_path", "model_config_file",
     "enable_batching", "batching_parameters_file", "file_system_poll_wait_seconds",
     "tensorflow_session_parallelism", "xla_cpu_compilation_enabled",  # tensorflow_model_server

@@ -54,8 +54,8 @@ def _build(config):
 
 def console_main():
   """The `t2t-build-vocab` command (setup.py) and `python tools/build_vocab.py`."""
-  console.own_help(__name__)
   t2t_flags.define_all()
+  console.own_help(__name__)
   logging.set_verbosity(logging.INFO)
   app.run(main)
 

@@ -6,7 +6,7 @@ tensorflow_text (TensorFlow Serving has them built in). Same arguments as
 saved_model_cli, e.g.
 
   python tools/saved_model_cli.py show --dir /tmp/export/1 --all
-  python tools/saved_model_cli.py run --dir /tmp/export/1 --tag_set serve \
+  python tools/saved_model_cli.py run --dir /tmp/export/1 --tag_set serve \\
       --signature_def serving_default --input_exprs "inputs=['A dog runs.']"
 
 `show` starts with the export's model card (t2t_keras.model_card: the model, its
@@ -58,9 +58,11 @@ def console_main():
   # pylint: disable=import-outside-toplevel
   from t2t_keras import console
   console.quiet_tensorflow(argv)
-  console.own_help(__name__)  # --help: this docstring, from a console script too
   import tensorflow_text  # noqa: F401  pylint: disable=unused-import
   from tensorflow.python.tools import saved_model_cli
+  # --help: this docstring and saved_model_cli's flags (absl answers --help before its
+  # argparse commands could).
+  console.own_help(__name__, adopt=(saved_model_cli.__name__,))
 
   from t2t_keras import model_card
   path = _dir_argument(argv)

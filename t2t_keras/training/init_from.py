@@ -9,11 +9,16 @@ directory without checkpoints: a restarted fine-tuning run resumes its own.
 
 Vocabulary (`--init_from_vocab`):
   * `source` (default): the run trains on the checkpoint's vocabulary (its model
-    directory's copy); the new data is tokenized with it.
+    directory's copy); the new data is tokenized with it. A synthetic task's model
+    (the README's demo) has no vocabulary file: its vocabulary is its symbol ids, and a
+    run on the same number of symbols needs nothing more.
   * `new`: the run builds or reads its own vocabulary as any run does; the embedding
     rows (and any other vocabulary-sized axis) of pieces both vocabularies hold are
     copied from the checkpoint, the others keep their fresh initialisation, as
-    OpenNMT-tf's `update_vocab`.
+    OpenNMT-tf's `update_vocab`. Symbols match symbols by id (a task with more symbols
+    keeps the rows of those it shares); no symbol is a text piece.
+A text model's pieces cannot tokenize symbol ids, nor symbols text: with the source's
+vocabulary such a run is refused, naming --init_from_vocab=new (`check_vocabularies`).
 What was done is recorded in `<model_dir>/init_from.json`.
 """
 
@@ -27,6 +32,8 @@ import numpy as np
 import tensorflow as tf
 
 from t2t_keras import averaging, checkpoints, modeldir
+from t2t_keras.configs import DataConfig
+from t2t_keras.data import sources
 from t2t_keras.errors import CheckpointError, ModelDirError
 
 RECORD_FILE = "init_from.json"
@@ -94,11 +101,55 @@ def source_vocab(checkpoint: str, init_from: str) -> str:
   return path
 
 
-def pieces(tokenizer) -> Optional[List[str]]:
-  """The SentencePiece pieces of a tokenizer by id (None: not a SentencePiece one)."""
+def _symbols(config: DataConfig) -> bool:
+  return not sources.SOURCE_CLASSES[config.source].is_text
+
+
+def check_vocabularies(init_from: str, source: DataConfig, run: DataConfig,
+                       vocab: str) -> None:
+  """Refuses a run the source's vocabulary (`vocab` "source") cannot tokenize.
+
+  Args:
+    init_from: the flag's value, for messages.
+    source: the DataConfig the source model was trained with (its config.json).
+    run: this run's DataConfig.
+    vocab: --init_from_vocab.
+
+  Raises:
+    ModelDirError: text and symbol ids on either side, or another number of symbols,
+      saying what to pass.
+  """
+  if vocab != "source" or not (_symbols(source) or _symbols(run)):
+    return  # text and text: the source's pieces tokenize the run's text
+  new = "pass --init_from_vocab=new to train on this run's own"
+  if _symbols(source) and _symbols(run):
+    if source.synthetic_vocab_size != run.synthetic_vocab_size:
+      raise ModelDirError(
+          f"--init_from={init_from} was trained on --synthetic_vocab_size="
+          f"{source.synthetic_vocab_size} symbols, this run on "
+          f"{run.synthetic_vocab_size}: give --synthetic_vocab_size="
+          f"{source.synthetic_vocab_size}, or {new} (the symbols both hold keep their "
+          "rows).")
+  elif _symbols(source):
+    raise ModelDirError(
+        f"--init_from={init_from} was trained on --data_source={source.source} (symbol "
+        "ids, no vocabulary file), which cannot tokenize the text of --data_source="
+        f"{run.source}: {new} SentencePiece vocabulary (the embedding rows start fresh; "
+        f"every other weight is the source's), or train on --data_source={source.source}.")
+  else:
+    raise ModelDirError(
+        f"--init_from={init_from} was trained on text (--data_source={source.source}, a "
+        "SentencePiece vocabulary), which cannot tokenize the symbol ids of "
+        f"--data_source={run.source}: {new} symbols (the embedding rows start fresh; "
+        "every other weight is the source's), or train on text.")
+
+
+def pieces(tokenizer) -> List[str]:
+  """The pieces of a tokenizer by id: SentencePiece's, or a symbol task's ids as
+  "<symbol N>" (no SentencePiece piece has that form, so none matches a symbol)."""
   proto = getattr(tokenizer, "model_proto", None)
   if proto is None:
-    return None
+    return [f"<symbol {i}>" for i in range(tokenizer.vocab_size)]
   import sentencepiece as spm  # pylint: disable=import-outside-toplevel
   processor = spm.SentencePieceProcessor(model_proto=proto)
   return [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
