@@ -42,6 +42,7 @@ OTHER_PROGRAMS = {
     "tf_xla_persistent_cache_directory", "tf_xla_persistent_cache_read_only",
     "tf_xla_persistent_cache_prefix",  # TensorFlow's TF_XLA_FLAGS (docs/training.md)
     "zone", "worker", "command",  # gcloud compute tpus tpu-vm ssh (docs/training.md)
+    "force",  # wget's --force-directories (a datagen mirror's layout; the hyphen ends it)
 }
 _FLAG_NAME = re.compile(r"(?<![\w-])--([a-z][a-z0-9_]*)")
 
