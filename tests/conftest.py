@@ -330,3 +330,20 @@ def tiny_export(tiny_model_dir, tmp_path_factory):
                      TINY_EXPORT_MAX_INPUT, version=1)
   base = shared_artifact(tmp_path_factory, "tiny_export", build)
   return base, os.path.join(base, "1")
+
+
+def flagfile_values(path):
+  """The flags a flagfile sets (every command's flags defined), parsed from the
+  repository root as users run it."""
+  from absl import flags  # pylint: disable=import-outside-toplevel
+
+  from t2t_keras import flags as t2t_flags  # pylint: disable=import-outside-toplevel
+  values = flags.FlagValues()
+  t2t_flags.define_all(values)
+  cwd = os.getcwd()
+  os.chdir(REPO_ROOT)
+  try:
+    values(["prog", f"--flagfile={path}"])
+  finally:
+    os.chdir(cwd)
+  return values

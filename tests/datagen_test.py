@@ -13,12 +13,10 @@ import threading
 import zipfile
 
 import pytest
-from absl import flags
 
-from t2t_keras import flags as t2t_flags
 from t2t_keras.data import public_corpora
 from tests import inprocess
-from tests.conftest import REPO_ROOT, SHARED_DATA
+from tests.conftest import REPO_ROOT, SHARED_DATA, flagfile_values
 
 M30K = "/raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
 TREEBANK = "/raw.githubusercontent.com/nltk/nltk_data/gh-pages/packages/corpora/treebank.zip"
@@ -278,24 +276,12 @@ def test_tatoeba_split_keeps_held_out_english_out_of_train(tmp_path):
   assert missing.returncode == 1 and "needs --tatoeba_file" in missing.stderr
 
 
-def _flagfile_values(path):
-  values = flags.FlagValues()
-  t2t_flags.define_all(values)
-  cwd = os.getcwd()
-  os.chdir(REPO_ROOT)
-  try:
-    values(["prog", f"--flagfile={path}"])
-  finally:
-    os.chdir(cwd)
-  return values
-
-
 @pytest.mark.parametrize("recipe", ["multi30k_en_de", "tatoeba_en_de",
                                     "parsing_ptb_sample"])
 def test_recipes_read_the_files_datagen_writes_under_data(recipe):
   """Every data path of the CPU recipes is a file t2t-datagen writes with its default
   --data_dir=data, and the flagfile's header says the command."""
-  values = _flagfile_values(f"flags/{recipe}.cfg")
+  values = flagfile_values(f"flags/{recipe}.cfg")
   written = {os.path.join("data", n) for c in public_corpora.CORPORA.values()
              for n in c.files}
   paths = [p for name in ("train_src", "train_tgt", "dev_src", "dev_tgt")

@@ -603,20 +603,7 @@ def assert_copies_words(output, words):
 
 
 def test_flagfiles_follow_the_paper_and_fit_the_sample(shared_data):
-  from absl import flags  # pylint: disable=import-outside-toplevel
-
-  from t2t_keras import flags as t2t_flags  # pylint: disable=import-outside-toplevel
-
-  def parse(path):
-    values = flags.FlagValues()
-    t2t_flags.define_all(values)
-    cwd = os.getcwd()
-    os.chdir(REPO_ROOT)
-    try:
-      values(["prog", f"--flagfile={path}"])
-    finally:
-      os.chdir(cwd)
-    return values
+  from tests.conftest import flagfile_values as parse  # pylint: disable=import-outside-toplevel
 
   wsj = parse("flags/parsing_wsj.cfg")
   assert (wsj.num_hidden_layers, wsj.hidden_size, wsj.data_source) == (4, 1024, "parsing")
