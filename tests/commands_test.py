@@ -99,6 +99,10 @@ def test_export_command_serves_what_decode_wrote(decoded, tmp_path):
   outputs = served.run(inputs=np.array(SOURCES, object))
   texts = [t.decode("utf-8") for t in outputs["outputs"]]
   assert texts == [b[0][1] for b in beams]
+  # Without --return_beams the search stops at each row's first final beam: the ids
+  # signature returns that one result, not K beams of which K - 1 may be unfinished.
+  ids = served.run("translate_ids", input_ids=np.array([[5, 6, 7, 1]], np.int32))
+  assert ids["output_ids"].shape[:2] == (1, 1) and ids["scores"].shape == (1, 1), ids
 
 
 def test_a_bad_flag_is_named_and_exits_nonzero(trained):

@@ -10,7 +10,8 @@ Signatures:
     scores float32 [B]; with return_beams also beams string [B, K] and beam_scores
     float32 [B, K].
   translate_ids: input_ids int32 [B, S] (ids + EOS, then any padding) -> output_ids
-    int32 [B, K, T] (PAD after EOS), scores float32 [B, K]; for clients that tokenize
+    int32 [B, K, T] (PAD after EOS), scores float32 [B, K], K the beam size with
+    return_beams and 1 without (the search's final results only); for clients that tokenize
     themselves with assets/vocab.model (the vocabulary travels as an asset). A row
     ends at its first EOS: whatever follows is ignored, so TF Serving's batching may
     pad rows with any value (it pads with the tensor's first element).
@@ -293,7 +294,10 @@ class Translator(tf.Module):
                                                  dtype=tf.int32)], axis=0)
     ids = self.check_tokens(self.clean_ids(input_ids), batch)
     output_ids, scores = self._decode(ids, batch)
-    return {"output_ids": output_ids[:batch], "scores": scores[:batch]}
+    # Without return_beams the search stops once each row's best beam is final: the
+    # other K - 1 beams may be unfinished or not the K best, so they are not returned.
+    results = tf.shape(output_ids)[1] if self.config.return_beams else 1
+    return {"output_ids": output_ids[:batch, :results], "scores": scores[:batch, :results]}
 
   def _serve(self, inputs):
     # One empty sentence rides along so that an empty request (B = 0) needs no special
