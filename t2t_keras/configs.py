@@ -388,8 +388,8 @@ class TrainConfig:
       "on this run's own (new: embedding rows of pieces both share are copied, the "
       "others start fresh).", choices=("source", "new"))
   init_from_optimizer: bool = setting(
-      False, "With --init_from: also take the checkpoint's Adam moments and step "
-      "(same vocabulary only).")
+      False, "With --init_from: also take the checkpoint's optimizer state and step "
+      "(same --optimizer and vocabulary only).")
 
   def validate(self) -> "TrainConfig":
     """Raises ConfigError naming the offending flags and values; returns self."""

@@ -163,6 +163,8 @@ def test_adafactor_trains_resumes_averages_and_initializes(tmp_path):
   assert record["optimizer"] == "fresh"
   for a, b in zip(weights_of(straight), weights_of(adam)):
     np.testing.assert_allclose(a, b, atol=1e-6)
+  with pytest.raises(errors.CheckpointError, match="another --optimizer"):
+    init_from.initialize(adam.model, str(tmp_path / "straight"), optimizer=adam.optimizer)
   other = Trainer(MODEL, TrainConfig(optimizer="adafactor"))
   record = init_from.initialize(other.model, str(tmp_path / "straight"),
                                 optimizer=other.optimizer)
