@@ -229,3 +229,21 @@ def test_a_restart_with_another_optimizer_is_refused(tmp_path):
   modeldir.write_or_check_config(old, MODEL, train={"learning_rate": 1.0})
   with pytest.raises(errors.ModelDirError, match=r"--optimizer: saved 'adam'"):
     modeldir.write_or_check_config(old, MODEL, train=TrainConfig(optimizer="adafactor"))
+
+
+def test_the_model_card_names_the_optimizer():
+  """An export's card says how the weights were optimised: Adafactor with its clip;
+  Adam with its betas; a run recorded before --optimizer existed: Adam."""
+  from t2t_keras import model_card  # pylint: disable=import-outside-toplevel
+  adafactor = model_card.training(dataclasses.asdict(
+      TrainConfig(optimizer="adafactor", clip_grad_norm=1.0)))
+  print(adafactor)
+  assert adafactor["optimizer"] == "adafactor" and adafactor["clip_grad_norm"] == 1.0
+  assert "adam_beta2" not in adafactor
+  adam = model_card.training(dataclasses.asdict(TrainConfig()))
+  assert adam["optimizer"] == "adam" and adam["adam_beta2"] == 0.98
+  assert model_card.training({"learning_rate": 2.0}) == {"optimizer": "adam",
+                                                         "learning_rate": 2.0}
+  assert model_card.training(None) is None
+  line = model_card.describe({"model": {}, "parameters": 1, "training": adafactor})
+  assert "training: optimizer=adafactor, accum_steps=1, clip_grad_norm=1.0" in line, line
