@@ -247,3 +247,27 @@ def test_the_model_card_names_the_optimizer():
   assert model_card.training(None) is None
   line = model_card.describe({"model": {}, "parameters": 1, "training": adafactor})
   assert "training: optimizer=adafactor, accum_steps=1, clip_grad_norm=1.0" in line, line
+
+
+@pytest.mark.slow
+def test_the_train_command_takes_the_flags_and_refuses_another_optimizer(tmp_path):
+  """From the command line: flags/tiny.cfg's copy task with Adafactor and a clip,
+  recorded in config.json; the same model directory rerun with --optimizer=adam stops
+  before training with a message naming the flag."""
+  from tests import inprocess  # pylint: disable=import-outside-toplevel
+  model_dir = tmp_path / "run"
+
+  def run(*flags):
+    return inprocess.run("train", "--flagfile=flags/tiny.cfg", f"--model_dir={model_dir}",
+                         "--train_steps=3", "--save_checkpoint_steps=3", "--eval_every=1000",
+                         "--log_every=1", "--show_examples=0", "--synthetic_train_size=200",
+                         "--synthetic_eval_size=20", *flags)
+  result = run("--optimizer=adafactor", "--clip_grad_norm=0.5")
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+  train = modeldir.load_run_config(str(model_dir))["train"]
+  assert train["optimizer"] == "adafactor" and train["clip_grad_norm"] == 0.5
+  result = run("--optimizer=adam", "--train_steps=6")
+  print(result.stderr[-600:])
+  assert result.returncode != 0
+  assert "--optimizer: saved 'adafactor', requested 'adam'" in result.stderr + result.stdout
+  assert tf.train.latest_checkpoint(str(model_dir)).endswith("ckpt-3")
