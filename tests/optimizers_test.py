@@ -86,6 +86,10 @@ def test_clipping_one_replica_accumulating_equals_two_replicas(tmp_path):
   apart = max(np.abs(a - b).max() for a, b in zip(weights_of(one), weights_of(unclipped)))
   print(f"largest weight difference clipped vs unclipped: {apart:.3e}")
   assert apart > 1e-3
+  # --clip_grad_norm changes no variable: a run resumes with it set or dropped.
+  resumed, _ = train(tmp_path, "unclipped", 6, dataset_fn=dataset_fn, accum_steps=2,
+                     **settings)
+  assert resumed.current_step() == 6
 
 
 def test_adafactor_matches_keras_and_keeps_only_factors():
