@@ -308,6 +308,19 @@ class TrainConfig:
   learning_rate: float = setting(1.0, "Multiplier of the schedule (paper 1.0, t2t 2.0).")
   learning_rate_warmup_steps: int = setting(4000, "Warm-up steps (paper 4000, t2t 8000).",
                                             check=POSITIVE)
+  optimizer: str = setting(
+      "adam", "adam: the paper's Adam (--adam_beta1/--adam_beta2/--adam_epsilon). "
+      "adafactor: Adafactor as tensor2tensor ran it (factored second moments, no "
+      "momentum, decay 1 - s^-0.8, update clipping 1.0, steps relative to each weight's "
+      "RMS): optimizer state of n + m numbers per n x m matrix instead of Adam's 2nm; "
+      "--learning_rate_schedule still sets its (relative) step size, see "
+      "docs/training.md. A model directory keeps the optimizer it started with.",
+      choices=("adam", "adafactor"))
+  clip_grad_norm: float = setting(
+      0.0, "Scale each update's gradient down to this global L2 norm when above it, "
+      "measured on the whole batch's gradient (after the sum over replicas and "
+      "--accum_steps, so it does not depend on how the batch is split); 0 = never.",
+      check=AT_LEAST_0)
   adam_beta1: float = setting(0.9, "Adam beta1.")
   adam_beta2: float = setting(0.98, "Adam beta2 (paper 0.98, t2t 0.997).")
   adam_epsilon: float = setting(1e-9, "Adam epsilon.")
@@ -375,8 +388,8 @@ class TrainConfig:
       "on this run's own (new: embedding rows of pieces both share are copied, the "
       "others start fresh).", choices=("source", "new"))
   init_from_optimizer: bool = setting(
-      False, "With --init_from: also take the checkpoint's Adam moments and step "
-      "(same vocabulary only).")
+      False, "With --init_from: also take the checkpoint's optimizer state and step "
+      "(same --optimizer and vocabulary only).")
 
   def validate(self) -> "TrainConfig":
     """Raises ConfigError naming the offending flags and values; returns self."""

@@ -10,6 +10,9 @@ export can tell, without the model directory:
   parameters        the number of model weights
   training_data     the data the run names: files, TFDS dataset and direction,
                     synthetic task or treebank, with the dev set
+  training          how the weights were optimised: --optimizer (and Adam's betas and
+                    epsilon), --clip_grad_norm, the learning-rate schedule, label
+                    smoothing, --accum_steps (None when config.json has no "train")
   checkpoints       the checkpoint(s) the weights come from (several: an average),
                     and `step`, the newest one's step
   dev_bleu          the last dev BLEU the run recorded (`--eval_bleu_sentences`), with
@@ -72,6 +75,22 @@ def training_data(data: dict) -> dict:
   return picked
 
 
+# The TrainConfig fields that say how the weights were optimised.
+_TRAINING_FIELDS = ("clip_grad_norm", "learning_rate_schedule", "learning_rate",
+                    "learning_rate_warmup_steps", "label_smoothing", "accum_steps")
+_ADAM_FIELDS = ("adam_beta1", "adam_beta2", "adam_epsilon")
+
+
+def training(train: dict) -> dict | None:
+  """The fields of config.json's "train" section that say how the weights were
+  optimised; None when the run recorded none."""
+  if not train:
+    return None
+  optimizer = train.get("optimizer", "adam")  # recorded before --optimizer: Adam
+  names = _TRAINING_FIELDS + (_ADAM_FIELDS if optimizer == "adam" else ())
+  return {"optimizer": optimizer, **{name: train[name] for name in names if name in train}}
+
+
 def _step(checkpoint: str) -> int | None:
   match = re.search(r"-(\d+)$", checkpoint)
   return int(match.group(1)) if match else None
@@ -123,11 +142,13 @@ def build(translator, model_dir: str | None = None,
                    "max_input_length": int(translator.max_input_length),
                    "constrain_trees": translator.tree_constraint is not None,
                    "jit_compile": bool(translator.jit_compile)},
-      "training_data": None, "dev_bleu": None, "best_dev": None,
+      "training_data": None, "training": None, "dev_bleu": None, "best_dev": None,
   }
   if model_dir:
-    data = modeldir.load_run_config(model_dir).get("data", {})
+    run = modeldir.load_run_config(model_dir)
+    data = run.get("data", {})
     card["training_data"] = training_data(data)
+    card["training"] = training(run.get("train"))
     if data.get("source") != "synthetic":
       card["vocab_type"] = data.get("vocab_type")
     card["dev_bleu"] = dev_bleu(model_dir)
@@ -171,6 +192,10 @@ def describe(card: dict) -> str:
     source = data.pop("source", None)  # first; the file is written with sorted keys
     lines.append(f"  training data: source={source}"
                  + "".join(f", {k}={v}" for k, v in data.items()))
+  trained = dict(card.get("training") or {})
+  if trained:
+    lines.append(f"  training: optimizer={trained.pop('optimizer')}"
+                 + "".join(f", {k}={v}" for k, v in sorted(trained.items())))
   if card.get("checkpoints"):
     lines.append(f"  weights: {', '.join(card['checkpoints'])}")
   bleu = card.get("dev_bleu")

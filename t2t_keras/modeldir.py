@@ -219,6 +219,14 @@ def _shape_of(config: ModelConfig) -> dict:
   return shape
 
 
+def _optimizer_of(train) -> dict:
+  """--optimizer of a TrainConfig or its record: its slot variables are in every
+  checkpoint, so a restart with another cannot resume them. A record from before the
+  flag existed was trained with Adam."""
+  record = dataclasses.asdict(train) if dataclasses.is_dataclass(train) else train
+  return {"optimizer": record.get("optimizer", "adam")}
+
+
 def load_run_config(model_dir: str) -> dict:
   """All sections of config.json ("model", "data", "train", ...).
 
@@ -253,7 +261,8 @@ def data_config_of(model_dir: str) -> DataConfig:
 
 
 def write_or_check_config(model_dir: str, model_config: ModelConfig, **sections) -> None:
-  """Writes config.json on the first run; on a restart refuses a different model shape.
+  """Writes config.json on the first run; on a restart refuses a different model shape
+  or optimizer.
 
   Args:
     model_dir: the model directory.
@@ -261,19 +270,23 @@ def write_or_check_config(model_dir: str, model_config: ModelConfig, **sections)
     **sections: other dataclasses or dicts to record (data, train, ...).
 
   Raises:
-    ModelDirError: naming every differing shape flag with both values.
+    ModelDirError: naming every differing shape flag (and --optimizer, when `train`
+      is given) with both values.
   """
   path = os.path.join(model_dir, CONFIG_FILE)
   tf.io.gfile.makedirs(model_dir)
   if tf.io.gfile.exists(path):
     saved = load_model_config(model_dir)
     old, new = _shape_of(saved), _shape_of(model_config)
+    if "train" in sections:
+      old.update(_optimizer_of(load_run_config(model_dir).get("train") or {}))
+      new.update(_optimizer_of(sections["train"]))
     diffs = [f"--{k}: saved {old[k]!r}, requested {new[k]!r}" for k in old if old[k] != new[k]]
     if diffs:
       raise ModelDirError(
-          f"{model_dir} holds a model of a different shape, so its checkpoints cannot be "
-          "restored: " + "; ".join(diffs) + ". Use the saved values to resume, or a new "
-          "--model_dir to train a new model.")
+          f"{model_dir} holds a model of a different shape or optimizer, so its "
+          "checkpoints cannot be restored: " + "; ".join(diffs) + ". Use the saved "
+          "values to resume, or a new --model_dir to train a new model.")
     for key, value in dataclasses.asdict(model_config).items():
       if getattr(saved, key) != value:
         logging.warning("%s changed since the last run: %r -> %r", key,

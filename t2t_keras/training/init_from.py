@@ -4,7 +4,8 @@
 this run's flags, checks that it has the shapes of the checkpoint's model (every
 difference named), and assigns the checkpoint's weights before the first step; the
 optimizer starts fresh at step 0 (warm-up included), unless `--init_from_optimizer`
-also takes the checkpoint's Adam moments and step. It applies once, to a model
+also takes the checkpoint's optimizer state (Adam's moments or Adafactor's factors:
+the same --optimizer) and step. It applies once, to a model
 directory without checkpoints: a restarted fine-tuning run resumes its own.
 
 Vocabulary (`--init_from_vocab`):
@@ -233,16 +234,19 @@ def initialize(model, init_from: str, optimizer=None, old_pieces=None, new_piece
                                  else tf.as_dtype(variable.dtype).as_numpy_dtype))
   if optimizer is not None:
     if record["vocabulary"] == "new":
-      raise CheckpointError("--init_from_optimizer keeps the checkpoint's Adam moments, "
-                            "which are per vocabulary row: it needs the same vocabulary "
+      raise CheckpointError("--init_from_optimizer keeps the checkpoint's optimizer state, "
+                            "which is per vocabulary row: it needs the same vocabulary "
                             "(--init_from_vocab=source).")
-    status = tf.train.Checkpoint(model=model, optimizer=optimizer).read(path)
     try:
-      status.assert_existing_objects_matched()
-    except AssertionError as error:
+      # Optimizers' slots are matched by position: another optimizer's (Adam's moments
+      # read as Adafactor's factors) fails on a shape (ValueError) if not on a name.
+      tf.train.Checkpoint(model=model, optimizer=optimizer).read(
+          path).assert_existing_objects_matched()
+    except (AssertionError, ValueError) as error:
       raise CheckpointError(
           f"--init_from_optimizer: {path} holds no optimizer state of this run's kind "
-          f"(e.g. one trained with --dtype=mixed_float16, one not): {str(error)[:300]}. "
+          "(one trained with another --optimizer, or with --dtype=mixed_float16 and one "
+          f"not): {str(error)[:300]}. "
           "Drop --init_from_optimizer to start with a fresh one.") from None
     record.update(optimizer="kept", step=int(optimizer.iterations.numpy()))
   record["variables"] = len(variables)

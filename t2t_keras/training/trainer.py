@@ -7,7 +7,8 @@ loop: `loop_state` (its clock, the progress log, when to save and when to stop) 
 runs `steps_per_loop` steps per call (a `tf.range` loop, as TPUs need) with
 `strategy.run`. Each replica returns SUMS (loss, target tokens) and divides its loss by
 the GLOBAL token count, so 1 and N replicas make the same update for the same global
-batch; Keras' optimizer then sums the replicas' gradients.
+batch; Keras' optimizer then sums the replicas' gradients (with --clip_grad_norm the
+replicas sum them first, to clip the batch's gradient: `_apply`).
 
 The step counter is `optimizer.iterations`; a `tf.train.CheckpointManager` keeps model
 and optimizer state, and the data position follows from the step count (the data
@@ -34,7 +35,7 @@ from t2t_keras.configs import ModelConfig, TrainConfig
 from t2t_keras.errors import TrainingError
 from t2t_keras.model import create_model
 from t2t_keras import checkpoints
-from t2t_keras.training import distribute, flops, losses
+from t2t_keras.training import distribute, flops, losses, optimizers
 from t2t_keras.training.evaluator import BestEval, Evaluator  # noqa: F401 (re-export)
 from t2t_keras.training.loop_state import (  # noqa: F401 (format_duration: re-export)
     ProgressLog, RunClock, SavePolicy, format_duration)
@@ -88,9 +89,7 @@ class Trainer:
       self.learning_rate = TransformerSchedule(
           model_config.hidden_size, train_config.learning_rate_warmup_steps,
           train_config.learning_rate, train_config.learning_rate_schedule)
-      optimizer = keras.optimizers.Adam(
-          learning_rate=self.learning_rate, beta_1=train_config.adam_beta1,
-          beta_2=train_config.adam_beta2, epsilon=train_config.adam_epsilon)
+      optimizer = optimizers.create(train_config, self.learning_rate)
       if model_config.dtype == "mixed_float16":
         optimizer = _LossScaleOptimizer(optimizer)
       self.optimizer = optimizer
@@ -171,15 +170,28 @@ class Trainer:
     In float32 and bfloat16 (no loss scaling) a non-finite gradient is an error: every
     replica applies a zero update instead (the weights stay finite and identical) and
     the host loop stops the run without saving (`Trainer.train`).
+
+    --clip_grad_norm bounds the norm of the batch's gradient, which is the SUM of the
+    replicas' gradients (each replica's loss is already divided by the global token
+    count): the replicas sum them here, every replica clips the same sum, and the
+    optimizer (built not to sum again, `optimizers.create`) applies it. Clipping each
+    replica's share, as Keras' `global_clipnorm` would, makes the update depend on how
+    the batch is split over replicas.
     """
+    context = tf.distribute.get_replica_context()
     finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
     local = 1.0 - tf.cast(finite, tf.float32)
-    overflows = tf.distribute.get_replica_context().all_reduce(SUM, local)
-    if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+    overflows = context.all_reduce(SUM, local)
+    scaled = isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)
+    if scaled:
       poison = tf.where(overflows > 0, float("nan"), 1.0)
       grads = [g * tf.cast(poison, g.dtype) for g in grads]
     else:
       grads = [tf.where(overflows > 0, tf.zeros_like(g), g) for g in grads]
+    if self.config.clip_grad_norm > 0:
+      grads, _ = optimizers.clip_by_global_norm(
+          context.all_reduce(SUM, grads), self.config.clip_grad_norm,
+          self.optimizer.dynamic_scale if scaled else 1.0)
     self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
     return local
 
