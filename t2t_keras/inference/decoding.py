@@ -11,9 +11,9 @@ each hypothesis.
 Beam size 1 is greedy (arg-max) decoding; larger beams use `beam_search.beam_search`.
 The same function is traced into the exported SavedModel. Decoding options that
 change which tokens may come (the minimum length, the length limit, the tree constraint
-of parsing models, `--constrain_trees`) are processors (`t2t_keras.processors`)
+of parsing models, `--constrain_trees`) are processors (`t2t_keras.inference.processors`)
 composed around the model's step; their states are reordered with the beams in both
-cache layouts. Strings in and out, batching and progress are t2t_keras.translate's.
+cache layouts. Strings in and out, batching and progress are t2t_keras.inference.translate's.
 
 Output length: each sentence may produce at most its own source length (EOS
 included) + extra_decode_length tokens, as in the paper (input length + 50); at that
@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Callable, Optional
 import tensorflow as tf
 
 from t2t_keras import BOS_ID, PAD_ID
-from t2t_keras import beam_search as beam_search_lib
-from t2t_keras import processors
+from t2t_keras.inference import beam_search as beam_search_lib
+from t2t_keras.inference import processors
 from t2t_keras.configs import DecodeConfig
 from t2t_keras.model import advance_pointer
 
@@ -50,7 +50,7 @@ MAX_SLOTTED_BEAM = 8
 
 
 # Under XLA, batches are padded to few source widths (each compiles once): the decode
-# CLI (`t2t_keras.translate`) and the XLA export (`t2t_keras.export.saved_model`) alike.
+# CLI (`t2t_keras.inference.translate`) and the XLA export (`t2t_keras.export.saved_model`) alike.
 MIN_XLA_WIDTH = 16
 
 
@@ -290,7 +290,7 @@ def make_decode_fn(model, config: DecodeConfig,
   Its arguments: the inputs; when sampling, each input's key (see `decode_ids`); with
   `target_prefix`, the (B, P) prefix ids.
   With XLA (`jit_compile`, default `config.jit_compile`) it compiles once per distinct
-  shape: `t2t_keras.translate` pads batches to few shapes (`padded_width`).
+  shape: `t2t_keras.inference.translate` pads batches to few shapes (`padded_width`).
   """
   if jit_compile is None:
     jit_compile = config.jit_compile
@@ -304,7 +304,7 @@ def make_decode_fn(model, config: DecodeConfig,
     args = list(args)
     keys = args.pop(0) if config.sampling else None
     prefix = args.pop(0) if target_prefix else None
-    # `t2t_keras.translate` pads XLA batches to at most config.batch_size rows (a
+    # `t2t_keras.inference.translate` pads XLA batches to at most config.batch_size rows (a
     # larger batch, from `translate.exact_match`, halves fewer times than it could).
     return decode_ids(model, inputs, config, in_place_cache=jit_compile,
                       tree_constraint=tree_constraint, keys=keys, target_prefix=prefix,

@@ -1,6 +1,6 @@
 """Host-side decoding: strings in, translations out, in input order, with progress.
 
-`t2t_keras.decoding` holds what runs in the graph (ids -> ids with the cache); this
+`t2t_keras.inference.decoding` holds what runs in the graph (ids -> ids with the cache); this
 module feeds it: it tokenizes, sorts sentences by length into batches (little
 padding), pads batches to few shapes under XLA (`decoding.padded_width`), detokenizes and puts
 the results back in input order. It also decodes a dev set for the exact-match report
@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from t2t_keras import BOS_ID, EOS_ID, PAD_ID, console, decoding
+from t2t_keras import BOS_ID, EOS_ID, PAD_ID, console
+from t2t_keras.inference import decoding
 from t2t_keras.configs import DecodeConfig
 
 if TYPE_CHECKING:
