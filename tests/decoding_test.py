@@ -105,7 +105,7 @@ def test_cached_decoding_equals_uncached(models, beam, alpha, slotted, which,
   if beam == 1:
     want_ids, want_scores = bs.greedy_search(fn, start, state, length)
   else:
-    want_ids, want_scores = bs.beam_search(fn, start, state, beam, length, alpha=alpha)
+    want_ids, want_scores = bs.beam_search(fn, start, state, length, bs.Beam(beam, alpha=alpha))
   np.testing.assert_array_equal(ids.numpy(), want_ids.numpy())
   np.testing.assert_allclose(scores.numpy(), want_scores.numpy(), rtol=1e-4, atol=1e-5)
 
@@ -491,7 +491,7 @@ def test_tree_constraint_holds_against_a_decoder_that_wants_to_stop(beam, favour
   if beam == 1:
     ids, _ = bs.greedy_search(step, start, state, length)  # (B, 1, L)
   else:
-    ids, scores = bs.beam_search(step, start, state, beam, length, alpha=0.3)
+    ids, scores = bs.beam_search(step, start, state, length, bs.Beam(beam, alpha=0.3))
     assert np.all(scores.numpy()[:, 0] > bs.NEG_INF / 1e3)
   for b, n in enumerate(words.numpy()):
     check_tree(ids.numpy()[b, 0], n, constraint)

@@ -17,21 +17,25 @@ Shapes are static given (batch, beam, decode_length), and the loop is a
 `tf.while_loop` with `maximum_iterations`, so the search compiles with XLA and runs
 inside an exported SavedModel. The decoder state (e.g. the self-attention key/value
 cache) is any nest of tensors with leading dimension batch * beam (a dimension of size
-0 at the start may grow, see `loop_shape`; not under XLA); it is reordered
-by parent beam once per step, or by the caller's `reorder_state` (t2t_keras' decoder
-under XLA keeps its cache in place and reorders only a table of slots). Per-sentence
+0 at the start may grow, see `loop_shape`; not under XLA); its layout (`StateRows`, or
+a caller's subclass: t2t_keras' decoder under XLA keeps its cache in place and
+reorders only a table of slots) reorders it by parent beam once per step. Per-sentence
 tensors that never change (cross-attention keys/values, source mask) are the search's
 `context` (one row per sentence, shared by its beams) or the caller's closure, and are
-never reordered. With `shrink` (graph mode) a sentence whose results are final leaves
-the batch: its state and context rows are dropped in the same gather as the beam
-reorder, so the remaining steps compute only the sentences still searching. Under XLA
-(static shapes) `halvings` does the same by halves: the batch moves to a loop of half
-its size once no more than half its sentences are still searching.
+never reordered.
+
+What a search is asked for is one value (`Beam`, `Sampling`); how finished sentences
+leave the batch is an object that runs the loop: `FullBatch` keeps them,
+`ShrinkingBatch` (graph mode) drops each at once, its state and context rows in the
+same gather as the beam reorder, and `HalvingBatch` (XLA, static shapes) does the same
+by halves: the batch moves to a loop of half its size once no more than half its
+sentences are still searching.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Optional, Tuple
+import dataclasses
+from typing import Any, Callable, NamedTuple, Optional, Tuple, Union
 
 import tensorflow as tf
 
@@ -125,7 +129,7 @@ def loop_shape(tensor: tf.Tensor) -> tf.TensorShape:
 
 
 def _batch_free(shape: tf.TensorShape) -> tf.TensorShape:
-  """A loop-variable shape whose leading (batch) dimension may shrink (`shrink`)."""
+  """A loop-variable shape whose leading (batch) dimension may shrink (`ShrinkingBatch`)."""
   if shape.rank in (None, 0):
     return shape
   return tf.TensorShape([None]).concatenate(shape[1:])
@@ -157,91 +161,85 @@ class BeamState(NamedTuple):
   state: Any  # the decoder state nest (rows B * K), reordered with the alive beams
 
 
-def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, state: Any,
-                beam_size: int, decode_length, alpha: float = 0.6,
-                eos_id: int = EOS_ID,
-                reorder_state: Optional[Callable[[Any, tf.Tensor], Any]] = None,
-                num_results: Optional[int] = None, context: Any = None,
-                shrink: bool = False, halvings: int = 0,
-                select_state: Optional[Callable[[Any, tf.Tensor], Any]] = None,
-                ) -> Tuple[tf.Tensor, tf.Tensor]:
-  """Finds the K best sequences of each sentence.
+class StateRows:
+  """How a decoder state follows the beams, by default: every tensor of the nest has
+  B * K rows, K per sentence, and is gathered along them.
 
-  Args:
-    symbols_to_logits: the incremental decoder (see `SymbolsToLogits`); it receives
-      the previous token of each hypothesis (`initial_ids` at index 0), the 0-based
-      position being decoded, and the state (and `context`, when given), and returns
-      float32 logits and the updated state.
-    initial_ids: (B,) int32 start tokens.
-    state: nest of tensors with leading dimension B * K (already tiled).
-    beam_size: K.
-    decode_length: maximum number of generated tokens (EOS included); int or scalar.
-    alpha: length-penalty exponent (0 = plain log probability).
-    eos_id: end-of-sequence id.
-    reorder_state: (state, parents (B, K) int32) -> state for the surviving
-      hypotheses, hypothesis j of sentence b continuing parents[b, j]; by default
-      every tensor of `state` is gathered along its leading B * K rows.
-    num_results: how many of the K best the caller uses (default K). The search
-      stops once, in every sentence, that many finished hypotheses beat the best any
-      alive one could still reach: those are then final. With 1 a sentence is done
-      when its best finished hypothesis beats every alive one (CTranslate2's rule for
-      one hypothesis), often many steps before K have finished; the top result is the
-      one the full search returns, the other K - 1 may be worse than its.
-    context: optional nest of per-sentence tensors (leading dimension B) that the
-      step reads and never changes (cross-attention keys/values, the source mask,
-      which the K hypotheses of a sentence share); passed as the step's fourth
-      argument.
-    shrink: a sentence whose results are final leaves the batch at once: its rows of
-      `state` and `context` are dropped (in the gather that reorders the beams), so
-      later steps compute only the sentences still searching, as CTranslate2 does.
-      Same results; graph mode only (the batch dimension changes, which XLA cannot
-      compile), and not with `reorder_state`.
-    halvings: XLA's static-shape form of `shrink`: up to this many times the batch
-      halves (B, ceil(B / 2), ...; each size a loop of its own, sizes known from the
-      shapes alone) once no more than the next size of its sentences are still
-      searching; the rest leave with their results. Same results (as with `shrink`,
-      another batch size may round a near tie differently).
-    select_state: (state, sentences (B',) int32) -> the state of those sentences of
-      the batch, for `halvings`; by default every tensor of `state` is gathered along
-      its leading B * K rows.
-
-  Returns:
-    ids (B, K, decode_length) int32, best first, each ending with EOS (unless it hit
-    the length limit) and PAD after it; scores (B, K) float32 (log probability
-    divided by the length penalty).
+  A caller whose state is laid out otherwise (t2t_keras' decoder under XLA keeps its
+  cache in place and reorders only a table of slots) subclasses this and overrides
+  `reorder` and `select`; the searches call nothing else of the state.
   """
-  k = beam_size
-  results = k if num_results is None else num_results
-  if not 1 <= results <= k:
-    raise ValueError(f"num_results={num_results} must be in 1..beam_size={k}")
-  if shrink and reorder_state is not None:
-    raise ValueError("beam_search: shrink gathers the state itself (no reorder_state)")
-  if shrink and halvings:
-    raise ValueError("beam_search: shrink or halvings, not both")
-  if halvings and reorder_state is not None and select_state is None:
-    raise ValueError("beam_search: halvings with a reorder_state needs its select_state")
-  batch = tf.shape(initial_ids)[0]
-  decode_length = tf.convert_to_tensor(decode_length, tf.int32)
-  static_length = tf.get_static_value(decode_length)
-  given_context = context is not None
-  context = () if context is None else context
 
-  def call(ids, i, state, context):
-    if given_context:
-      return symbols_to_logits(ids, i, state, context)
-    return symbols_to_logits(ids, i, state)
+  def __init__(self, beam_size: int):
+    self.k = beam_size
 
-  def gather_state(nest, parents):
-    return tf.nest.map_structure(lambda t: _merge(_gather(_split(t, k), parents)), nest)
+  def reorder(self, state, parents: tf.Tensor):
+    """The state of the surviving hypotheses: hypothesis j of sentence b continues
+    parents[b, j] ((B, K) int32)."""
+    k = self.k
+    return tf.nest.map_structure(lambda t: _merge(_gather(_split(t, k), parents)), state)
 
-  gather_state = reorder_state or gather_state
+  def select(self, state, sentences: tf.Tensor):
+    """The state of some sentences of the batch ((B',) int32), all K beams of each."""
+    picked = tf.reshape(sentences[:, None] * self.k + tf.range(self.k)[None, :], [-1])
+    return tf.nest.map_structure(lambda t: tf.gather(t, picked), state)
 
-  def search_step(loop: BeamState, context):
-    """One position for every sentence still in the batch: the new beams, and each
-    alive hypothesis' parent (B, K) for the state's reorder."""
-    i, alive_log_probs = loop.i, loop.alive_log_probs
+  def follow(self, state, parents: tf.Tensor, staying: tf.Tensor):
+    """`reorder` by `parents`, then `select` the sentences `staying`; for rows, in one
+    gather (a shrinking batch does both every step)."""
+    if type(self).reorder is not StateRows.reorder:  # a layout of its own: both steps
+      return self.select(self.reorder(state, parents), staying)
+    picked = tf.reshape(staying[:, None] * self.k + tf.gather(parents, staying), [-1])
+    return tf.nest.map_structure(lambda t: tf.gather(t, picked), state)
+
+
+class _Search:
+  """One beam search's step, stopping rule and results; the loops that drive it are the
+  batching's (`FullBatch`, `ShrinkingBatch`, `HalvingBatch`)."""
+
+  def __init__(self, symbols_to_logits: SymbolsToLogits, beam: "Beam", decode_length,
+               given_context: bool):
+    self.k = beam.size
+    self.results = self.k if beam.num_results is None else beam.num_results
+    if not 1 <= self.results <= self.k:
+      raise ValueError(f"num_results={beam.num_results} must be in 1..beam_size={self.k}")
+    self.alpha = beam.alpha
+    self.layout = beam.layout or StateRows(self.k)
+    self.decode_length = tf.convert_to_tensor(decode_length, tf.int32)
+    self.static_length = tf.get_static_value(self.decode_length)
+    self._symbols_to_logits = symbols_to_logits
+    self._given_context = given_context
+
+  def start(self, initial_ids: tf.Tensor, state) -> Tuple[BeamState, BeamState]:
+    """The first loop value and the loop's shape invariants."""
+    k, batch, length = self.k, tf.shape(initial_ids)[0], self.decode_length
+    seq_shape = tf.TensorShape([None, k, self.static_length])
+    initial = BeamState(
+        i=tf.constant(0),
+        alive_seqs=tf.fill([batch, k, length], tf.constant(PAD_ID, tf.int32)),
+        alive_log_probs=tf.tile(tf.constant([[0.0] + [NEG_INF] * (k - 1)]), [batch, 1]),
+        last_ids=tf.tile(tf.cast(initial_ids, tf.int32)[:, None], [1, k]),
+        finished_seqs=tf.fill([batch, k, length], tf.constant(PAD_ID, tf.int32)),
+        finished_scores=tf.fill([batch, k], tf.constant(NEG_INF)),
+        state=state,
+    )
+    shapes = BeamState(
+        i=tf.TensorShape([]), alive_seqs=seq_shape,
+        alive_log_probs=tf.TensorShape([None, k]), last_ids=tf.TensorShape([None, k]),
+        finished_seqs=seq_shape, finished_scores=tf.TensorShape([None, k]),
+        state=tf.nest.map_structure(loop_shape, state))
+    return initial, shapes
+
+  def advance(self, loop: BeamState, context) -> Tuple[BeamState, tf.Tensor]:
+    """One position for every sentence still in the batch: the new beams (their state
+    not yet reordered), and each alive hypothesis' parent (B, K)."""
+    k, i, alive_log_probs = self.k, loop.i, loop.alive_log_probs
     rows = tf.shape(alive_log_probs)[0]
-    logits, state = call(_merge(loop.last_ids), i, loop.state, context)
+    ids = _merge(loop.last_ids)
+    if self._given_context:
+      logits, state = self._symbols_to_logits(ids, i, loop.state, context)
+    else:
+      logits, state = self._symbols_to_logits(ids, i, loop.state)
     logits = tf.cast(logits, tf.float32)  # (B*K, V)
     # The 2K best continuations of a sentence are among the 2K best of each of its
     # beams: take those per beam from the logits, then normalise only them (log
@@ -253,10 +251,10 @@ def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, stat
     top_scores, top_index = tf.math.top_k(tf.reshape(scores, [rows, k * per_beam]), 2 * k)
     top_beams = top_index // per_beam  # (B, 2K)
     top_ids = tf.gather(tf.reshape(beam_ids, [rows, k * per_beam]), top_index, batch_dims=1)
-    position = tf.one_hot(i, decode_length, on_value=True, off_value=False)  # (L,)
+    position = tf.one_hot(i, self.decode_length, on_value=True, off_value=False)  # (L,)
     top_seqs = tf.where(position, top_ids[:, :, None], _gather(loop.alive_seqs, top_beams))
     # A candidate of a dead beam (only possible when V < 2K) never counts as finished.
-    ends = tf.equal(top_ids, eos_id) & (top_scores > NEG_INF / 2)
+    ends = tf.equal(top_ids, EOS_ID) & (top_scores > NEG_INF / 2)
 
     # Alive: the K best candidates that did not end.
     alive_scores, alive_pick = tf.math.top_k(tf.where(ends, NEG_INF, top_scores), k)
@@ -264,7 +262,7 @@ def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, stat
     last_ids = _gather(top_ids, alive_pick)
 
     # Finished: merge the candidates that ended with the K finished so far.
-    ended_scores = tf.where(ends, top_scores / length_penalty(i + 1, alpha), NEG_INF)
+    ended_scores = tf.where(ends, top_scores / length_penalty(i + 1, self.alpha), NEG_INF)
     all_scores = tf.concat([loop.finished_scores, ended_scores], axis=1)  # (B, 3K)
     all_seqs = tf.concat([loop.finished_seqs, top_seqs], axis=1)
     finished_scores, finished_pick = tf.math.top_k(all_scores, k)
@@ -273,17 +271,25 @@ def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, stat
                     finished_scores, state)
     return new, _gather(top_beams, alive_pick)
 
-  def sentence_done(loop: BeamState):
+  def step(self, loop: BeamState, context) -> BeamState:
+    """`advance`, with the state reordered by parent beam."""
+    new, parents = self.advance(loop, context)
+    return new._replace(state=self.layout.reorder(new.state, parents))
+
+  def done(self, loop: BeamState) -> tf.Tensor:
+    """(B,) bool: the sentences whose results the caller reads are final."""
     # Best score any alive hypothesis could still reach vs the worst of the finished
     # ones the caller reads (NEG_INF while fewer than `results` have finished).
-    best_alive = loop.alive_log_probs[:, 0] / length_penalty(decode_length, alpha)
-    return loop.finished_scores[:, results - 1] > best_alive  # (B,)
+    best_alive = loop.alive_log_probs[:, 0] / length_penalty(self.decode_length, self.alpha)
+    return loop.finished_scores[:, self.results - 1] > best_alive  # (B,)
 
-  def final_results(loop: BeamState):
+  def outputs(self, loop: BeamState) -> Tuple[tf.Tensor, tf.Tensor]:
+    """ids (B, K, L) and scores (B, K): the finished hypotheses, best first."""
     # Fill the slots of sentences with fewer than K finished hypotheses with their best
     # alive ones, scored as if they had ended at the length limit. Finished come first:
     # they are sorted by score and their slots are a prefix.
-    alive_final = loop.alive_log_probs / length_penalty(decode_length, alpha)
+    k = self.k
+    alive_final = loop.alive_log_probs / length_penalty(self.decode_length, self.alpha)
     finished_scores = loop.finished_scores
     num_finished = tf.reduce_sum(tf.cast(finished_scores > NEG_INF / 2, tf.int32), axis=1)
     slot = tf.range(k)[None, :]
@@ -292,170 +298,209 @@ def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, stat
     scores = _gather(tf.concat([finished_scores, alive_final], axis=1), pick)
     return ids, scores
 
-  seq_shape = tf.TensorShape([None, k, static_length])
-  initial = BeamState(
-      i=tf.constant(0),
-      alive_seqs=tf.fill([batch, k, decode_length], tf.constant(PAD_ID, tf.int32)),
-      alive_log_probs=tf.tile(tf.constant([[0.0] + [NEG_INF] * (k - 1)]), [batch, 1]),
-      last_ids=tf.tile(tf.cast(initial_ids, tf.int32)[:, None], [1, k]),
-      finished_seqs=tf.fill([batch, k, decode_length], tf.constant(PAD_ID, tf.int32)),
-      finished_scores=tf.fill([batch, k], tf.constant(NEG_INF)),
-      state=state,
-  )
-  shapes = BeamState(
-      i=tf.TensorShape([]), alive_seqs=seq_shape, alive_log_probs=tf.TensorShape([None, k]),
-      last_ids=tf.TensorShape([None, k]), finished_seqs=seq_shape,
-      finished_scores=tf.TensorShape([None, k]),
-      state=tf.nest.map_structure(loop_shape, state))
 
-  if halvings:
-    return _halving_search(search_step, sentence_done, final_results, gather_state,
-                           select_state or _rows_of_sentences(k), initial, shapes, context,
-                           decode_length, halvings)
-  if not shrink:
+class FullBatch:
+  """Every sentence stays in the batch until all of them are final."""
+
+  def run(self, search: _Search, initial: BeamState, shapes: BeamState, context):
     def step(loop: BeamState):
-      new, parents = search_step(loop, context)
-      return (new._replace(state=gather_state(new.state, parents)),)
+      return (search.step(loop, context),)
 
     def not_done(loop: BeamState):
-      return tf.logical_and(loop.i < decode_length,
-                            tf.logical_not(tf.reduce_all(sentence_done(loop))))
+      return tf.logical_and(loop.i < search.decode_length,
+                            tf.logical_not(tf.reduce_all(search.done(loop))))
 
     final, = tf.while_loop(not_done, step, (initial,), shape_invariants=(shapes,),
-                           maximum_iterations=decode_length)
-    return final_results(final)
-
-  # Shrinking: the loop also carries each remaining sentence's index in the batch, the
-  # context, and the results of the sentences that have left.
-  def shrink_step(loop: BeamState, sentences, context, out_ids, out_scores):
-    new, parents = search_step(loop, context)
-    done = sentence_done(new)
-    leaving = tf.where(done)[:, 0]
-    ids, scores = final_results(new)
-    where = tf.gather(sentences, leaving)[:, None]
-    out_ids = tf.tensor_scatter_nd_update(out_ids, where, tf.gather(ids, leaving))
-    out_scores = tf.tensor_scatter_nd_update(out_scores, where, tf.gather(scores, leaving))
-    staying = tf.cast(tf.where(tf.logical_not(done))[:, 0], tf.int32)
-    # The state follows the parent beams of the sentences that stay: one gather.
-    picked = tf.reshape(staying[:, None] * k + tf.gather(parents, staying), [-1])
-    state = tf.nest.map_structure(lambda t: tf.gather(t, picked), new.state)
-    new = BeamState(new.i, *(tf.gather(t, staying) for t in new[1:6]), state)
-    context = _keep_context(context, leaving, staying)
-    return new, tf.gather(sentences, staying), context, out_ids, out_scores
-
-  def shrink_not_done(loop, sentences, context, out_ids, out_scores):
-    del loop, context, out_ids, out_scores
-    return tf.size(sentences) > 0
-
-  shrink_shapes = (shapes._replace(state=tf.nest.map_structure(_batch_free, shapes.state)),
-                   tf.TensorShape([None]),
-                   tf.nest.map_structure(lambda t: _batch_free(t.shape), context),
-                   tf.TensorShape([None, k, static_length]), tf.TensorShape([None, k]))
-  out_ids = tf.fill([batch, k, decode_length], tf.constant(PAD_ID, tf.int32))
-  out_scores = tf.fill([batch, k], tf.constant(NEG_INF))
-  final, sentences, _, out_ids, out_scores = tf.while_loop(
-      shrink_not_done, shrink_step,
-      (initial, tf.range(batch), context, out_ids, out_scores),
-      shape_invariants=shrink_shapes, maximum_iterations=decode_length)
-  # Sentences still searching at the length limit end with their best so far.
-  ids, scores = final_results(final)
-  where = sentences[:, None]
-  return (tf.tensor_scatter_nd_update(out_ids, where, ids),
-          tf.tensor_scatter_nd_update(out_scores, where, scores))
+                           maximum_iterations=search.decode_length)
+    return search.outputs(final)
 
 
-def _rows_of_sentences(k: int):
-  """The default `select_state`: every tensor's B * K rows, K per sentence."""
-  def select(state, sentences):
-    picked = tf.reshape(sentences[:, None] * k + tf.range(k)[None, :], [-1])
-    return tf.nest.map_structure(lambda t: tf.gather(t, picked), state)
-  return select
+class ShrinkingBatch:
+  """A sentence whose results are final leaves the batch at once: its rows of the state
+  and the context are dropped (in the gather that reorders the beams), so later steps
+  compute only the sentences still searching, as CTranslate2 does. Same results; graph
+  mode only (the batch dimension changes, which XLA cannot compile)."""
+
+  def run(self, search: _Search, initial: BeamState, shapes: BeamState, context):
+    k, batch = search.k, tf.shape(initial.alive_log_probs)[0]
+
+    # The loop also carries each remaining sentence's index in the batch, the context,
+    # and the results of the sentences that have left.
+    def step(loop: BeamState, sentences, context, out_ids, out_scores):
+      new, parents = search.advance(loop, context)
+      done = search.done(new)
+      leaving = tf.where(done)[:, 0]
+      ids, scores = search.outputs(new)
+      where = tf.gather(sentences, leaving)[:, None]
+      out_ids = tf.tensor_scatter_nd_update(out_ids, where, tf.gather(ids, leaving))
+      out_scores = tf.tensor_scatter_nd_update(out_scores, where,
+                                               tf.gather(scores, leaving))
+      staying = tf.cast(tf.where(tf.logical_not(done))[:, 0], tf.int32)
+      state = search.layout.follow(new.state, parents, staying)
+      new = BeamState(new.i, *(tf.gather(t, staying) for t in new[1:6]), state)
+      context = _keep_context(context, leaving, staying)
+      return new, tf.gather(sentences, staying), context, out_ids, out_scores
+
+    def not_done(loop, sentences, context, out_ids, out_scores):
+      del loop, context, out_ids, out_scores
+      return tf.size(sentences) > 0
+
+    loop_shapes = (
+        shapes._replace(state=tf.nest.map_structure(_batch_free, shapes.state)),
+        tf.TensorShape([None]), tf.nest.map_structure(lambda t: _batch_free(t.shape), context),
+        tf.TensorShape([None, k, search.static_length]), tf.TensorShape([None, k]))
+    out_ids = tf.fill([batch, k, search.decode_length], tf.constant(PAD_ID, tf.int32))
+    out_scores = tf.fill([batch, k], tf.constant(NEG_INF))
+    final, sentences, _, out_ids, out_scores = tf.while_loop(
+        not_done, step, (initial, tf.range(batch), context, out_ids, out_scores),
+        shape_invariants=loop_shapes, maximum_iterations=search.decode_length)
+    # Sentences still searching at the length limit end with their best so far.
+    ids, scores = search.outputs(final)
+    where = sentences[:, None]
+    return (tf.tensor_scatter_nd_update(out_ids, where, ids),
+            tf.tensor_scatter_nd_update(out_scores, where, scores))
 
 
-def _halving_search(search_step, sentence_done, final_results, gather_state, select_state,
-                    initial: BeamState, shapes: BeamState, context, decode_length,
-                    halvings: int):
-  """`beam_search` with `halvings`: a loop per batch size, B, ceil(B / 2), ...; between
-  two, the sentences still searching (and, to fill the smaller batch, some finished
-  ones) move on, and the results of the finished ones are written out. Under XLA each
-  size is a constant of the compiled program (it comes from the input's shape)."""
-  batch = tf.shape(initial.alive_log_probs)[0]
-  k = initial.alive_log_probs.shape[1]
-  # One row more than the batch: the rows of finished sentences kept only to fill a
-  # batch write there, so that they never overwrite a result.
-  out_ids = tf.fill(tf.concat([[batch + 1], tf.shape(initial.alive_seqs)[1:]], 0),
-                    tf.constant(PAD_ID, tf.int32))
-  out_scores = tf.fill([batch + 1, k], tf.constant(NEG_INF))
-  loop, sentences, size = initial, tf.range(batch), batch
-  loop_shapes = (tf.nest.map_structure(_batch_free, shapes),
-                 tf.nest.map_structure(lambda t: _batch_free(t.shape), context))
+@dataclasses.dataclass(frozen=True)
+class HalvingBatch:
+  """XLA's static-shape form of `ShrinkingBatch`: up to `times` times the batch halves
+  (B, ceil(B / 2), ...; each size a loop of its own, a constant of the compiled program
+  known from the input's shape) once no more than the next size of its sentences are
+  still searching; the rest leave with their results. Same results (as with shrinking,
+  another batch size may round a near tie differently)."""
 
-  def write(out, rows, values, done):
-    return tf.tensor_scatter_nd_update(out, tf.where(done, rows, batch)[:, None], values)
+  times: int
 
-  for stage in range(halvings + 1):
-    last = stage == halvings
-    next_size = 0 if last else (size + 1) // 2
+  def run(self, search: _Search, initial: BeamState, shapes: BeamState, context):
+    if not self.times:
+      return FullBatch().run(search, initial, shapes, context)
+    batch, k = tf.shape(initial.alive_log_probs)[0], search.k
+    # One row more than the batch: the rows of finished sentences kept only to fill a
+    # batch write there, so that they never overwrite a result.
+    outputs = (tf.fill(tf.concat([[batch + 1], tf.shape(initial.alive_seqs)[1:]], 0),
+                       tf.constant(PAD_ID, tf.int32)),
+               tf.fill([batch + 1, k], tf.constant(NEG_INF)))
+    loop, sentences, size = initial, tf.range(batch), batch
+    loop_shapes = (tf.nest.map_structure(_batch_free, shapes),
+                   tf.nest.map_structure(lambda t: _batch_free(t.shape), context))
+    for stage in range(self.times + 1):
+      last = stage == self.times
+      next_size = 0 if last else (size + 1) // 2
+      loop, context = self._loop(search, loop, context, loop_shapes, next_size)
+      # At the length limit (or in the last loop) every sentence left is done: its
+      # results are its best so far, as in the full search.
+      done = tf.logical_or(search.done(loop), loop.i >= search.decode_length)
+      if last:
+        done = tf.ones_like(done)
+      outputs = tuple(
+          tf.tensor_scatter_nd_update(out, tf.where(done, sentences, batch)[:, None], values)
+          for out, values in zip(outputs, search.outputs(loop)))
+      if last:
+        break
+      # The sentences still searching first (in batch order), then finished ones.
+      keep = tf.argsort(tf.cast(done, tf.int32), stable=True)[:next_size]
+      sentences = tf.where(tf.gather(done, keep), batch, tf.gather(sentences, keep))
+      loop = BeamState(loop.i, *(tf.gather(t, keep) for t in loop[1:6]),
+                       search.layout.select(loop.state, keep))
+      context = tf.nest.map_structure(lambda t: tf.gather(t, keep), context)
+      size = next_size
+    return outputs[0][:-1], outputs[1][:-1]
 
+  @staticmethod
+  def _loop(search: _Search, loop: BeamState, context, loop_shapes, next_size: int):
+    """Searches until no more than `next_size` sentences are still searching."""
     def step(loop: BeamState, context):
-      new, parents = search_step(loop, context)
-      return new._replace(state=gather_state(new.state, parents)), context
+      return search.step(loop, context), context
 
-    def not_done(loop: BeamState, context, next_size=next_size):
+    def not_done(loop: BeamState, context):
       del context
-      searching = tf.reduce_sum(tf.cast(tf.logical_not(sentence_done(loop)), tf.int32))
-      return tf.logical_and(loop.i < decode_length, searching > next_size)
+      searching = tf.reduce_sum(tf.cast(tf.logical_not(search.done(loop)), tf.int32))
+      return tf.logical_and(loop.i < search.decode_length, searching > next_size)
 
-    loop, context = tf.while_loop(not_done, step, (loop, context),
-                                  shape_invariants=loop_shapes,
-                                  maximum_iterations=decode_length)
-    # At the length limit (or in the last loop) every sentence left is done: its
-    # results are its best so far, as in the full search.
-    done = tf.logical_or(sentence_done(loop), loop.i >= decode_length)
-    if last:
-      done = tf.ones_like(done)
-    ids, scores = final_results(loop)
-    out_ids = write(out_ids, sentences, ids, done)
-    out_scores = write(out_scores, sentences, scores, done)
-    if last:
-      break
-    # The sentences still searching first (in batch order), then finished ones.
-    keep = tf.argsort(tf.cast(done, tf.int32), stable=True)[:next_size]
-    finished = tf.gather(done, keep)
-    sentences = tf.where(finished, batch, tf.gather(sentences, keep))
-    loop = BeamState(loop.i, *(tf.gather(t, keep) for t in loop[1:6]),
-                     select_state(loop.state, keep))
-    context = tf.nest.map_structure(lambda t: tf.gather(t, keep), context)
-    size = next_size
-  return out_ids[:-1], out_scores[:-1]
+    return tf.while_loop(not_done, step, (loop, context), shape_invariants=loop_shapes,
+                         maximum_iterations=search.decode_length)
+
+
+@dataclasses.dataclass(frozen=True)
+class Beam:
+  """What a beam search is asked for.
+
+  Attributes:
+    size: K, the hypotheses kept per sentence.
+    alpha: length-penalty exponent (0 = plain log probability).
+    num_results: how many of the K best the caller uses (default K). The search
+      stops once, in every sentence, that many finished hypotheses beat the best any
+      alive one could still reach: those are then final. With 1 a sentence is done
+      when its best finished hypothesis beats every alive one (CTranslate2's rule for
+      one hypothesis), often many steps before K have finished; the top result is the
+      one the full search returns, the other K - 1 may be worse than its.
+    layout: how the decoder state follows the beams; default `StateRows(size)`.
+    batch: how sentences whose results are final leave the batch: `FullBatch()`,
+      `ShrinkingBatch()` (graph mode) or `HalvingBatch(times)` (XLA). Same results.
+  """
+
+  size: int
+  alpha: float = 0.6
+  num_results: Optional[int] = None
+  layout: Optional[StateRows] = None
+  batch: Union[FullBatch, ShrinkingBatch, HalvingBatch] = FullBatch()
+
+
+def beam_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, state: Any,
+                decode_length, beam: Beam, context: Any = None
+                ) -> Tuple[tf.Tensor, tf.Tensor]:
+  """Finds the K best sequences of each sentence.
+
+  Args:
+    symbols_to_logits: the incremental decoder (see `SymbolsToLogits`); it receives
+      the previous token of each hypothesis (`initial_ids` at index 0), the 0-based
+      position being decoded, and the state (and `context`, when given), and returns
+      float32 logits and the updated state.
+    initial_ids: (B,) int32 start tokens.
+    state: nest of tensors with leading dimension B * K (already tiled), or as
+      `beam.layout` lays it out.
+    decode_length: maximum number of generated tokens (EOS included); int or scalar.
+    beam: K, alpha, the results read, the state's layout and the batching (`Beam`).
+    context: optional nest of per-sentence tensors (leading dimension B) that the
+      step reads and never changes (cross-attention keys/values, the source mask,
+      which the K hypotheses of a sentence share); passed as the step's fourth
+      argument.
+
+  Returns:
+    ids (B, K, decode_length) int32, best first, each ending with EOS (unless it hit
+    the length limit) and PAD after it; scores (B, K) float32 (log probability
+    divided by the length penalty).
+  """
+  search = _Search(symbols_to_logits, beam, decode_length, context is not None)
+  initial, shapes = search.start(initial_ids, state)
+  return beam.batch.run(search, initial, shapes, () if context is None else context)
 
 
 def greedy_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, state: Any,
-                  decode_length, eos_id: int = EOS_ID, context: Any = None,
+                  decode_length, context: Any = None,
                   shrink: bool = False) -> Tuple[tf.Tensor, tf.Tensor]:
   """Arg-max decoding: the fast path for beam size 1.
 
-  `context` and `shrink` as in `beam_search` (one row per sentence): with `shrink`
-  (graph mode only) a row leaves the batch when it writes EOS.
+  `context` as in `beam_search` (one row per sentence); with `shrink` (graph mode
+  only, as `ShrinkingBatch`) a row leaves the batch when it writes EOS.
 
   Returns:
     ids (B, 1, decode_length) with PAD after EOS, and the sequences' log
     probabilities (B, 1) (EOS included), matching `beam_search`'s layout.
   """
   if shrink:
-    return _greedy_shrinking(symbols_to_logits, initial_ids, state, decode_length, eos_id,
+    return _greedy_shrinking(symbols_to_logits, initial_ids, state, decode_length,
                              () if context is None else context, context is not None)
   if context is not None:
     inner = symbols_to_logits
     symbols_to_logits = lambda ids, i, state: inner(ids, i, state, context)  # noqa: E731
   return _one_per_row(symbols_to_logits, initial_ids, state, decode_length,
                       lambda logits, log_probs, i: tf.argmax(log_probs, axis=-1,
-                                                             output_type=tf.int32),
-                      eos_id)
+                                                             output_type=tf.int32))
 
 
-def _greedy_shrinking(symbols_to_logits, initial_ids, state, decode_length, eos_id,
-                      context, given_context):
+def _greedy_shrinking(symbols_to_logits, initial_ids, state, decode_length, context,
+                      given_context):
   """`greedy_search` whose rows leave the batch as they end: each step gathers the
   state (and, when a row left, the context) of the rows still decoding and scatters
   the finished ones' results to their batch positions."""
@@ -473,7 +518,7 @@ def _greedy_shrinking(symbols_to_logits, initial_ids, state, decode_length, eos_
     log_probs += tf.gather(step_log_probs, ids, batch_dims=1)
     position = tf.one_hot(i, decode_length, on_value=True, off_value=False)
     seqs = tf.where(position[None, :], ids[:, None], seqs)
-    ended = tf.equal(ids, eos_id)
+    ended = tf.equal(ids, EOS_ID)
     leaving = tf.where(ended)[:, 0]
     where = tf.gather(rows, leaving)[:, None]
     out_seqs = tf.tensor_scatter_nd_update(out_seqs, where, tf.gather(seqs, leaving))
@@ -508,7 +553,7 @@ def _greedy_shrinking(symbols_to_logits, initial_ids, state, decode_length, eos_
   return out_seqs[:, None, :], out_log_probs[:, None]
 
 
-def _one_per_row(symbols_to_logits, initial_ids, state, decode_length, choose, eos_id):
+def _one_per_row(symbols_to_logits, initial_ids, state, decode_length, choose):
   """The loop of greedy search and sampling: one hypothesis per row, each step's token
   chosen by `choose(float32 logits, their log_softmax, index)` -> (R,) ids."""
   batch = tf.shape(initial_ids)[0]
@@ -523,7 +568,7 @@ def _one_per_row(symbols_to_logits, initial_ids, state, decode_length, choose, e
     log_probs += tf.where(done, 0.0, gained)
     position = tf.one_hot(i, decode_length, on_value=True, off_value=False)
     seqs = tf.where(position[None, :], ids[:, None], seqs)
-    return i + 1, seqs, log_probs, ids, done | tf.equal(ids, eos_id), state
+    return i + 1, seqs, log_probs, ids, done | tf.equal(ids, EOS_ID), state
 
   def not_done(i, seqs, log_probs, last_ids, done, state):
     del seqs, log_probs, last_ids, state
@@ -590,9 +635,19 @@ def filter_logits(logits: tf.Tensor, topk: int = 0, topp: float = 1.0) -> tf.Ten
 NEVER_SAMPLED = (PAD_ID, BOS_ID)  # no tensor at import: TensorFlow's runtime starts later
 
 
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+  """What random sampling is asked for: the seed (an int or a scalar int32 tensor),
+  top-k (0 = all tokens), top-p (nucleus, 1 = all) and the temperature."""
+
+  seed: Any
+  topk: int = 0
+  topp: float = 1.0
+  temperature: float = 1.0
+
+
 def sample_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, state: Any,
-                  decode_length, keys: tf.Tensor, seed, topk: int = 0, topp: float = 1.0,
-                  temperature: float = 1.0, eos_id: int = EOS_ID
+                  decode_length, keys: tf.Tensor, sampling: Sampling
                   ) -> Tuple[tf.Tensor, tf.Tensor]:
   """Random sampling: one sequence per row, drawn token by token from the model.
 
@@ -603,7 +658,7 @@ def sample_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, st
 
   Args:
     keys: (R,) int32, each row's key (e.g. input line number * samples + sample).
-    seed: int or scalar int32 tensor.
+    sampling: the seed, top-k, top-p and temperature (`Sampling`).
 
   Returns:
     ids (R, 1, decode_length) with PAD after EOS, and the samples' log probabilities
@@ -618,12 +673,12 @@ def sample_search(symbols_to_logits: SymbolsToLogits, initial_ids: tf.Tensor, st
     # PAD and BOS are never outputs (a sentence cannot contain them).
     never = tf.reduce_any(tf.range(vocab)[:, None] == tf.constant(NEVER_SAMPLED), axis=1)
     logits = tf.where(never, NEG_INF, logits)
-    filtered = filter_logits(logits / temperature, topk, topp)
-    noise = -tf.math.log(-tf.math.log(row_uniform(seed, keys, i, vocab)))
+    filtered = filter_logits(logits / sampling.temperature, sampling.topk, sampling.topp)
+    noise = -tf.math.log(-tf.math.log(row_uniform(sampling.seed, keys, i, vocab)))
     # Tokens excluded by the caller (NEG_INF logits: a forced EOS, a constraint) or by
     # the filter are never drawn, whatever the temperature did to their logits.
     allowed = (logits > NEG_INF / 2) & (filtered > NEG_INF / 2)
     return tf.argmax(tf.where(allowed, filtered + noise, 2 * NEG_INF), axis=-1,
                      output_type=tf.int32)
 
-  return _one_per_row(symbols_to_logits, initial_ids, state, decode_length, choose, eos_id)
+  return _one_per_row(symbols_to_logits, initial_ids, state, decode_length, choose)

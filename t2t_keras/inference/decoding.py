@@ -58,7 +58,7 @@ def xla_halvings(config: DecodeConfig, max_rows: Optional[int]) -> int:
   """How many times an XLA beam search batch of at most `max_rows` rows halves as its
   sentences finish: `config.xla_halvings` (--decode_xla_halvings), less the ones that
   could not shrink it (ceil(B / 2) of one row is one row; each is a loop to compile).
-  Graph mode drops each finished sentence at once instead (`beam_search`'s `shrink`)."""
+  Graph mode drops each finished sentence at once instead (`ShrinkingBatch`)."""
   if max_rows is None:
     return config.xla_halvings
   return min(config.xla_halvings, max(max_rows - 1, 0).bit_length())
@@ -102,7 +102,7 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
       EOS; PAD after, an all-PAD row is free), `processors.TargetPrefix`; a row's
       output limit is at least its prefix length + `config.extra_decode_length`.
     halvings: beam search with `in_place_cache` only: how many times the batch may
-      halve as its sentences finish (`beam_search`'s `halvings`); default
+      halve as its sentences finish (`beam_search.HalvingBatch`); default
       `xla_halvings(config, rows)` for the rows of `inputs`' static shape. Same
       results.
 
@@ -110,7 +110,7 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
     ids (B, K, decode_length) int32 (K = beam size, best first; PAD after EOS) and
     scores (B, K) float32: length-penalised log probabilities (greedy: plain). Unless
     `config.return_beams`, only the first beam is final: the search stops when it is
-    (see `beam_search`'s `num_results`). When
+    (see `beam_search.Beam`'s `num_results`). When
     sampling, K = num_samples and the scores are the samples' plain log probabilities.
   """
   inputs = tf.cast(inputs, tf.int32)
@@ -143,9 +143,6 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
   # row per sentence: the K hypotheses of a sentence share them (never tiled).
   encoded, memory_mask = model.encode(inputs, training=False)
   cross_key_values = model.cross_key_values(encoded)
-  # Models with a source pointer (Transformer.decode_step) also read the encoder
-  # output and carry each hypothesis' pointer in the search state.
-  pointing = getattr(model, "uses_source_pointer", False)
   source_lengths = tf.reduce_sum(tf.cast(tf.not_equal(inputs, PAD_ID), tf.int32), axis=1)
   limits = source_lengths + config.extra_decode_length + copied
   prefix_rows = None
@@ -162,104 +159,147 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
   rows = processors.Rows(inputs=per_row(inputs, k), limits=per_row(limits, k),
                          prefix=prefix_rows)
 
-  # Without XLA the self-attention cache grows by a position per step (one row per
-  # hypothesis): each step copies and attends over what was decoded, not over the
-  # longest output possible; and beam search drops a sentence from the batch once its
-  # result is final. XLA needs fixed shapes: its beam search halves the batch instead
-  # (`xla_halvings`).
-  grow = not in_place_cache
+  if halvings is None:
+    halvings = xla_halvings(config, inputs.shape[0])
+  layout = cache_layout(model, k, decode_length, in_place_cache, halvings)
   # What every step reads and never changes, one row per sentence: passed to the step as the
   # search's context, so that it leaves the batch with its sentence.
-  context = (cross_key_values, memory_mask, (encoded, inputs) if pointing else ())
-  # The pre-softmax projection, transposed once here rather than in every step.
-  output_kernel = model.output_kernel()
-
-  def plain_step(ids, index, state, context):
-    cross, mask, source = context
-    if not pointing:
-      return model.decode_step(ids, index, state, cross, mask, grow=grow,
-                               output_kernel=output_kernel)
-    cache, pointer = state
-    encoded_rows, source_ids = source
-    pointer = advance_pointer(pointer, ids, per_row(source_ids, k))
-    logits, cache = model.decode_step(ids, index, cache, cross, mask,
-                                      source_pointer=(encoded_rows, pointer), grow=grow,
-                                      output_kernel=output_kernel)
-    return logits, (cache, pointer)
-
-  def plain_state(rows):
-    cache = model.init_cache(rows, 0 if grow else decode_length)
-    return (cache, tf.zeros([rows], tf.int32)) if pointing else cache
-
-  if k == 1 and not config.sampling:
-    step, state = processors.compose(plain_step, plain_state(batch), options, rows)
-    return beam_search_lib.greedy_search(step, start, state, decode_length, context=context,
-                                         shrink=grow)
-  if k == 1:
-    step, state = processors.compose(
-        lambda ids, index, state: plain_step(ids, index, state, context),
-        plain_state(batch), options, rows)
+  context = (cross_key_values, memory_mask, (encoded, inputs) if layout.pointing else ())
+  step, state = processors.compose(layout.step, layout.init(batch), options, rows)
+  if config.sampling:
     ids, scores = beam_search_lib.sample_search(
-        step, start, state, decode_length, keys, config.seed, topk=config.sampling_topk,
-        topp=config.sampling_topp, temperature=config.sampling_temperature)
+        lambda ids, index, state: step(ids, index, state, context), start, state,
+        decode_length, keys, beam_search_lib.Sampling(
+            config.seed, topk=config.sampling_topk, topp=config.sampling_topp,
+            temperature=config.sampling_temperature))
     return (tf.reshape(ids, [-1, samples, tf.shape(ids)[-1]]),
             tf.reshape(scores, [-1, samples]))
-  if not in_place_cache or k > MAX_SLOTTED_BEAM:
-    # One cache row per hypothesis, gathered by parent beam at every step (the model's
-    # state and every processor's alike).
-    step, state = processors.compose(
-        plain_step, plain_state(batch * k), options, rows)
-    return beam_search_lib.beam_search(step, start, state, k, decode_length,
-                                       alpha=config.alpha, num_results=results,
-                                       context=context, shrink=grow)
+  if k == 1:
+    return beam_search_lib.greedy_search(step, start, state, decode_length, context=context,
+                                         shrink=layout.grow)
+  beam = beam_search_lib.Beam(k, alpha=config.alpha, num_results=results, layout=layout,
+                              batch=layout.batch)
+  return beam_search_lib.beam_search(step, start, state, decode_length, beam, context)
 
-  # Beam search: the cache is never reordered, only the table of which slot holds each
-  # position of each hypothesis (see Transformer.decode_step).
-  cache = model.init_cache(batch, decode_length, beam_size=k)
-  positions = tf.range(decode_length)
-  own_slot = tf.range(k)[None, :, None]
 
-  def symbols_to_logits(ids, index, state, context):
+class RowCache(beam_search_lib.StateRows):
+  """A fixed-size cache with one row per hypothesis, gathered by parent beam at every
+  step (the model's state and every processor's alike); the batch stays whole.
+
+  A layout owns the cache's shape from start to end: `init` makes it, `step` runs the
+  model's step over it (writing the step's keys/values), and, as a `StateRows`,
+  `reorder` and `select` move it with the beams and sentences; `batch` is how a beam
+  search over it lets finished sentences go.
+  """
+
+  grow = False
+  batch = beam_search_lib.FullBatch()
+
+  def __init__(self, model, k: int, decode_length):
+    super().__init__(k)
+    self.model = model
+    self.decode_length = decode_length
+    # Models with a source pointer (Transformer.decode_step) also read the encoder
+    # output and carry each hypothesis' pointer in the search state.
+    self.pointing = getattr(model, "uses_source_pointer", False)
+    # The pre-softmax projection, transposed once here rather than in every step.
+    self.output_kernel = model.output_kernel()
+
+  def init(self, sentences):
+    """The model's state for the K hypotheses of each of `sentences`."""
+    rows = sentences * self.k if self.k > 1 else sentences
+    cache = self.model.init_cache(rows, 0 if self.grow else self.decode_length)
+    return (cache, tf.zeros([rows], tf.int32)) if self.pointing else cache
+
+  def step(self, ids, index, state, context):
+    """The model's step: logits (rows, V) and the state with this position written."""
+    cross, mask, source = context
+    if not self.pointing:
+      return self.model.decode_step(ids, index, state, cross, mask, grow=self.grow,
+                                    output_kernel=self.output_kernel)
+    cache, pointer = state
+    encoded_rows, source_ids = source
+    pointer = advance_pointer(pointer, ids, per_row(source_ids, self.k))
+    logits, cache = self.model.decode_step(ids, index, cache, cross, mask,
+                                           source_pointer=(encoded_rows, pointer),
+                                           grow=self.grow, output_kernel=self.output_kernel)
+    return logits, (cache, pointer)
+
+
+class GrowingCache(RowCache):
+  """Graph mode: the cache grows by a position per step, and a search drops each
+  sentence from the batch once its results are final."""
+
+  grow = True
+  batch = beam_search_lib.ShrinkingBatch()
+
+
+class SlottedCache(RowCache):
+  """XLA, beams up to `MAX_SLOTTED_BEAM`: the cache keeps a slot per beam in place and
+  is never reordered, only the table of which slot holds each position of each
+  hypothesis (see Transformer.decode_step); the batch halves `halvings` times."""
+
+  def __init__(self, model, k: int, decode_length, halvings: int):
+    super().__init__(model, k, decode_length)
+    self.batch = beam_search_lib.HalvingBatch(halvings)
+    self.positions = tf.range(decode_length)
+    self.own_slot = tf.range(k)[None, :, None]
+
+  def init(self, sentences):
+    cache = self.model.init_cache(sentences, self.decode_length, beam_size=self.k)
+    slots = tf.zeros([sentences, self.k, self.decode_length], tf.int32)
+    return cache, slots, tf.zeros([sentences * self.k], tf.int32)
+
+  def step(self, ids, index, state, context):
     cache, slots, pointer = state
     cross, mask, source = context
-    slots = tf.where(tf.equal(positions, index)[None, None, :], own_slot, slots)
+    slots = tf.where(tf.equal(self.positions, index)[None, None, :], self.own_slot, slots)
     extra = {}
-    if pointing:
+    if self.pointing:
       encoded_rows, source_ids = source
-      pointer = advance_pointer(pointer, ids, per_row(source_ids, k))  # per hypothesis
+      pointer = advance_pointer(pointer, ids, per_row(source_ids, self.k))  # per hypothesis
       extra["source_pointer"] = (encoded_rows, pointer)
-    logits, cache = model.decode_step(ids, index, cache, cross, mask, slots=slots,
-                                      output_kernel=output_kernel, **extra)
+    logits, cache = self.model.decode_step(ids, index, cache, cross, mask, slots=slots,
+                                           output_kernel=self.output_kernel, **extra)
     return logits, (cache, slots, pointer)
 
-  def by_hypothesis(rows, pick):
+  def _by_hypothesis(self, rows, pick):
     """(B * K, ...) per-hypothesis rows, K per sentence, picked per sentence by `pick`
     (B', K'): parent beams (K' = K) or, with `batch_dims=0`, sentences."""
     shape = tf.shape(rows)
-    split = tf.reshape(rows, tf.concat([[-1, k], shape[1:]], 0))
+    split = tf.reshape(rows, tf.concat([[-1, self.k], shape[1:]], 0))
     return tf.reshape(tf.gather(split, pick, batch_dims=1 if pick.shape.rank == 2 else 0),
                       tf.concat([[-1], shape[1:]], 0))
 
-  def reorder(state, parents):
+  def reorder(self, state, parents):
     (cache, slots, pointer), processor_states = state
-    return ((cache, tf.gather(slots, parents, batch_dims=1), by_hypothesis(pointer, parents)),
-            tf.nest.map_structure(lambda t: by_hypothesis(t, parents), processor_states))
+    return ((cache, tf.gather(slots, parents, batch_dims=1),
+             self._by_hypothesis(pointer, parents)),
+            tf.nest.map_structure(lambda t: self._by_hypothesis(t, parents),
+                                  processor_states))
 
-  def select(state, sentences):  # the state of some sentences, when the batch halves
+  def select(self, state, sentences):  # the state of some sentences, when the batch halves
     (cache, slots, pointer), processor_states = state
     per_sentence = tf.nest.map_structure(lambda t: tf.gather(t, sentences), (cache, slots))
-    return ((*per_sentence, by_hypothesis(pointer, sentences)),
-            tf.nest.map_structure(lambda t: by_hypothesis(t, sentences), processor_states))
+    return ((*per_sentence, self._by_hypothesis(pointer, sentences)),
+            tf.nest.map_structure(lambda t: self._by_hypothesis(t, sentences),
+                                  processor_states))
 
-  if halvings is None:
-    halvings = xla_halvings(config, inputs.shape[0])
-  slots = tf.zeros([batch, k, decode_length], tf.int32)
-  step, state = processors.compose(
-      symbols_to_logits, (cache, slots, tf.zeros([batch * k], tf.int32)), options, rows)
-  return beam_search_lib.beam_search(step, start, state, k, decode_length,
-                                     alpha=config.alpha, reorder_state=reorder,
-                                     num_results=results, context=context,
-                                     halvings=halvings, select_state=select)
+
+def cache_layout(model, k: int, decode_length, in_place_cache: bool,
+                 halvings: int = 0) -> RowCache:
+  """The self-attention cache's layout for a search of `k` hypotheses per sentence.
+
+  Without XLA the cache grows by a position per step (one row per hypothesis): each
+  step copies and attends over what was decoded, not over the longest output possible;
+  and a search drops a sentence from the batch once its result is final. XLA needs
+  fixed shapes: a fixed-size cache, kept in place for beams up to `MAX_SLOTTED_BEAM`,
+  whose beam search halves the batch instead (`xla_halvings`)."""
+  if not in_place_cache:
+    return GrowingCache(model, k, decode_length)
+  if k == 1 or k > MAX_SLOTTED_BEAM:
+    return RowCache(model, k, decode_length)
+  return SlottedCache(model, k, decode_length, halvings)
 
 
 def per_row(t: tf.Tensor, k: int) -> tf.Tensor:

@@ -21,7 +21,7 @@ The decoder reorders every processor's state with the beams (each row follows it
 parent hypothesis) in both cache layouts, so a processor never handles beams itself.
 Per-row tensors a step reads (taken from `rows`) belong in its state too, not in the
 step's closure: in graph mode a sentence whose result is final leaves the batch
-(`beam_search`'s `shrink`), and only the state follows.
+(`beam_search.ShrinkingBatch`), and only the state follows.
 Processors run in order; the length limit comes last, so that it wins.
 """
 
