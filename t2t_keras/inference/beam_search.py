@@ -508,7 +508,11 @@ def _greedy_shrinking(symbols_to_logits, initial_ids, state, decode_length, cont
   decode_length = tf.convert_to_tensor(decode_length, tf.int32)
   static_length = tf.get_static_value(decode_length)
 
-  def step(i, rows, seqs, log_probs, last_ids, state, context, out_seqs, out_log_probs):
+  # The loop's variables: the rows still decoding (position, batch row, ids so far, log
+  # probability, last id), their state and context, and the results of the rows left.
+  def step(decoding, state, context, outputs):
+    i, rows, seqs, log_probs, last_ids = decoding
+    out_seqs, out_log_probs = outputs
     if given_context:
       logits, state = symbols_to_logits(last_ids, i, state, context)
     else:
@@ -527,25 +531,26 @@ def _greedy_shrinking(symbols_to_logits, initial_ids, state, decode_length, cont
     staying = tf.cast(tf.where(tf.logical_not(ended))[:, 0], tf.int32)
     state = tf.nest.map_structure(lambda t: tf.gather(t, staying), state)
     context = _keep_context(context, leaving, staying)
-    return (i + 1, tf.gather(rows, staying), tf.gather(seqs, staying),
-            tf.gather(log_probs, staying), tf.gather(ids, staying), state, context,
-            out_seqs, out_log_probs)
+    decoding = (i + 1, tf.gather(rows, staying), tf.gather(seqs, staying),
+                tf.gather(log_probs, staying), tf.gather(ids, staying))
+    return decoding, state, context, (out_seqs, out_log_probs)
 
-  def not_done(i, rows, *rest):
-    del i, rest
-    return tf.size(rows) > 0
+  def not_done(decoding, *rest):
+    del rest
+    return tf.size(decoding[1]) > 0
 
-  initial = (tf.constant(0), tf.range(batch),
-             tf.fill([batch, decode_length], tf.constant(PAD_ID, tf.int32)),
-             tf.zeros([batch]), tf.cast(initial_ids, tf.int32), state, context,
-             tf.fill([batch, decode_length], tf.constant(PAD_ID, tf.int32)),
-             tf.zeros([batch]))
-  shapes = (tf.TensorShape([]), tf.TensorShape([None]), tf.TensorShape([None, static_length]),
-            tf.TensorShape([None]), tf.TensorShape([None]),
+  initial = ((tf.constant(0), tf.range(batch),
+              tf.fill([batch, decode_length], tf.constant(PAD_ID, tf.int32)),
+              tf.zeros([batch]), tf.cast(initial_ids, tf.int32)), state, context,
+             (tf.fill([batch, decode_length], tf.constant(PAD_ID, tf.int32)),
+              tf.zeros([batch])))
+  shapes = ((tf.TensorShape([]), tf.TensorShape([None]),
+             tf.TensorShape([None, static_length]), tf.TensorShape([None]),
+             tf.TensorShape([None])),
             tf.nest.map_structure(lambda t: _batch_free(loop_shape(t)), state),
             tf.nest.map_structure(lambda t: _batch_free(t.shape), context),
-            tf.TensorShape([None, static_length]), tf.TensorShape([None]))
-  _, rows, seqs, log_probs, _, _, _, out_seqs, out_log_probs = tf.while_loop(
+            (tf.TensorShape([None, static_length]), tf.TensorShape([None])))
+  (_, rows, seqs, log_probs, _), _, _, (out_seqs, out_log_probs) = tf.while_loop(
       not_done, step, initial, shape_invariants=shapes, maximum_iterations=decode_length)
   # Rows still decoding at the length limit end there.
   out_seqs = tf.tensor_scatter_nd_update(out_seqs, rows[:, None], seqs)

@@ -114,50 +114,25 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
     sampling, K = num_samples and the scores are the samples' plain log probabilities.
   """
   inputs = tf.cast(inputs, tf.int32)
+  if target_prefix is not None:
+    target_prefix = tf.cast(target_prefix, tf.int32)
   samples = config.num_samples if config.sampling else 1
   if config.sampling:
-    if keys is None:
-      keys = tf.range(tf.shape(inputs)[0])
-    # Sample s of input b is a row of its own, keyed b * samples + s.
-    keys = tf.reshape(tf.cast(keys, tf.int32)[:, None] * samples + tf.range(samples)[None],
-                      [-1])
-    inputs = beam_search_lib.tile_beams(inputs, samples)
-    if target_prefix is not None:
-      target_prefix = beam_search_lib.tile_beams(target_prefix, samples)
+    inputs, keys, target_prefix = _per_sample(inputs, keys, target_prefix, samples)
   k = 1 if config.sampling else config.beam_size
   # Beam search may stop as soon as the results the caller reads are final.
   results = k if config.return_beams else 1
   batch = tf.shape(inputs)[0]
-  # A tree that copies its words (parsing, "words") writes a tag per word besides the
-  # input's pieces: the extra length counts beyond both, so "input + 300" leaves the
-  # same room for brackets as with tags alone.
-  # (The buffers get one more position per source piece, a bound known from the
-  # shape alone, as XLA needs.)
-  copied = tf.zeros([batch], tf.int32)
-  if decode_length is None:
-    decode_length = tf.shape(inputs)[1] + config.extra_decode_length
-  if tree_constraint is not None and tree_constraint.linearization == "words":
-    copied = tree_constraint.count_words(inputs)
-    decode_length += tf.shape(inputs)[1]
+  decode_length, limits = _output_lengths(config, inputs, decode_length, tree_constraint,
+                                          target_prefix)
   # The encoder output, its cross-attention keys/values and the source mask stay one
   # row per sentence: the K hypotheses of a sentence share them (never tiled).
   encoded, memory_mask = model.encode(inputs, training=False)
   cross_key_values = model.cross_key_values(encoded)
-  source_lengths = tf.reduce_sum(tf.cast(tf.not_equal(inputs, PAD_ID), tf.int32), axis=1)
-  limits = source_lengths + config.extra_decode_length + copied
-  prefix_rows = None
-  if target_prefix is not None:
-    target_prefix = tf.cast(target_prefix, tf.int32)
-    # A prefix longer than the source still leaves the extra length after it.
-    prefix_lengths = tf.reduce_sum(tf.cast(tf.not_equal(target_prefix, PAD_ID), tf.int32),
-                                   axis=1)
-    limits = tf.maximum(limits, prefix_lengths + config.extra_decode_length)
-    decode_length += tf.shape(target_prefix)[1]
-    prefix_rows = per_row(target_prefix, k)
   start = tf.fill([batch], BOS_ID)
   options = processors_for(config, tree_constraint, target_prefix is not None)
   rows = processors.Rows(inputs=per_row(inputs, k), limits=per_row(limits, k),
-                         prefix=prefix_rows)
+                         prefix=None if target_prefix is None else per_row(target_prefix, k))
 
   if halvings is None:
     halvings = xla_halvings(config, inputs.shape[0])
@@ -180,6 +155,44 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
   beam = beam_search_lib.Beam(k, alpha=config.alpha, num_results=results, layout=layout,
                               batch=layout.batch)
   return beam_search_lib.beam_search(step, start, state, decode_length, beam, context)
+
+
+def _per_sample(inputs, keys, target_prefix, samples: int):
+  """Sampling: each input (and its prefix) repeated `samples` times, sample s of input b
+  a row of its own keyed b * samples + s (its key decides its draws)."""
+  if keys is None:
+    keys = tf.range(tf.shape(inputs)[0])
+  keys = tf.reshape(tf.cast(keys, tf.int32)[:, None] * samples + tf.range(samples)[None],
+                    [-1])
+  if target_prefix is not None:
+    target_prefix = beam_search_lib.tile_beams(target_prefix, samples)
+  return beam_search_lib.tile_beams(inputs, samples), keys, target_prefix
+
+
+def _output_lengths(config: DecodeConfig, inputs, decode_length,
+                    tree_constraint: Optional[TreeConstraint], target_prefix):
+  """The buffers' length (scalar) and each sentence's output limit (B,) (see the
+  module docstring), both grown by a copying tree's words and by a target prefix."""
+  # A tree that copies its words (parsing, "words") writes a tag per word besides the
+  # input's pieces: the extra length counts beyond both, so "input + 300" leaves the
+  # same room for brackets as with tags alone.
+  # (The buffers get one more position per source piece, a bound known from the
+  # shape alone, as XLA needs.)
+  copied = tf.zeros([tf.shape(inputs)[0]], tf.int32)
+  if decode_length is None:
+    decode_length = tf.shape(inputs)[1] + config.extra_decode_length
+  if tree_constraint is not None and tree_constraint.linearization == "words":
+    copied = tree_constraint.count_words(inputs)
+    decode_length += tf.shape(inputs)[1]
+  source_lengths = tf.reduce_sum(tf.cast(tf.not_equal(inputs, PAD_ID), tf.int32), axis=1)
+  limits = source_lengths + config.extra_decode_length + copied
+  if target_prefix is not None:
+    # A prefix longer than the source still leaves the extra length after it.
+    prefix_lengths = tf.reduce_sum(tf.cast(tf.not_equal(target_prefix, PAD_ID), tf.int32),
+                                   axis=1)
+    limits = tf.maximum(limits, prefix_lengths + config.extra_decode_length)
+    decode_length += tf.shape(target_prefix)[1]
+  return decode_length, limits
 
 
 class RowCache(beam_search_lib.StateRows):
