@@ -90,8 +90,9 @@ def top_k_rows(values: tf.Tensor, k: int, chunk: int = 128) -> Tuple[tf.Tensor, 
   The row is cut into chunks of about `chunk` values (a divisor of V when one is near,
   see `_chunk_size`); the k largest values lie in the k chunks with the largest maxima,
   so one vectorised max per chunk, a top-k over the chunk maxima and a top-k over
-  k * chunk candidates replace a top-k over V (about 6x faster for V = 32,000, k = 8
-  on CPU, with and without XLA). Ties may pick another index of an equal value than
+  k * chunk candidates replace a top-k over V (several times faster for V = 32,000
+  on CPU, with and without XLA: docs/benchmarks.md). Ties may pick another index of an
+  equal value than
   `tf.math.top_k`. Small V falls back to `tf.math.top_k`.
   """
   vocab = values.shape[-1]
@@ -113,8 +114,8 @@ def top_k_rows(values: tf.Tensor, k: int, chunk: int = 128) -> Tuple[tf.Tensor, 
 def top_k_log_probs(logits: tf.Tensor, k: int) -> Tuple[tf.Tensor, tf.Tensor]:
   """The k best log probabilities of each row of float32 logits (N, V) and their ids:
   log softmax = logit - logsumexp, computed for the k values only. (Taking the
-  logsumexp's maximum from the top k instead of its own reduction halved XLA's
-  decoding speed, test2016 49 -> 28 sentences/s: keep the plain reduction.)"""
+  logsumexp's maximum from the top k instead of its own reduction slowed XLA's
+  decoding a lot, docs/benchmarks.md: keep the plain reduction.)"""
   values, ids = top_k_rows(logits, k)
   return values - tf.reduce_logsumexp(logits, axis=-1, keepdims=True), ids
 

@@ -40,12 +40,11 @@ if TYPE_CHECKING:
 
 # With `in_place_cache` (for XLA), beams up to this size keep the self-attention cache
 # in place (one slot per beam, attention over all K slots with a mask) instead of
-# reordering it every step, and XLA writes each step's keys/values into the buffer
-# (with the faster top-k, bench/decode_speed.py went from 0.39 to 0.61 of the matmul
-# peak, 154 -> 194 tok/s on a slower host). Without XLA,
-# TensorFlow copies the cache on the write anyway and the wider attention makes it
-# 1.2x slower, so graph mode reorders. The attention work and its mask grow with K^2,
-# so wide beams (parsing uses 21) reorder the cache in both modes.
+# reordering it every step, and XLA writes each step's keys/values into the buffer.
+# Without XLA, TensorFlow copies the cache on the write anyway and the wider attention
+# makes it slower, so graph mode reorders (figures: docs/benchmarks.md, "Measurements
+# behind the decoding code"). The attention work and its mask grow with K^2, so wide
+# beams (parsing uses 21) reorder the cache in both modes.
 MAX_SLOTTED_BEAM = 8
 
 
