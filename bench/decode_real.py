@@ -89,7 +89,8 @@ def main(argv):
   import numpy as np
   import sentencepiece
 
-  from t2t_keras import decoding, loading, metrics, modeldir, translate
+  from t2t_keras import metrics, modeldir
+  from t2t_keras.inference import decoding, loading, translate
   from t2t_keras.configs import DecodeConfig
   from t2t_keras.export import ctranslate2 as ct2_export
   from t2t_keras.export import saved_model

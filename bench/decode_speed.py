@@ -120,7 +120,7 @@ def decoders(configs):
   import numpy as np
   import tensorflow as tf
 
-  from t2t_keras import decoding
+  from t2t_keras.inference import decoding
   from t2t_keras.configs import DecodeConfig, ModelConfig
   from t2t_keras.model import create_model
 

@@ -7,7 +7,7 @@ the last `--average_last_n`), checking the `checkpoint` state file (it may name
 nothing outside its directory), restoring with one CheckpointError that names the
 checkpoint, its files and what to do. Averaging weights is t2t_keras.averaging's;
 the model directory's other files are t2t_keras.modeldir's; building a model and
-restoring it for inference is t2t_keras.loading's.
+restoring it for inference is t2t_keras.inference.loading's.
 """
 
 from __future__ import annotations

@@ -155,7 +155,7 @@ def check_alignment_flags(model_config) -> None:
 def write_alignments(model, tokenizer, results, multiple: bool, out) -> None:
   """--output_alignments: one Pharaoh line per output line (blank lines as well)."""
   # pylint: disable=import-outside-toplevel
-  from t2t_keras import scoring
+  from t2t_keras.inference import scoring
   layer, head = FLAGS.alignment_layer, FLAGS.alignment_head
   pairs = [(r.source_ids, ids) for r in results for ids in (r.ids if multiple else r.ids[:1])]
   meter = console.Progress(len(pairs), unit="pairs", verb="aligned")
@@ -176,7 +176,8 @@ def run() -> None:
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
 
-  from t2t_keras import language_tags, loading, modeldir, translate
+  from t2t_keras import language_tags, modeldir
+  from t2t_keras.inference import loading, translate
   from t2t_keras.parsing.constraint import TreeConstraint
   from t2t_keras.data.textfiles import read_text_lines
   from t2t_keras.errors import ConfigError, DataError

@@ -49,7 +49,8 @@ def dev_bleu_hook(model, tokenizer, data_config, decode_config, n: int,
   device, refreshed at every call (`evaluator.DecodingWeights` says why).
   """
   # pylint: disable=import-outside-toplevel
-  from t2t_keras import decoding, metrics, translate
+  from t2t_keras import metrics
+  from t2t_keras.inference import decoding, translate
   from t2t_keras.data import sources as sources_lib
   from t2t_keras.errors import DataError
   from t2t_keras.training.evaluator import DecodingWeights
@@ -171,7 +172,7 @@ def start_from(trainer, tokenizer, train_config, checkpoint: str, chief: bool) -
   """--init_from: the source checkpoint's weights (and with --init_from_optimizer its
   optimizer state) into the new run's model, recorded in init_from.json."""
   # pylint: disable=import-outside-toplevel
-  from t2t_keras import loading
+  from t2t_keras.inference import loading
   from t2t_keras.training import init_from
   old_pieces = new_pieces = None
   if train_config.init_from_vocab == "new":
@@ -296,7 +297,7 @@ def run_training() -> None:
   if not agreement.chief:  # examples and the export are the chief's: written once
     return
   if FLAGS.show_examples and datasets.eval_fn is not None:
-    from t2t_keras import translate
+    from t2t_keras.inference import translate
     translate.report_examples(trainer.model, datasets, decode_config, FLAGS.show_examples)
   if FLAGS.export or FLAGS.export_dir:
     from t2t_keras.checkpoints import listed_checkpoints

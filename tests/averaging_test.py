@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t2t_keras import checkpoints, loading, modeldir
+from t2t_keras import checkpoints, modeldir
+from t2t_keras.inference import loading
 from t2t_keras.configs import DataConfig, ModelConfig
 from t2t_keras.model import create_model
 from t2t_keras import averaging

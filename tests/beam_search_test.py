@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from t2t_keras import BOS_ID, EOS_ID, PAD_ID
-from t2t_keras import beam_search as bs
+from t2t_keras.inference import beam_search as bs
 
 VOCAB = 5  # 0 PAD, 1 EOS, 2..4 words
 TABLE_ROWS = 97
@@ -66,7 +66,7 @@ def brute_force(table, length, alpha):
 def run(tables, beam, length, alpha):
   batch = len(tables)
   ids, scores = bs.beam_search(history_scorer(tables), tf.fill([batch], BOS_ID),
-                               initial_state(batch, beam), beam, length, alpha=alpha)
+                               initial_state(batch, beam), length, bs.Beam(beam, alpha=alpha))
   return ids.numpy(), scores.numpy()
 
 
@@ -107,7 +107,7 @@ def test_finds_planted_best_that_greedy_misses():
   state = tf.zeros([2])
   greedy, _ = bs.greedy_search(fn, tf.fill([1], BOS_ID), tf.zeros([1]), 6)
   assert strip(greedy[0, 0].numpy())[0] == 2
-  ids, scores = bs.beam_search(fn, tf.fill([1], BOS_ID), state, 2, 6, alpha=0.0)
+  ids, scores = bs.beam_search(fn, tf.fill([1], BOS_ID), state, 6, bs.Beam(2, alpha=0.0))
   assert strip(ids[0, 0].numpy()) == [3, EOS_ID]
   assert scores[0, 0].numpy() == pytest.approx(np.log(0.45 * 0.99), rel=1e-4)
 
@@ -125,8 +125,8 @@ def test_beam_one_equals_greedy_when_eos_is_never_a_runner_up():
     stop = tf.equal(index, tf.gather(stop_at, state[1]))[:, None]
     eos = tf.one_hot(EOS_ID, VOCAB, on_value=True, off_value=False)[None, :]
     return tf.where(eos, tf.where(stop, 1e4, -1e4), logits), state
-  beam_ids, beam_scores = bs.beam_search(fn, tf.fill([4], BOS_ID), initial_state(4, 1), 1,
-                                         12, alpha=0.0)
+  beam_ids, beam_scores = bs.beam_search(fn, tf.fill([4], BOS_ID), initial_state(4, 1), 12,
+                                         bs.Beam(1, alpha=0.0))
   greedy_ids, greedy_scores = bs.greedy_search(fn, tf.fill([4], BOS_ID),
                                                initial_state(4, 1), 12)
   np.testing.assert_array_equal(beam_ids.numpy(), greedy_ids.numpy())
@@ -158,7 +158,7 @@ def test_stops_early_when_no_alive_beam_can_win():
   def fn(ids, index, state):  # EOS has probability 0.9 everywhere
     calls.append(1)
     return tf.math.log(tf.tile([[1e-9, 0.9, 0.04, 0.03, 0.03]], [tf.shape(ids)[0], 1])), state
-  ids, _ = bs.beam_search(fn, tf.fill([2], BOS_ID), tf.zeros([8]), 4, 50, alpha=0.6)
+  ids, _ = bs.beam_search(fn, tf.fill([2], BOS_ID), tf.zeros([8]), 50, bs.Beam(4, alpha=0.6))
   # Eager while_loop runs the body in Python: count the decoder calls.
   assert len(calls) < 6
   assert strip(ids[0, 0].numpy()) == [EOS_ID]
@@ -180,16 +180,16 @@ def test_one_result_is_the_full_searchs_best_in_fewer_steps(alpha):
       calls.append(1)  # eager while_loop: the body runs in Python
       return scorer(ids, index, state)
     ids, scores = bs.beam_search(fn, tf.fill([len(tables)], BOS_ID),
-                                 initial_state(len(tables), 4), 4, 12, alpha=alpha,
-                                 num_results=results)
+                                 initial_state(len(tables), 4), 12,
+                                 bs.Beam(4, alpha=alpha, num_results=results))
     counted[results] = (ids.numpy(), scores.numpy(), len(calls))
   (full_ids, full_scores, full_steps), (ids, scores, steps) = counted[4], counted[1]
   np.testing.assert_array_equal(ids[:, 0], full_ids[:, 0])
   np.testing.assert_allclose(scores[:, 0], full_scores[:, 0], rtol=1e-6)
   assert steps < full_steps, (steps, full_steps)
   with pytest.raises(ValueError, match="num_results"):
-    bs.beam_search(history_scorer(tables), tf.fill([1], BOS_ID), initial_state(1, 2), 2, 4,
-                   num_results=3)
+    bs.beam_search(history_scorer(tables), tf.fill([1], BOS_ID), initial_state(1, 2), 4,
+                   bs.Beam(2, num_results=3))
 
 
 def test_falls_back_to_alive_beams_when_nothing_finished():
@@ -197,7 +197,7 @@ def test_falls_back_to_alive_beams_when_nothing_finished():
 
   def fn(ids, index, state):  # EOS never makes the 2K = 6 candidates
     return tf.math.log(tf.tile(probs, [tf.shape(ids)[0], 1])), state
-  ids, scores = bs.beam_search(fn, tf.fill([1], BOS_ID), tf.zeros([3]), 3, 4, alpha=0.6)
+  ids, scores = bs.beam_search(fn, tf.fill([1], BOS_ID), tf.zeros([3]), 4, bs.Beam(3, alpha=0.6))
   assert list(ids[0, 0].numpy()) == [2, 2, 2, 2]
   assert scores[0, 0].numpy() == pytest.approx(4 * np.log(0.3) / (9 / 6) ** 0.6, rel=1e-4)
   assert np.all(scores.numpy() > -1e3)
@@ -210,7 +210,7 @@ def test_compiles_with_xla_and_matches_eager():
   @tf.function(jit_compile=True)
   def compiled():
     return bs.beam_search(history_scorer(tables), tf.fill([2], BOS_ID),
-                          initial_state(2, 4), 4, 7, alpha=0.6)
+                          initial_state(2, 4), 7, bs.Beam(4, alpha=0.6))
   ids, scores = compiled()
   np.testing.assert_array_equal(ids.numpy(), eager[0])
   np.testing.assert_allclose(scores.numpy(), eager[1], rtol=1e-5)
@@ -254,7 +254,7 @@ def test_chunks_divide_the_vocabulary_when_they_can():
 @pytest.mark.parametrize("alpha,results,mode,halvings", [
     (0.0, 1, "eager", 2), (0.6, 4, "eager", 5), (0.6, 1, "xla", 3), (0.0, 4, "xla", 1)])
 def test_halving_batch_gives_the_full_batchs_results(alpha, results, mode, halvings):
-  """halvings (XLA's static-shape shrink): the batch halves (7 -> 4 -> 2 -> 1) as its
+  """HalvingBatch (XLA's static-shape shrink): the batch halves (7 -> 4 -> 2 -> 1) as its
   sentences finish; each sentence's table row comes through `context` and its length
   limit through the state, so a row that followed the wrong sentence would score with
   another table. Its results are those of the search that keeps every sentence, under
@@ -280,12 +280,13 @@ def test_halving_batch_gives_the_full_batchs_results(alpha, results, mode, halvi
 
   def full():
     return bs.beam_search(full_scorer, tf.fill([batch], BOS_ID), initial_state(batch, beam),
-                          beam, 12, alpha=alpha, num_results=results)
+                          12, bs.Beam(beam, alpha=alpha, num_results=results))
 
   def halved():
     return bs.beam_search(with_context, tf.fill([batch], BOS_ID), initial_state(batch, beam),
-                          beam, 12, alpha=alpha, num_results=results,
-                          context=tf.range(batch), halvings=halvings)
+                          12, bs.Beam(beam, alpha=alpha, num_results=results,
+                                      batch=bs.HalvingBatch(halvings)),
+                          context=tf.range(batch))
   if mode == "xla":
     halved = tf.function(halved, jit_compile=True)
   (want_ids, want_scores), (ids, scores) = full(), halved()
@@ -297,12 +298,6 @@ def test_halving_batch_gives_the_full_batchs_results(alpha, results, mode, halvi
     sizes = [beam * size for size in (7, 4, 2, 1, 1, 1)[:halvings + 1]]
     assert seen_rows[0] == batch * beam and set(seen_rows) <= set(sizes), seen_rows
     assert min(seen_rows) < batch * beam, seen_rows
-  with pytest.raises(ValueError, match="not both"):
-    bs.beam_search(full_scorer, tf.fill([1], BOS_ID), initial_state(1, 2), 2, 4, shrink=True,
-                   halvings=1)
-  with pytest.raises(ValueError, match="select_state"):
-    bs.beam_search(full_scorer, tf.fill([1], BOS_ID), initial_state(1, 2), 2, 4, halvings=1,
-                   reorder_state=lambda state, parents: state)
 
 
 def test_halving_batch_keeps_sentences_that_reach_the_length_limit():
@@ -312,8 +307,9 @@ def test_halving_batch_keeps_sentences_that_reach_the_length_limit():
   tables = [make_table(s, eos_bias=-1.0e4) for s in range(5)]
   scorer = history_scorer(tables)
   start, state = tf.fill([5], BOS_ID), initial_state(5, 2)
-  want_ids, want_scores = bs.beam_search(scorer, start, state, 2, 6, alpha=0.6)
-  ids, scores = bs.beam_search(scorer, start, state, 2, 6, alpha=0.6, halvings=2)
+  want_ids, want_scores = bs.beam_search(scorer, start, state, 6, bs.Beam(2, alpha=0.6))
+  ids, scores = bs.beam_search(scorer, start, state, 6,
+                               bs.Beam(2, alpha=0.6, batch=bs.HalvingBatch(2)))
   np.testing.assert_array_equal(ids.numpy(), want_ids.numpy())
   np.testing.assert_allclose(scores.numpy(), want_scores.numpy(), rtol=1e-6)
   assert (scores.numpy() > bs.NEG_INF / 2).all()
@@ -322,7 +318,7 @@ def test_halving_batch_keeps_sentences_that_reach_the_length_limit():
 @pytest.mark.parametrize("alpha,results,graph", [(0.0, 1, False), (0.6, 1, True),
                                                  (0.6, 4, False), (0.0, 4, True)])
 def test_shrinking_batch_gives_the_full_batchs_results(alpha, results, graph):
-  """shrink=True drops each sentence from the batch once its results are final; the
+  """ShrinkingBatch drops each sentence from the batch once its results are final; the
   sentence's table row comes through `context`, so a row that followed the wrong
   sentence would score with another table. The results are those of the search that
   keeps every sentence (all K beams with num_results=K, the first otherwise), and the
@@ -339,13 +335,14 @@ def test_shrinking_batch_gives_the_full_batchs_results(alpha, results, graph):
     return logits, h
 
   def full():
-    return bs.beam_search(scorer, tf.fill([batch], BOS_ID), initial_state(batch, beam), beam,
-                          12, alpha=alpha, num_results=results)
+    return bs.beam_search(scorer, tf.fill([batch], BOS_ID), initial_state(batch, beam), 12,
+                          bs.Beam(beam, alpha=alpha, num_results=results))
 
   def shrunk():
     h, _ = initial_state(batch, beam)
-    return bs.beam_search(with_context, tf.fill([batch], BOS_ID), h, beam, 12, alpha=alpha,
-                          num_results=results, context=tf.range(batch), shrink=True)
+    return bs.beam_search(with_context, tf.fill([batch], BOS_ID), h, 12,
+                          bs.Beam(beam, alpha=alpha, num_results=results,
+                                  batch=bs.ShrinkingBatch()), context=tf.range(batch))
   if graph:
     full, shrunk = tf.function(full), tf.function(shrunk)
   (want_ids, want_scores), (ids, scores) = full(), shrunk()
@@ -358,14 +355,12 @@ def test_shrinking_batch_gives_the_full_batchs_results(alpha, results, graph):
   # Without a context (state only) the batch shrinks alike.
   def alone_fn():
     return bs.beam_search(scorer, tf.fill([batch], BOS_ID), initial_state(batch, beam),
-                          beam, 12, alpha=alpha, num_results=results, shrink=True)
+                          12, bs.Beam(beam, alpha=alpha, num_results=results,
+                                      batch=bs.ShrinkingBatch()))
   alone, alone_scores = (tf.function(alone_fn) if graph else alone_fn)()
   np.testing.assert_array_equal(alone.numpy()[:, compared], want_ids.numpy()[:, compared])
   np.testing.assert_allclose(alone_scores.numpy()[:, compared],
                              want_scores.numpy()[:, compared], rtol=1e-6)
-  with pytest.raises(ValueError, match="reorder_state"):
-    bs.beam_search(scorer, tf.fill([1], BOS_ID), initial_state(1, 2), 2, 4, shrink=True,
-                   reorder_state=lambda state, parents: state)
 
 
 @pytest.mark.parametrize("graph", [False, True])

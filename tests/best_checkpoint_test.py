@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t2t_keras import checkpoints, errors, loading, modeldir
+from t2t_keras import checkpoints, errors, modeldir
+from t2t_keras.inference import loading
 from t2t_keras.configs import DataConfig, TrainConfig
 from t2t_keras.training import distribute
 from t2t_keras.modeldir import BEST_STATE_FILE

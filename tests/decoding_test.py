@@ -8,8 +8,9 @@ import pytest
 import tensorflow as tf
 
 from t2t_keras import BOS_ID, EOS_ID, PAD_ID
-from t2t_keras import beam_search as bs
-from t2t_keras import console, decoding, processors, translate
+from t2t_keras.inference import beam_search as bs
+from t2t_keras import console
+from t2t_keras.inference import decoding, processors, translate
 from t2t_keras.parsing.constraint import TreeConstraint
 from t2t_keras.configs import DecodeConfig, ModelConfig
 from t2t_keras.data.tokenizer import IntegerTokenizer
@@ -104,7 +105,7 @@ def test_cached_decoding_equals_uncached(models, beam, alpha, slotted, which,
   if beam == 1:
     want_ids, want_scores = bs.greedy_search(fn, start, state, length)
   else:
-    want_ids, want_scores = bs.beam_search(fn, start, state, beam, length, alpha=alpha)
+    want_ids, want_scores = bs.beam_search(fn, start, state, length, bs.Beam(beam, alpha=alpha))
   np.testing.assert_array_equal(ids.numpy(), want_ids.numpy())
   np.testing.assert_allclose(scores.numpy(), want_scores.numpy(), rtol=1e-4, atol=1e-5)
 
@@ -202,7 +203,7 @@ def test_xla_halvings_follow_the_flag_and_the_rows(model, monkeypatch):
 def test_source_pointer_ensemble_of_one_equals_the_model(pointer_model):
   """An ensemble of a pointer model with itself translates as the model does (each
   member reads the pointer)."""
-  from t2t_keras.ensemble import Ensemble  # pylint: disable=import-outside-toplevel
+  from t2t_keras.inference.ensemble import Ensemble  # pylint: disable=import-outside-toplevel
   inputs = sources(np.random.default_rng(6), [7, 4])
   config = DecodeConfig(beam_size=3, extra_decode_length=5)
   ids, scores = decoding.decode_ids(pointer_model, inputs, config, decode_length=12)
@@ -490,7 +491,7 @@ def test_tree_constraint_holds_against_a_decoder_that_wants_to_stop(beam, favour
   if beam == 1:
     ids, _ = bs.greedy_search(step, start, state, length)  # (B, 1, L)
   else:
-    ids, scores = bs.beam_search(step, start, state, beam, length, alpha=0.3)
+    ids, scores = bs.beam_search(step, start, state, length, bs.Beam(beam, alpha=0.3))
     assert np.all(scores.numpy()[:, 0] > bs.NEG_INF / 1e3)
   for b, n in enumerate(words.numpy()):
     check_tree(ids.numpy()[b, 0], n, constraint)
@@ -665,7 +666,7 @@ def test_importing_the_decode_command_leaves_tensorflows_runtime_unstarted():
   package may make a tensor at import."""
   import subprocess  # pylint: disable=import-outside-toplevel
   import sys  # pylint: disable=import-outside-toplevel
-  code = ("import t2t_keras.decode, t2t_keras.translate, t2t_keras.loading\n"
+  code = ("import t2t_keras.decode, t2t_keras.inference.translate, t2t_keras.inference.loading\n"
           "import tensorflow as tf\n"
           "tf.config.threading.set_intra_op_parallelism_threads(1)\n"
           "print('unstarted')\n")

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t2t_keras import EOS_ID, PAD_ID, loading
+from t2t_keras import EOS_ID, PAD_ID
+from t2t_keras.inference import loading
 from t2t_keras.configs import DecodeConfig
 from t2t_keras.data import tokenizer as tokenizer_lib
 from t2t_keras.export.saved_model import export_model_dir
@@ -46,7 +47,7 @@ def test_constrain_trees_refuses_a_translation_model(model_dir, tmp_path):
 
 
 def eager_translations(model_dir, sentences, dtype=None):
-  from t2t_keras import translate  # pylint: disable=import-outside-toplevel
+  from t2t_keras.inference import translate  # pylint: disable=import-outside-toplevel
   loaded = loading.load(model_dir, dtype=dtype)
   return translate.translate(loaded.model, loaded.tokenizer, sentences, DECODE,
                             max_input_length=MAX_INPUT, progress=False)
@@ -356,7 +357,7 @@ def test_prefix_signature_translates_as_the_decode_path(model_dir, export_path, 
   """translate_with_prefix, run as TF Serving runs it (session, tensors by name): each
   output starts with its prefix, equals eager `translate` with the same prefixes, an
   empty prefix gives serving_default's output, and a row count mismatch is refused."""
-  from t2t_keras import translate  # pylint: disable=import-outside-toplevel
+  from t2t_keras.inference import translate  # pylint: disable=import-outside-toplevel
   sentences = SENTENCES[:4]
   prefixes = ["der Mann", "", "Hund", ""]  # words of the tiny vocabulary
   out = served.run("translate_with_prefix", inputs=np.array(sentences, object),

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t2t_keras import language_tags, translate
+from t2t_keras import language_tags
+from t2t_keras.inference import translate
 from t2t_keras.configs import DataConfig, DecodeConfig
 from t2t_keras.data import pipeline, sources
 from t2t_keras.errors import DataError

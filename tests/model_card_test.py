@@ -14,7 +14,8 @@ import pytest
 import tensorflow as tf
 
 import t2t_keras
-from t2t_keras import loading, metrics, model_card, modeldir
+from t2t_keras import metrics, model_card, modeldir
+from t2t_keras.inference import loading
 from t2t_keras.configs import DataConfig, DecodeConfig, ModelConfig
 from t2t_keras.export.saved_model import export_model_dir
 from t2t_keras.tools import saved_model_cli

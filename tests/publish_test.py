@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t2t_keras import loading, modeldir
+from t2t_keras import modeldir
+from t2t_keras.inference import loading
 from t2t_keras.export import ctranslate2 as ct2_export
 from t2t_keras.export import publish, saved_model
 from t2t_keras.configs import DecodeConfig

@@ -10,8 +10,8 @@ import pytest
 import tensorflow as tf
 
 from t2t_keras import BOS_ID, EOS_ID, PAD_ID
-from t2t_keras import beam_search as bs
-from t2t_keras import decoding, scoring, translate
+from t2t_keras.inference import beam_search as bs
+from t2t_keras.inference import decoding, scoring, translate
 from t2t_keras.configs import DecodeConfig, ModelConfig
 from t2t_keras.model import create_model
 

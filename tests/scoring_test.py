@@ -10,9 +10,9 @@ import pytest
 import tensorflow as tf
 
 from t2t_keras import EOS_ID, PAD_ID
-from t2t_keras import decoding, loading, scoring, translate
+from t2t_keras.inference import decoding, loading, scoring, translate
 from t2t_keras.configs import DecodeConfig, ModelConfig
-from t2t_keras.ensemble import Ensemble
+from t2t_keras.inference.ensemble import Ensemble
 from t2t_keras.model import create_model
 from tests import inprocess
 from tests.conftest import REPO_ROOT, build_trained_reverse_dir

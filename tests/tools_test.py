@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from t2t_keras import attention_maps, loading
+from t2t_keras.inference import attention_maps, loading
 from t2t_keras.configs import DecodeConfig
 from tests import inprocess
 from tests.conftest import REPO_ROOT

@@ -221,7 +221,8 @@ def test_dev_bleu_under_two_replicas_decodes_a_host_copy_as_the_plain_decode(mon
   on an accelerator), refreshed at each evaluation: it gives the plain decode's
   translations of the current weights."""
   # pylint: disable=import-outside-toplevel
-  from t2t_keras import metrics, train, translate
+  from t2t_keras import metrics, train
+  from t2t_keras.inference import translate
   from t2t_keras.configs import DataConfig, DecodeConfig
   from t2t_keras.data import sources, tokenizer
   from t2t_keras.model import create_model

@@ -17,7 +17,8 @@ import tensorflow as tf
 from absl import flags
 
 from t2t_keras import flags as t2t_flags
-from t2t_keras import errors, loading, modeldir
+from t2t_keras import errors, modeldir
+from t2t_keras.inference import loading
 from t2t_keras.configs import DecodeConfig, ModelConfig
 from t2t_keras.data import sources
 from t2t_keras.data import tokenizer as tokenizer_lib

@@ -250,7 +250,8 @@ def default_dir(model_dir: str) -> str:
 def export_from_settings(settings: ExportSettings) -> str:
   """Restores the model (latest, checkpoint_path or average_last_n) in float32 and
   writes it as a CTranslate2 model directory (weights of `settings.quantization`)."""
-  from t2t_keras import loading, modeldir  # pylint: disable=import-outside-toplevel
+  from t2t_keras import modeldir  # pylint: disable=import-outside-toplevel
+  from t2t_keras.inference import loading  # pylint: disable=import-outside-toplevel
   loaded = loading.load(settings.model_dir, settings.checkpoint_path,
                         settings.average_last_n, "float32")
   vocab = modeldir.vocab_path(settings.model_dir)

@@ -69,7 +69,8 @@ from typing import Optional
 import tensorflow as tf
 
 from t2t_keras import EOS_ID, PAD_ID
-from t2t_keras import decoding, language_tags, model_card
+from t2t_keras import language_tags, model_card
+from t2t_keras.inference import decoding
 from t2t_keras.configs import DecodeConfig
 from t2t_keras.errors import ExportError
 from t2t_keras.export import ExportSettings, publish
@@ -496,7 +497,8 @@ def export_model_dir(model_dir: str, export_dir: str, decode_config, max_input_l
   model's own), as `python -m t2t_keras.decode --decode_dtype` decodes.
   """
   # pylint: disable=import-outside-toplevel
-  from t2t_keras import loading, modeldir
+  from t2t_keras import modeldir
+  from t2t_keras.inference import loading
   from t2t_keras.errors import ExportError
   if dtype:
     try:

@@ -4,7 +4,8 @@ A parsing model translates a sentence into a linearized tree (t2t_keras.parsing.
 Unconstrained, its outputs are repaired afterwards (`trees.rebuild`); with
 `TreeConstraint` (decode --constrain_trees) the search itself can only write a tree
 with one leaf per input word, so nothing needs repairing. It is a decoding processor
-(`t2t_keras.processors`) that `t2t_keras.decoding.decode_ids` composes with the others.
+(`t2t_keras.inference.processors`) that `t2t_keras.inference.decoding.decode_ids`
+composes with the others.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import numpy as np
 import tensorflow as tf
 
 from t2t_keras import BOS_ID, EOS_ID, PAD_ID
-from t2t_keras.beam_search import NEG_INF
+from t2t_keras.inference.beam_search import NEG_INF
 from t2t_keras.parsing.trees import LINEARIZATIONS, token_kind
-from t2t_keras.processors import Processor, Rows
+from t2t_keras.inference.processors import Processor, Rows
 
 
 class TreeConstraint(Processor):

@@ -35,7 +35,7 @@ def main(argv):
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
 
-  from t2t_keras import attention_maps, loading
+  from t2t_keras.inference import attention_maps, loading
   tf.get_logger().setLevel("ERROR")
   loaded = loading.load(FLAGS.model_dir, FLAGS.checkpoint_path)
   maps = attention_maps.attention_maps(loaded.model, loaded.tokenizer, FLAGS.sentence,

@@ -1,6 +1,6 @@
 """Host-side decoding: strings in, translations out, in input order, with progress.
 
-`t2t_keras.decoding` holds what runs in the graph (ids -> ids with the cache); this
+`t2t_keras.inference.decoding` holds what runs in the graph (ids -> ids with the cache); this
 module feeds it: it tokenizes, sorts sentences by length into batches (little
 padding), pads batches to few shapes under XLA (`decoding.padded_width`), detokenizes and puts
 the results back in input order. It also decodes a dev set for the exact-match report
@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from t2t_keras import BOS_ID, EOS_ID, PAD_ID, console, decoding
+from t2t_keras import BOS_ID, EOS_ID, PAD_ID, console
+from t2t_keras.inference import decoding
 from t2t_keras.configs import DecodeConfig
 
 if TYPE_CHECKING:
@@ -123,30 +124,7 @@ def translate(model, tokenizer, sentences: Sequence[str], config: DecodeConfig,
   meter = console.Progress(len(sources)) if progress else None
 
   def decode_batch(chunk):
-    width = max(len(sources[i]) for i in chunk)
-    rows = len(chunk)
-    if config.jit_compile:
-      width = decoding.padded_width(width)
-      rows = config.batch_size if not config.batch_tokens else min(
-          config.batch_size, decoding.padded_width(rows, minimum=1))
-    batch = np.full((rows, width), PAD_ID, np.int32)
-    batch[len(chunk):, 0] = EOS_ID  # XLA filler rows: a one-token source
-    for row, i in enumerate(chunk):
-      batch[row, :len(sources[i])] = sources[i]
-    args = [tf.constant(batch)]
-    if config.sampling:  # filler rows (XLA) get key -1
-      keys = np.full([rows], -1, np.int32)
-      keys[:len(chunk)] = chunk
-      args.append(tf.constant(keys))
-    if prefixes is not None:
-      longest = max(len(prefixes[i]) for i in chunk)
-      if config.jit_compile:
-        longest = decoding.padded_width(longest, minimum=1)
-      prefix = np.full((rows, longest), PAD_ID, np.int32)
-      for row, i in enumerate(chunk):
-        prefix[row, :len(prefixes[i])] = prefixes[i]
-      args.append(tf.constant(prefix))
-    out_ids, scores = decode_fn(*args)
+    out_ids, scores = decode_fn(*_decode_args(chunk, sources, prefixes, config))
     texts = tokenizer.detokenize(out_ids).numpy()  # (B, K)
     scores, out_ids = scores.numpy(), out_ids.numpy()
     for row, i in enumerate(chunk):
@@ -166,6 +144,37 @@ def translate(model, tokenizer, sentences: Sequence[str], config: DecodeConfig,
       if meter:
         meter.update(count)
   return results
+
+
+def _decode_args(chunk: List[int], sources: List[List[int]],
+                 prefixes: Optional[List[List[int]]], config: DecodeConfig) -> list:
+  """The arguments of a `make_decode_fn` function for the sentences `chunk`: their
+  padded ids, keys when sampling, padded prefixes when given. Under XLA the batch is
+  padded to few shapes (see `translate`); filler rows hold a lone EOS."""
+  width = max(len(sources[i]) for i in chunk)
+  rows = len(chunk)
+  if config.jit_compile:
+    width = decoding.padded_width(width)
+    rows = config.batch_size if not config.batch_tokens else min(
+        config.batch_size, decoding.padded_width(rows, minimum=1))
+  batch = np.full((rows, width), PAD_ID, np.int32)
+  batch[len(chunk):, 0] = EOS_ID  # XLA filler rows: a one-token source
+  for row, i in enumerate(chunk):
+    batch[row, :len(sources[i])] = sources[i]
+  args = [tf.constant(batch)]
+  if config.sampling:  # filler rows (XLA) get key -1
+    keys = np.full([rows], -1, np.int32)
+    keys[:len(chunk)] = chunk
+    args.append(tf.constant(keys))
+  if prefixes is not None:
+    longest = max(len(prefixes[i]) for i in chunk)
+    if config.jit_compile:
+      longest = decoding.padded_width(longest, minimum=1)
+    prefix = np.full((rows, longest), PAD_ID, np.int32)
+    for row, i in enumerate(chunk):
+      prefix[row, :len(prefixes[i])] = prefixes[i]
+    args.append(tf.constant(prefix))
+  return args
 
 
 def batches(lengths: Sequence[int], config: DecodeConfig) -> List[List[int]]:

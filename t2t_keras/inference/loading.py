@@ -19,7 +19,7 @@ from t2t_keras import averaging, checkpoints
 from t2t_keras.configs import DataConfig, ModelConfig
 from t2t_keras.data import sources
 from t2t_keras.data import tokenizer as tokenizer_lib
-from t2t_keras.ensemble import Ensemble
+from t2t_keras.inference.ensemble import Ensemble
 from t2t_keras.errors import ModelDirError
 from t2t_keras.model import create_model
 from t2t_keras.modeldir import (VOCAB_FILE, data_config_of, load_model_config,

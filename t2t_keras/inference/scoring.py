@@ -43,7 +43,7 @@ def force(model, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[in
     progress: an object with `update(n)` (e.g. `console.Progress`), or None.
   """
   # pylint: disable=import-outside-toplevel
-  from t2t_keras.ensemble import forced_pass
+  from t2t_keras.inference.ensemble import forced_pass
   if len(sources) != len(targets):
     raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
   layer = -1 if attention_layer is None else attention_layer

@@ -11,9 +11,9 @@ each hypothesis.
 Beam size 1 is greedy (arg-max) decoding; larger beams use `beam_search.beam_search`.
 The same function is traced into the exported SavedModel. Decoding options that
 change which tokens may come (the minimum length, the length limit, the tree constraint
-of parsing models, `--constrain_trees`) are processors (`t2t_keras.processors`)
+of parsing models, `--constrain_trees`) are processors (`t2t_keras.inference.processors`)
 composed around the model's step; their states are reordered with the beams in both
-cache layouts. Strings in and out, batching and progress are t2t_keras.translate's.
+cache layouts. Strings in and out, batching and progress are t2t_keras.inference.translate's.
 
 Output length: each sentence may produce at most its own source length (EOS
 included) + extra_decode_length tokens, as in the paper (input length + 50); at that
@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Callable, Optional
 import tensorflow as tf
 
 from t2t_keras import BOS_ID, PAD_ID
-from t2t_keras import beam_search as beam_search_lib
-from t2t_keras import processors
+from t2t_keras.inference import beam_search as beam_search_lib
+from t2t_keras.inference import processors
 from t2t_keras.configs import DecodeConfig
 from t2t_keras.model import advance_pointer
 
@@ -40,17 +40,16 @@ if TYPE_CHECKING:
 
 # With `in_place_cache` (for XLA), beams up to this size keep the self-attention cache
 # in place (one slot per beam, attention over all K slots with a mask) instead of
-# reordering it every step, and XLA writes each step's keys/values into the buffer
-# (with the faster top-k, bench/decode_speed.py went from 0.39 to 0.61 of the matmul
-# peak, 154 -> 194 tok/s on a slower host). Without XLA,
-# TensorFlow copies the cache on the write anyway and the wider attention makes it
-# 1.2x slower, so graph mode reorders. The attention work and its mask grow with K^2,
-# so wide beams (parsing uses 21) reorder the cache in both modes.
+# reordering it every step, and XLA writes each step's keys/values into the buffer.
+# Without XLA, TensorFlow copies the cache on the write anyway and the wider attention
+# makes it slower, so graph mode reorders (figures: docs/benchmarks.md, "Measurements
+# behind the decoding code"). The attention work and its mask grow with K^2, so wide
+# beams (parsing uses 21) reorder the cache in both modes.
 MAX_SLOTTED_BEAM = 8
 
 
 # Under XLA, batches are padded to few source widths (each compiles once): the decode
-# CLI (`t2t_keras.translate`) and the XLA export (`t2t_keras.export.saved_model`) alike.
+# CLI (`t2t_keras.inference.translate`) and the XLA export (`t2t_keras.export.saved_model`) alike.
 MIN_XLA_WIDTH = 16
 
 
@@ -58,7 +57,7 @@ def xla_halvings(config: DecodeConfig, max_rows: Optional[int]) -> int:
   """How many times an XLA beam search batch of at most `max_rows` rows halves as its
   sentences finish: `config.xla_halvings` (--decode_xla_halvings), less the ones that
   could not shrink it (ceil(B / 2) of one row is one row; each is a loop to compile).
-  Graph mode drops each finished sentence at once instead (`beam_search`'s `shrink`)."""
+  Graph mode drops each finished sentence at once instead (`ShrinkingBatch`)."""
   if max_rows is None:
     return config.xla_halvings
   return min(config.xla_halvings, max(max_rows - 1, 0).bit_length())
@@ -102,7 +101,7 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
       EOS; PAD after, an all-PAD row is free), `processors.TargetPrefix`; a row's
       output limit is at least its prefix length + `config.extra_decode_length`.
     halvings: beam search with `in_place_cache` only: how many times the batch may
-      halve as its sentences finish (`beam_search`'s `halvings`); default
+      halve as its sentences finish (`beam_search.HalvingBatch`); default
       `xla_halvings(config, rows)` for the rows of `inputs`' static shape. Same
       results.
 
@@ -110,156 +109,209 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
     ids (B, K, decode_length) int32 (K = beam size, best first; PAD after EOS) and
     scores (B, K) float32: length-penalised log probabilities (greedy: plain). Unless
     `config.return_beams`, only the first beam is final: the search stops when it is
-    (see `beam_search`'s `num_results`). When
+    (see `beam_search.Beam`'s `num_results`). When
     sampling, K = num_samples and the scores are the samples' plain log probabilities.
   """
   inputs = tf.cast(inputs, tf.int32)
+  if target_prefix is not None:
+    target_prefix = tf.cast(target_prefix, tf.int32)
   samples = config.num_samples if config.sampling else 1
   if config.sampling:
-    if keys is None:
-      keys = tf.range(tf.shape(inputs)[0])
-    # Sample s of input b is a row of its own, keyed b * samples + s.
-    keys = tf.reshape(tf.cast(keys, tf.int32)[:, None] * samples + tf.range(samples)[None],
-                      [-1])
-    inputs = beam_search_lib.tile_beams(inputs, samples)
-    if target_prefix is not None:
-      target_prefix = beam_search_lib.tile_beams(target_prefix, samples)
+    inputs, keys, target_prefix = _per_sample(inputs, keys, target_prefix, samples)
   k = 1 if config.sampling else config.beam_size
   # Beam search may stop as soon as the results the caller reads are final.
   results = k if config.return_beams else 1
   batch = tf.shape(inputs)[0]
+  decode_length, limits = _output_lengths(config, inputs, decode_length, tree_constraint,
+                                          target_prefix)
+  # The encoder output, its cross-attention keys/values and the source mask stay one
+  # row per sentence: the K hypotheses of a sentence share them (never tiled).
+  encoded, memory_mask = model.encode(inputs, training=False)
+  cross_key_values = model.cross_key_values(encoded)
+  start = tf.fill([batch], BOS_ID)
+  options = processors_for(config, tree_constraint, target_prefix is not None)
+  rows = processors.Rows(inputs=per_row(inputs, k), limits=per_row(limits, k),
+                         prefix=None if target_prefix is None else per_row(target_prefix, k))
+
+  if halvings is None:
+    halvings = xla_halvings(config, inputs.shape[0])
+  layout = cache_layout(model, k, decode_length, in_place_cache, halvings)
+  # What every step reads and never changes, one row per sentence: passed to the step as the
+  # search's context, so that it leaves the batch with its sentence.
+  context = (cross_key_values, memory_mask, (encoded, inputs) if layout.pointing else ())
+  step, state = processors.compose(layout.step, layout.init(batch), options, rows)
+  if config.sampling:
+    ids, scores = beam_search_lib.sample_search(
+        lambda ids, index, state: step(ids, index, state, context), start, state,
+        decode_length, keys, beam_search_lib.Sampling(
+            config.seed, topk=config.sampling_topk, topp=config.sampling_topp,
+            temperature=config.sampling_temperature))
+    return (tf.reshape(ids, [-1, samples, tf.shape(ids)[-1]]),
+            tf.reshape(scores, [-1, samples]))
+  if k == 1:
+    return beam_search_lib.greedy_search(step, start, state, decode_length, context=context,
+                                         shrink=layout.grow)
+  beam = beam_search_lib.Beam(k, alpha=config.alpha, num_results=results, layout=layout,
+                              batch=layout.batch)
+  return beam_search_lib.beam_search(step, start, state, decode_length, beam, context)
+
+
+def _per_sample(inputs, keys, target_prefix, samples: int):
+  """Sampling: each input (and its prefix) repeated `samples` times, sample s of input b
+  a row of its own keyed b * samples + s (its key decides its draws)."""
+  if keys is None:
+    keys = tf.range(tf.shape(inputs)[0])
+  keys = tf.reshape(tf.cast(keys, tf.int32)[:, None] * samples + tf.range(samples)[None],
+                    [-1])
+  if target_prefix is not None:
+    target_prefix = beam_search_lib.tile_beams(target_prefix, samples)
+  return beam_search_lib.tile_beams(inputs, samples), keys, target_prefix
+
+
+def _output_lengths(config: DecodeConfig, inputs, decode_length,
+                    tree_constraint: Optional[TreeConstraint], target_prefix):
+  """The buffers' length (scalar) and each sentence's output limit (B,) (see the
+  module docstring), both grown by a copying tree's words and by a target prefix."""
   # A tree that copies its words (parsing, "words") writes a tag per word besides the
   # input's pieces: the extra length counts beyond both, so "input + 300" leaves the
   # same room for brackets as with tags alone.
   # (The buffers get one more position per source piece, a bound known from the
   # shape alone, as XLA needs.)
-  copied = tf.zeros([batch], tf.int32)
+  copied = tf.zeros([tf.shape(inputs)[0]], tf.int32)
   if decode_length is None:
     decode_length = tf.shape(inputs)[1] + config.extra_decode_length
   if tree_constraint is not None and tree_constraint.linearization == "words":
     copied = tree_constraint.count_words(inputs)
     decode_length += tf.shape(inputs)[1]
-  # The encoder output, its cross-attention keys/values and the source mask stay one
-  # row per sentence: the K hypotheses of a sentence share them (never tiled).
-  encoded, memory_mask = model.encode(inputs, training=False)
-  cross_key_values = model.cross_key_values(encoded)
-  # Models with a source pointer (Transformer.decode_step) also read the encoder
-  # output and carry each hypothesis' pointer in the search state.
-  pointing = getattr(model, "uses_source_pointer", False)
   source_lengths = tf.reduce_sum(tf.cast(tf.not_equal(inputs, PAD_ID), tf.int32), axis=1)
   limits = source_lengths + config.extra_decode_length + copied
-  prefix_rows = None
   if target_prefix is not None:
-    target_prefix = tf.cast(target_prefix, tf.int32)
     # A prefix longer than the source still leaves the extra length after it.
     prefix_lengths = tf.reduce_sum(tf.cast(tf.not_equal(target_prefix, PAD_ID), tf.int32),
                                    axis=1)
     limits = tf.maximum(limits, prefix_lengths + config.extra_decode_length)
     decode_length += tf.shape(target_prefix)[1]
-    prefix_rows = per_row(target_prefix, k)
-  start = tf.fill([batch], BOS_ID)
-  options = processors_for(config, tree_constraint, target_prefix is not None)
-  rows = processors.Rows(inputs=per_row(inputs, k), limits=per_row(limits, k),
-                         prefix=prefix_rows)
+  return decode_length, limits
 
-  # Without XLA the self-attention cache grows by a position per step (one row per
-  # hypothesis): each step copies and attends over what was decoded, not over the
-  # longest output possible; and beam search drops a sentence from the batch once its
-  # result is final. XLA needs fixed shapes: its beam search halves the batch instead
-  # (`xla_halvings`).
-  grow = not in_place_cache
-  # What every step reads and never changes, one row per sentence: passed to the step as the
-  # search's context, so that it leaves the batch with its sentence.
-  context = (cross_key_values, memory_mask, (encoded, inputs) if pointing else ())
-  # The pre-softmax projection, transposed once here rather than in every step.
-  output_kernel = model.output_kernel()
 
-  def plain_step(ids, index, state, context):
+class RowCache(beam_search_lib.StateRows):
+  """A fixed-size cache with one row per hypothesis, gathered by parent beam at every
+  step (the model's state and every processor's alike); the batch stays whole.
+
+  A layout owns the cache's shape from start to end: `init` makes it, `step` runs the
+  model's step over it (writing the step's keys/values), and, as a `StateRows`,
+  `reorder` and `select` move it with the beams and sentences; `batch` is how a beam
+  search over it lets finished sentences go.
+  """
+
+  grow = False
+  batch = beam_search_lib.FullBatch()
+
+  def __init__(self, model, k: int, decode_length):
+    super().__init__(k)
+    self.model = model
+    self.decode_length = decode_length
+    # Models with a source pointer (Transformer.decode_step) also read the encoder
+    # output and carry each hypothesis' pointer in the search state.
+    self.pointing = getattr(model, "uses_source_pointer", False)
+    # The pre-softmax projection, transposed once here rather than in every step.
+    self.output_kernel = model.output_kernel()
+
+  def init(self, sentences):
+    """The model's state for the K hypotheses of each of `sentences`."""
+    rows = sentences * self.k if self.k > 1 else sentences
+    cache = self.model.init_cache(rows, 0 if self.grow else self.decode_length)
+    return (cache, tf.zeros([rows], tf.int32)) if self.pointing else cache
+
+  def step(self, ids, index, state, context):
+    """The model's step: logits (rows, V) and the state with this position written."""
     cross, mask, source = context
-    if not pointing:
-      return model.decode_step(ids, index, state, cross, mask, grow=grow,
-                               output_kernel=output_kernel)
+    if not self.pointing:
+      return self.model.decode_step(ids, index, state, cross, mask, grow=self.grow,
+                                    output_kernel=self.output_kernel)
     cache, pointer = state
     encoded_rows, source_ids = source
-    pointer = advance_pointer(pointer, ids, per_row(source_ids, k))
-    logits, cache = model.decode_step(ids, index, cache, cross, mask,
-                                      source_pointer=(encoded_rows, pointer), grow=grow,
-                                      output_kernel=output_kernel)
+    pointer = advance_pointer(pointer, ids, per_row(source_ids, self.k))
+    logits, cache = self.model.decode_step(ids, index, cache, cross, mask,
+                                           source_pointer=(encoded_rows, pointer),
+                                           grow=self.grow, output_kernel=self.output_kernel)
     return logits, (cache, pointer)
 
-  def plain_state(rows):
-    cache = model.init_cache(rows, 0 if grow else decode_length)
-    return (cache, tf.zeros([rows], tf.int32)) if pointing else cache
 
-  if k == 1 and not config.sampling:
-    step, state = processors.compose(plain_step, plain_state(batch), options, rows)
-    return beam_search_lib.greedy_search(step, start, state, decode_length, context=context,
-                                         shrink=grow)
-  if k == 1:
-    step, state = processors.compose(
-        lambda ids, index, state: plain_step(ids, index, state, context),
-        plain_state(batch), options, rows)
-    ids, scores = beam_search_lib.sample_search(
-        step, start, state, decode_length, keys, config.seed, topk=config.sampling_topk,
-        topp=config.sampling_topp, temperature=config.sampling_temperature)
-    return (tf.reshape(ids, [-1, samples, tf.shape(ids)[-1]]),
-            tf.reshape(scores, [-1, samples]))
-  if not in_place_cache or k > MAX_SLOTTED_BEAM:
-    # One cache row per hypothesis, gathered by parent beam at every step (the model's
-    # state and every processor's alike).
-    step, state = processors.compose(
-        plain_step, plain_state(batch * k), options, rows)
-    return beam_search_lib.beam_search(step, start, state, k, decode_length,
-                                       alpha=config.alpha, num_results=results,
-                                       context=context, shrink=grow)
+class GrowingCache(RowCache):
+  """Graph mode: the cache grows by a position per step, and a search drops each
+  sentence from the batch once its results are final."""
 
-  # Beam search: the cache is never reordered, only the table of which slot holds each
-  # position of each hypothesis (see Transformer.decode_step).
-  cache = model.init_cache(batch, decode_length, beam_size=k)
-  positions = tf.range(decode_length)
-  own_slot = tf.range(k)[None, :, None]
+  grow = True
+  batch = beam_search_lib.ShrinkingBatch()
 
-  def symbols_to_logits(ids, index, state, context):
+
+class SlottedCache(RowCache):
+  """XLA, beams up to `MAX_SLOTTED_BEAM`: the cache keeps a slot per beam in place and
+  is never reordered, only the table of which slot holds each position of each
+  hypothesis (see Transformer.decode_step); the batch halves `halvings` times."""
+
+  def __init__(self, model, k: int, decode_length, halvings: int):
+    super().__init__(model, k, decode_length)
+    self.batch = beam_search_lib.HalvingBatch(halvings)
+    self.positions = tf.range(decode_length)
+    self.own_slot = tf.range(k)[None, :, None]
+
+  def init(self, sentences):
+    cache = self.model.init_cache(sentences, self.decode_length, beam_size=self.k)
+    slots = tf.zeros([sentences, self.k, self.decode_length], tf.int32)
+    return cache, slots, tf.zeros([sentences * self.k], tf.int32)
+
+  def step(self, ids, index, state, context):
     cache, slots, pointer = state
     cross, mask, source = context
-    slots = tf.where(tf.equal(positions, index)[None, None, :], own_slot, slots)
+    slots = tf.where(tf.equal(self.positions, index)[None, None, :], self.own_slot, slots)
     extra = {}
-    if pointing:
+    if self.pointing:
       encoded_rows, source_ids = source
-      pointer = advance_pointer(pointer, ids, per_row(source_ids, k))  # per hypothesis
+      pointer = advance_pointer(pointer, ids, per_row(source_ids, self.k))  # per hypothesis
       extra["source_pointer"] = (encoded_rows, pointer)
-    logits, cache = model.decode_step(ids, index, cache, cross, mask, slots=slots,
-                                      output_kernel=output_kernel, **extra)
+    logits, cache = self.model.decode_step(ids, index, cache, cross, mask, slots=slots,
+                                           output_kernel=self.output_kernel, **extra)
     return logits, (cache, slots, pointer)
 
-  def by_hypothesis(rows, pick):
+  def _by_hypothesis(self, rows, pick):
     """(B * K, ...) per-hypothesis rows, K per sentence, picked per sentence by `pick`
     (B', K'): parent beams (K' = K) or, with `batch_dims=0`, sentences."""
     shape = tf.shape(rows)
-    split = tf.reshape(rows, tf.concat([[-1, k], shape[1:]], 0))
+    split = tf.reshape(rows, tf.concat([[-1, self.k], shape[1:]], 0))
     return tf.reshape(tf.gather(split, pick, batch_dims=1 if pick.shape.rank == 2 else 0),
                       tf.concat([[-1], shape[1:]], 0))
 
-  def reorder(state, parents):
+  def reorder(self, state, parents):
     (cache, slots, pointer), processor_states = state
-    return ((cache, tf.gather(slots, parents, batch_dims=1), by_hypothesis(pointer, parents)),
-            tf.nest.map_structure(lambda t: by_hypothesis(t, parents), processor_states))
+    return ((cache, tf.gather(slots, parents, batch_dims=1),
+             self._by_hypothesis(pointer, parents)),
+            tf.nest.map_structure(lambda t: self._by_hypothesis(t, parents),
+                                  processor_states))
 
-  def select(state, sentences):  # the state of some sentences, when the batch halves
+  def select(self, state, sentences):  # the state of some sentences, when the batch halves
     (cache, slots, pointer), processor_states = state
     per_sentence = tf.nest.map_structure(lambda t: tf.gather(t, sentences), (cache, slots))
-    return ((*per_sentence, by_hypothesis(pointer, sentences)),
-            tf.nest.map_structure(lambda t: by_hypothesis(t, sentences), processor_states))
+    return ((*per_sentence, self._by_hypothesis(pointer, sentences)),
+            tf.nest.map_structure(lambda t: self._by_hypothesis(t, sentences),
+                                  processor_states))
 
-  if halvings is None:
-    halvings = xla_halvings(config, inputs.shape[0])
-  slots = tf.zeros([batch, k, decode_length], tf.int32)
-  step, state = processors.compose(
-      symbols_to_logits, (cache, slots, tf.zeros([batch * k], tf.int32)), options, rows)
-  return beam_search_lib.beam_search(step, start, state, k, decode_length,
-                                     alpha=config.alpha, reorder_state=reorder,
-                                     num_results=results, context=context,
-                                     halvings=halvings, select_state=select)
+
+def cache_layout(model, k: int, decode_length, in_place_cache: bool,
+                 halvings: int = 0) -> RowCache:
+  """The self-attention cache's layout for a search of `k` hypotheses per sentence.
+
+  Without XLA the cache grows by a position per step (one row per hypothesis): each
+  step copies and attends over what was decoded, not over the longest output possible;
+  and a search drops a sentence from the batch once its result is final. XLA needs
+  fixed shapes: a fixed-size cache, kept in place for beams up to `MAX_SLOTTED_BEAM`,
+  whose beam search halves the batch instead (`xla_halvings`)."""
+  if not in_place_cache:
+    return GrowingCache(model, k, decode_length)
+  if k == 1 or k > MAX_SLOTTED_BEAM:
+    return RowCache(model, k, decode_length)
+  return SlottedCache(model, k, decode_length, halvings)
 
 
 def per_row(t: tf.Tensor, k: int) -> tf.Tensor:
@@ -290,7 +342,7 @@ def make_decode_fn(model, config: DecodeConfig,
   Its arguments: the inputs; when sampling, each input's key (see `decode_ids`); with
   `target_prefix`, the (B, P) prefix ids.
   With XLA (`jit_compile`, default `config.jit_compile`) it compiles once per distinct
-  shape: `t2t_keras.translate` pads batches to few shapes (`padded_width`).
+  shape: `t2t_keras.inference.translate` pads batches to few shapes (`padded_width`).
   """
   if jit_compile is None:
     jit_compile = config.jit_compile
@@ -304,7 +356,7 @@ def make_decode_fn(model, config: DecodeConfig,
     args = list(args)
     keys = args.pop(0) if config.sampling else None
     prefix = args.pop(0) if target_prefix else None
-    # `t2t_keras.translate` pads XLA batches to at most config.batch_size rows (a
+    # `t2t_keras.inference.translate` pads XLA batches to at most config.batch_size rows (a
     # larger batch, from `translate.exact_match`, halves fewer times than it could).
     return decode_ids(model, inputs, config, in_place_cache=jit_compile,
                       tree_constraint=tree_constraint, keys=keys, target_prefix=prefix,

@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from t2t_keras import EOS_ID
-from t2t_keras import decoding, translate
+from t2t_keras.inference import decoding, translate
 from t2t_keras.configs import DecodeConfig
 
 

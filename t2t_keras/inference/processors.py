@@ -2,9 +2,9 @@
 
 A decoding option (a minimum length, the length limit, the tree constraint of parsing,
 later a target prefix or a repetition penalty) is one small object behind one protocol,
-composed by `t2t_keras.decoding.decode_ids` around the model's step, as keras-hub
+composed by `t2t_keras.inference.decoding.decode_ids` around the model's step, as keras-hub
 composes samplers and OpenNMT-tf decoding strategies. The searches themselves (beam,
-greedy, sampling in `t2t_keras.beam_search`) stay pure functions that know nothing of
+greedy, sampling in `t2t_keras.inference.beam_search`) stay pure functions that know nothing of
 the options.
 
 Protocol: `processor.start(rows)` binds the processor to a batch and returns
@@ -21,7 +21,7 @@ The decoder reorders every processor's state with the beams (each row follows it
 parent hypothesis) in both cache layouts, so a processor never handles beams itself.
 Per-row tensors a step reads (taken from `rows`) belong in its state too, not in the
 step's closure: in graph mode a sentence whose result is final leaves the batch
-(`beam_search`'s `shrink`), and only the state follows.
+(`beam_search.ShrinkingBatch`), and only the state follows.
 Processors run in order; the length limit comes last, so that it wins.
 """
 
@@ -32,7 +32,7 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from t2t_keras import EOS_ID, PAD_ID
-from t2t_keras.beam_search import NEG_INF
+from t2t_keras.inference.beam_search import NEG_INF
 
 Step = Callable[[tf.Tensor, tf.Tensor, tf.Tensor, Any], Tuple[tf.Tensor, Any]]
 
