@@ -495,6 +495,12 @@ class DecodeConfig:
     """Whether decoding samples (instead of beam search / arg-max)."""
     return self.sampling_topk != 1 or self.sampling_topp < 1.0
 
+  @property
+  def beams_per_row(self) -> int:
+    """Hypotheses a search step keeps per input row: the beam, or one when sampling
+    (each sample is a row of its own, drawn as greedy search draws its arg-max)."""
+    return 1 if self.sampling else self.beam_size
+
   def validate(self) -> "DecodeConfig":
     """Raises ConfigError naming the offending flags; returns self."""
     problems = check_fields(self)

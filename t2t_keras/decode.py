@@ -104,9 +104,9 @@ def choose_xla(decode_config: DecodeConfig, sentences: int) -> DecodeConfig:
   beam search (see AUTO_XLA_SENTENCES)."""
   if FLAGS["decode_jit_compile"].present:
     return decode_config
-  beam = 1 if decode_config.sampling else decode_config.beam_size
   return dataclasses.replace(
-      decode_config, jit_compile=sentences >= AUTO_XLA_SENTENCES and beam == 1)
+      decode_config,
+      jit_compile=sentences >= AUTO_XLA_SENTENCES and decode_config.beams_per_row == 1)
 
 
 AUTO_PARALLEL_BATCHES_MAX = 8  # each batch in flight holds its own caches and logits

@@ -118,7 +118,7 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
   samples = config.num_samples if config.sampling else 1
   if config.sampling:
     inputs, keys, target_prefix = _per_sample(inputs, keys, target_prefix, samples)
-  k = 1 if config.sampling else config.beam_size
+  k = config.beams_per_row
   # Beam search may stop as soon as the results the caller reads are final.
   results = k if config.return_beams else 1
   batch = tf.shape(inputs)[0]
