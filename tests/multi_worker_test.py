@@ -86,35 +86,6 @@ def flags_for(paths, data_dir, position, shared):
       "--show_examples=0", "--deterministic", "--seed=3"]
 
 
-def run_workers(model_dir, flags, fast_clock_dir=None, timeout=400):
-  """Both workers' (exit code, output); a hang past `timeout` is a failure."""
-  ports = free_ports(2)
-  cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-  processes = []
-  for index in range(2):
-    env = dict(ENV, TF_CONFIG=json.dumps({"cluster": cluster,
-                                          "task": {"type": "worker", "index": index}}))
-    if index == 1 and fast_clock_dir:
-      env["PYTHONPATH"] = os.pathsep.join(
-          [str(fast_clock_dir)] + [p for p in [env.get("PYTHONPATH")] if p])
-    processes.append(subprocess.Popen(
-        [sys.executable, "-m", "t2t_keras.train", "--strategy=multi_worker_mirrored",
-         f"--model_dir={model_dir}", "--export"] + flags,
-        cwd=REPO_ROOT, env=env, text=True, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT))
-  outputs, deadline = [], time.time() + timeout
-  try:
-    for p in processes:
-      outputs.append(p.communicate(timeout=max(deadline - time.time(), 1))[0])
-  except subprocess.TimeoutExpired:
-    for p in processes:
-      p.kill()
-    outputs = [p.communicate()[0] for p in processes]
-    pytest.fail("the workers did not finish (one left the loop alone and the other "
-                "waits in a collective?):\n" + "\n---\n".join(o[-3000:] for o in outputs))
-  return [(p.returncode, out) for p, out in zip(processes, outputs)]
-
-
 def model_weights(model_dir):
   """Every trainable weight of the latest checkpoint. A training checkpoint names each
   variable once, by its first path: most weights are under the optimizer's list of
@@ -126,7 +97,7 @@ def model_weights(model_dir):
 
 
 def assert_chief_wrote_once(model_dir, outputs):
-  assert sum("exported " in out for _, out in outputs) == 1
+  assert sum("exported " in out for _, out, _ in outputs) == 1
   versions = tf.io.gfile.listdir(str(model_dir / "export"))
   assert len(versions) == 1 and versions[0].strip("/").isdigit(), versions
   assert (model_dir / "export" / versions[0].strip("/") / "saved_model.pb").exists()
@@ -152,9 +123,11 @@ def test_two_workers_with_a_fast_clock_equal_two_replicas(tmp_path, shared_data)
   (clock_dir / "sitecustomize.py").write_text(FAST_CLOCK)
   model_dir = tmp_path / "mw"
   start = time.time()
-  results = run_workers(model_dir, flags + ["--train_minutes=5"], fast_clock_dir=clock_dir)
+  results = wait_workers(launch_workers(
+      model_dir, ["--export", "--train_minutes=5"] + flags, tmp_path, "fast",
+      import_dirs={1: clock_dir}), timeout=400)
   print(f"2 workers: {time.time() - start:.0f} s")
-  for code, out in results:
+  for code, out, _ in results:
     assert code == 0, out[-3000:]
     assert "eval at step 12" in out, out[-3000:]
     assert "budget is spent" not in out
@@ -191,10 +164,11 @@ LOST_FLAGS = ["--flagfile=flags/tiny.cfg", "--layer_prepostprocess_dropout=0.1",
 STUCK = "import signal, time\nsignal.signal(signal.SIGUSR1, lambda *a: time.sleep(3600))\n"
 
 
-def launch_workers(model_dir, flags, tmp_path, name, hooks=None):
+def launch_workers(model_dir, flags, tmp_path, name, hooks=None, import_dirs=None):
   """Starts both workers, their output in files; `hooks`: {worker index: SIGNAL_AT
   value} for a worker that signals itself at a step (preemption_test's sitecustomize,
-  with STUCK)."""
+  with STUCK); `import_dirs`: {worker index: a folder put first on its PYTHONPATH} (a
+  sitecustomize of the test's own, such as FAST_CLOCK)."""
   from tests.preemption_test import SIGNAL_AT  # pylint: disable=import-outside-toplevel
   ports = free_ports(2)
   cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
@@ -202,6 +176,9 @@ def launch_workers(model_dir, flags, tmp_path, name, hooks=None):
   for index in range(2):
     env = dict(ENV, TF_CONFIG=json.dumps({"cluster": cluster,
                                           "task": {"type": "worker", "index": index}}))
+    if import_dirs and index in import_dirs:
+      env["PYTHONPATH"] = os.pathsep.join(
+          [str(import_dirs[index])] + [p for p in [env.get("PYTHONPATH")] if p])
     if hooks and index in hooks:
       hook_dir = tmp_path / f"hook-{name}-{index}"
       hook_dir.mkdir()
