@@ -440,7 +440,7 @@ class DecodeConfig:
       0, "Batches the decode command decodes at the same time, each on its share of the "
       "CPU cores (CTranslate2's inter_threads): a decoding step is many small ops that one "
       "batch cannot spread over several cores, so N batches side by side, each with "
-      "cores / N threads per op, are faster (test2016 on 2 cores: about 1.8x); each "
+      "cores / N threads per op, are faster (docs/benchmarks.md); each "
       "holds its own cache and logits in memory. The decode command resolves 0 to one "
       "per CPU core (at most 8) on a machine without GPUs, 1 with --output_alignments; "
       "any value is capped at the input's number of batches. 1 = one batch at a time, "
@@ -448,10 +448,10 @@ class DecodeConfig:
       "its caller sets threads per op.)", flag="decode_parallel_batches",
       check=AT_LEAST_0)
   jit_compile: bool = setting(
-      False, "Decode with XLA (Transformer base in bench/decode_speed.py: 1.4-1.5x "
-      "faster on CPU). Batches are padded to --decode_batch_size rows and a power-of-two "
-      "source width (16, 32, 64, ...), and each width compiles once (tens of seconds for "
-      "a base model), so it pays off from a few hundred sentences: the decode command "
+      False, "Decode with XLA (faster steps on CPU; docs/benchmarks.md). Batches are "
+      "padded to --decode_batch_size rows and a power-of-two source width (16, 32, "
+      "64, ...), and each width compiles once (tens of seconds for a base model), so it "
+      "pays off from a few hundred sentences: the decode command "
       "uses it for greedy search and sampling from 256 input sentences on (beam search "
       "stays in graph mode, where finished sentences leave the batch) unless this flag "
       "is given either way "
@@ -462,9 +462,8 @@ class DecodeConfig:
       "search (beams of 2 to 8) runs fixed shapes, so finished sentences cannot leave "
       "the batch as they do in graph mode; instead the batch halves up to this many "
       "times as its sentences finish (B rows, then B/2, then B/4: a loop each). Each "
-      "halving adds a loop to compile (the Multi30k model, batches of 32: 0/1/2 "
-      "halvings decode 46.5/53.3/65.7 sentences/s and compile two widths in "
-      "18.8/30.7/38.9 s). Capped at what the batch's rows allow (none for 1-row "
+      "halving adds a loop to compile; the default decoded fastest in the runs of "
+      "docs/benchmarks.md. Capped at what the batch's rows allow (none for 1-row "
       "exports, --max_request_rows=1). The same translations (up to the rounding of "
       "near ties, as with any other batch size).",
       flag="decode_xla_halvings", check=AT_LEAST_0)

@@ -75,12 +75,11 @@ flags.DEFINE_integer("alignment_head", -1,
 
 # Greedy search and sampling (one row per hypothesis) use XLA from this many input
 # sentences on, unless --decode_jit_compile says otherwise: each source-width bucket
-# compiles once (about 10-40 s for a base model on 2 cores) and XLA's steps are
-# 1.4-1.5x faster (bench/decode_speed.py), so a few hundred sentences repay it; the
-# translations are the same (tests/decoding_test.py). Beam search stays in graph mode:
-# there a sentence leaves the batch once its result is final, which XLA's fixed shapes
-# cannot do, and on real sentences that wins (Multi30k test2016 with the recipe's model,
-# beam 4: 67 sentences/s in graph mode against 48 with XLA, docs/benchmarks.md).
+# compiles once and XLA's steps are faster, so a few hundred sentences repay the
+# compilations; the translations are the same (tests/decoding_test.py). Beam search
+# stays in graph mode: there a sentence leaves the batch once its result is final,
+# which XLA's fixed shapes cannot do, and on real sentences that wins. Figures:
+# docs/benchmarks.md, "Measurements behind the decoding code".
 AUTO_XLA_SENTENCES = 256
 
 _READS = ("input_file", "output_file", "reference_file", "constrain_trees", "seed",

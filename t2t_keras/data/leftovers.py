@@ -13,10 +13,9 @@ Why an age rule, and why 24 hours. A live build on another host (a shared gs://
 data_dir, several workers tokenizing at once) holds no lock we could check; what it
 writes is all that shows it is alive. The longest a live build goes without writing
 anything visible is one pass of tokenization: the ids stream into source.bin and
-target.bin, which on gs:// appear only when closed at the end of the pass. Measured:
-7,500 pairs/s for Tatoeba's short sentences on a shared 2-core AMD EPYC; WMT's
-sentences are about three times longer, so WMT14 EN-DE (4.5M pairs) takes about 30
-minutes and the largest WMT corpus (EN-FR, about 40M pairs) about 4-5 hours there.
+target.bin, which on gs:// appear only when closed at the end of the pass. On a small
+CPU host that pass takes tens of minutes for WMT14 EN-DE and hours for the largest WMT
+corpus, EN-FR (figures: docs/benchmarks.md, "Measurements behind other code comments").
 24 hours without a change is several times that and dwarfs any clock skew between
 hosts; waiting costs only a day of disk space. A path whose age cannot be told (a file
 system that reports no modification times, such as ram://) or whose newest change is

@@ -4,7 +4,7 @@
 Why a plan instead of a tf.data shuffle-and-bucket chain:
 - Resume in constant time. A restart at step s finds the epoch of s by division and
   computes the pairs of step s directly; replaying a stateful pipeline to step s took
-  time proportional to s (14 minutes at 100k batches).
+  time proportional to s (docs/benchmarks.md, "Resume time").
 - One bucket per global step. Each step (unit) is `group` batches of one bucket, where
   group = input pipelines x replicas per pipeline x accumulated micro-batches: every
   replica, on every host, and every micro-batch of a step gets the same shape, which

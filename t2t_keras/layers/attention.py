@@ -81,8 +81,9 @@ class HeadDense(keras.layers.EinsumDense):
   contract the trailing input axes with the leading kernel axes. Keras' TensorFlow
   backend runs them as a batch matmul that broadcasts the kernel over B, whose kernel
   gradient is B per-example products summed over B; flattening to (B*T, in) x
-  (in, out) makes the forward pass and both gradients plain MatMuls (about 1.5x faster
-  for a base-size projection forward and backward on CPU, see bench/). Variables, names,
+  (in, out) makes the forward pass and both gradients plain MatMuls (faster for a
+  base-size projection forward and backward on CPU: docs/benchmarks.md, "Measurements
+  behind other code comments"). Variables, names,
   shapes and checkpoint layout are EinsumDense's. No bias or activation (none is used).
   """
 

@@ -1,15 +1,16 @@
 """Dropout (paper section 5.4): a float32 uniform draw, a {0, 1/(1-rate)} mask, a multiply.
 
-Why not `keras.layers.Dropout` (measured on a 2-core AVX-512 CPU with TF 2.21):
-- it draws its noise in x's dtype: under mixed_bfloat16 that RNG is about twice as
-  slow as a float32 one (and quantises `rate` to bfloat16); here noise is float32 and
-  one dropout of a (64, 32, 512) bfloat16 tensor, forward and backward, is ~30% faster.
-  In float32 the two cost the same (the time is the random numbers, not the backward
-  pass, which is one multiply here and one select in Keras);
+Why not `keras.layers.Dropout` (figures: docs/benchmarks.md, "Measurements behind
+other code comments"):
+- it draws its noise in x's dtype: under mixed_bfloat16 that RNG is slower than a
+  float32 one (and quantises `rate` to bfloat16); here noise is float32, so a bfloat16
+  dropout, forward and backward, is faster. In float32 the two cost the same (the time
+  is the random numbers, not the backward pass, which is one multiply here and one
+  select in Keras);
 - under a tf.distribute strategy its mirrored seed state gives every replica the same
   mask; here the replica id is added to the seed.
 The noise uses `alg="philox"` explicitly: with the default ("auto_select"), XLA on CPU
-compiles `stateless_uniform` to an RNG about 100x slower. (`tf.random` rather than
+compiles `stateless_uniform` to a far slower RNG. (`tf.random` rather than
 `keras.random` for this reason and because the seed is a tensor.)
 
 Randomness: a `keras.random.SeedGenerator` created in `__init__` (seeded from Python's

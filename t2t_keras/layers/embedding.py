@@ -47,9 +47,9 @@ class SharedEmbedding(keras.layers.Layer):
 
     Decoding takes it once per batch and passes it to every step (`logits(...,
     output_kernel=)`): inside a graph, a transpose that feeds the matmul directly is
-    folded into a MatMul with transpose_b, which TensorFlow's CPU kernel runs at a
-    half to a tenth of the plain one's speed on a step's few rows (bench/: 4 rows x
-    256 x 8,000 in 3.8 ms against 0.4 ms)."""
+    folded into a MatMul with transpose_b, which TensorFlow's CPU kernel runs several
+    times slower than the plain one on a step's few rows (docs/benchmarks.md, "What
+    changed, and where the time goes")."""
     return ops.transpose(ops.cast(self.embeddings, self.compute_dtype))
 
   def logits(self, hidden, output_kernel=None):
