@@ -345,9 +345,9 @@ class TrainConfig:
       30.0, "--strategy=multi_worker_mirrored: the longest a worker waits for the others "
       "in one collective (a step, a shared decision) before it stops with an error naming "
       "the lost worker and the checkpoint to resume from. It must cover the longest any "
-      "worker can be busy alone: the chief's dev BLEU decoding, a first trace or XLA "
-      "compilation, a checkpoint write. A worker that dies is noticed within seconds "
-      "whatever this is; 0 = wait forever.", check=AT_LEAST_0)
+      "worker can be busy alone: the chief's dev BLEU decoding, a checkpoint write. The "
+      "first call of each program (its trace or XLA compilation) is not bounded. A "
+      "worker that dies is noticed within seconds whatever this is; 0 = wait forever.", check=AT_LEAST_0)
   jit_compile: bool = setting(False, "Compile train steps with XLA.")
   steps_per_loop: int = setting(1, "Train steps per host call (TPU).", check=POSITIVE)
   static_run_steps: int = setting(

@@ -110,3 +110,47 @@ def test_a_worker_that_waits_too_long_stops_with_one_line(two_device_worker, mon
   with pytest.raises(tf.errors.InvalidArgumentError):
     with agreement.collective():
       raise tf.errors.InvalidArgumentError(None, None, "a model's bug")
+
+
+def test_the_first_call_of_each_program_is_not_bounded_by_the_watch(two_device_worker,
+                                                                       monkeypatch,
+                                                                       tmp_path):
+  """Each worker traces (and with XLA compiles) a program in its first call, and one
+  worker may take minutes longer than another: a --peer_timeout_minutes shorter than
+  that stopped healthy runs with "no answer" (a loaded host, a pod slice compiling the
+  big model). Here every trace takes longer than the 1 s timeout: the first call of
+  each bucket's train loop and the first evaluation go unwatched, and every later call
+  is watched."""
+  # pylint: disable=import-outside-toplevel
+  import dataclasses
+
+  import keras
+
+  from t2t_keras.configs import DataConfig, TrainConfig
+  from t2t_keras.data import pipeline
+  from t2t_keras.training.trainer import Trainer
+  from tests.trainer_test import MODEL
+  data = pipeline.make_datasets(DataConfig(
+      source="synthetic", synthetic_max_length=20, synthetic_vocab_size=16,
+      synthetic_train_size=400, synthetic_eval_size=20, max_length=24, batch_size=128,
+      static_shapes=True, bucket_growth=3.0))
+  config = TrainConfig(model_dir=str(tmp_path / "m"), train_steps=8, log_every=4,
+                       eval_every=4, eval_steps=2, save_checkpoint_steps=100,
+                       peer_timeout_minutes=1 / 60)
+  keras.utils.set_random_seed(0)
+  trainer = Trainer(dataclasses.replace(MODEL, vocab_size=data.vocab_size), config,
+                    two_device_worker.strategy)
+  watch = trainer.agreement._watch  # pylint: disable=protected-access
+  armed, aborted = [], []
+  arm = watch.arm
+  monkeypatch.setattr(watch, "arm", lambda: (armed.append(1), arm()))
+  monkeypatch.setattr(watch, "abort", lambda: aborted.append(time.monotonic()))
+  buckets = {data.train_fn.plan(2, 1).bucket_of_step(s) for s in range(8)}
+  assert len(buckets) >= 2
+  result = trainer.train(data.train_fn, eval_dataset_fn=data.eval_fn,
+                         progress=lambda line: None)
+  assert result.steps == 8 and not aborted
+  assert trainer.host_calls == 8 and len(armed) > 0
+  # Watched: every train call but each bucket's first; evaluations after the first
+  # (per dev bucket); agreements after their first.
+  assert trainer.host_calls - len(buckets) <= len(armed)

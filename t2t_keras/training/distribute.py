@@ -127,9 +127,15 @@ class Agreement:
     self._watch = PeerWatch(timeout_seconds) if self.multi_worker else None
 
   @contextlib.contextmanager
-  def collective(self):
+  def collective(self, bounded: bool = True):
     """Around a call that waits for the other workers (a train step, an agreement):
     a lost worker becomes a `WorkerLostError` naming it, within the timeout.
+
+    `bounded=False` for the first call of a program (a train loop per bucket, the first
+    evaluation): each worker traces, and with XLA compiles, before it joins, and one
+    worker may take minutes longer than another, so the watch would stop a healthy run
+    of a timeout shorter than the slowest compile. A dead worker still ends such a
+    call within seconds (TensorFlow notices); only a stuck one is not bounded there.
 
     The errors caught are those TensorFlow raises when a collective cannot complete
     (a peer's connection failed, the coordination service declared a task dead, the
@@ -138,7 +144,8 @@ class Agreement:
     if self._watch is None:
       yield
       return
-    self._watch.arm()
+    if bounded:
+      self._watch.arm()
     try:
       yield
     except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
@@ -186,7 +193,8 @@ class Agreement:
 
   def _total(self, values) -> list:
     """The sums over all workers of each worker's `values` (one collective)."""
-    if self._sum is None:
+    traced = self._sum is not None
+    if not traced:
       strategy = self.strategy
 
       # One replica per worker contributes, so that a worker's value counts once
@@ -203,7 +211,7 @@ class Agreement:
         per_replica = strategy.run(contribution)
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
       self._sum = tf.function(total)
-    with self.collective():
+    with self.collective(bounded=traced):
       return list(self._sum(tf.constant(values, tf.float32)).numpy())
 
   def chief_number(self, value: int) -> int:

@@ -112,6 +112,9 @@ class Trainer:
                                           60 * train_config.peer_timeout_minutes)
     self.chief, self.worker_id = self.agreement.chief, self.agreement.worker_id
     self.host_calls = 0  # of the last train() call
+    # The programs (train loop per bucket, evaluation) that ran once in this process:
+    # later calls do not trace or compile, so the peer watch bounds them.
+    self._programs_run = set()
 
   # ------------------------------------------------------------------ device side
   def _gradients(self, batch, global_tokens):
@@ -252,11 +255,14 @@ class Trainer:
     else:
       dataset = self.strategy.distribute_datasets_from_function(eval_dataset_fn)
       totals = np.zeros(4)
+      # The first evaluation traces (reduce_retracing: once more for a second shape).
+      bounded = "eval" in self._programs_run
       for i, batch in enumerate(dataset):
         if max_batches and i >= max_batches:
           break
-        with self.agreement.collective():  # dev loss is computed by all workers together
+        with self.agreement.collective(bounded):  # dev loss: all workers together
           totals += np.array([float(v) for v in self._eval_fn(batch)])
+      self._programs_run.add("eval")
     loss_sum, nll_sum, correct, tokens = totals
     if tokens == 0:
       raise TrainingError("the dev set produced no target tokens: check --dev_src/--dev_tgt "
@@ -283,7 +289,8 @@ class Trainer:
         steps, steps_left = min(steps, steps_left), steps_left - min(steps, steps_left)
       if steps == 0:
         break
-      if bucket not in self._eval_programs:
+      bounded = bucket in self._eval_programs
+      if not bounded:
         self._eval_programs.append(bucket)
         rows, length = eval_data.bucket_shape(bucket)
         progress(f"static shapes: eval program {len(self._eval_programs)} of "
@@ -291,7 +298,7 @@ class Trainer:
                  "and compiled once per dev bucket)")
       dataset = self.strategy.distribute_datasets_from_function(
           lambda ctx, bucket=bucket: eval_data(ctx, bucket=bucket))
-      with self.agreement.collective():  # dev loss is computed by all workers together
+      with self.agreement.collective(bounded):  # dev loss: all workers together
         totals += np.array([float(v) for v in self.eval_loop_fn(iter(dataset),
                                                                  tf.constant(steps))])
     return totals
@@ -411,13 +418,15 @@ class Trainer:
     intervals = (cfg.log_every, cfg.save_checkpoint_steps, cfg.eval_every)
     n = min([cfg.steps_per_loop, cfg.train_steps - step,
              batches.steps_left_in_run(step)] + [k - step % k for k in intervals])
+    program = ("train", batches.bucket_of_step(step))
     try:
-      with self.agreement.collective():
+      with self.agreement.collective(bounded=program in self._programs_run):
         sums = np.array([float(v) for v in self.train_fn(batches.iterator(step),
                                                           tf.constant(n))])
     except tf.errors.OutOfRangeError:
       raise TrainingError("the training dataset ran out of batches: it is empty or every "
                           "pair was filtered (see the data log above).") from None
+    self._programs_run.add(program)
     self.host_calls += 1
     step = self.current_step()  # the one counter (skipped float16 steps count)
     self._check_finite(sums, step, n)
@@ -563,6 +572,10 @@ class _Batches:
       self.iterators = {}
     else:
       self.single = None
+
+  def bucket_of_step(self, step: int):
+    """The bucket (static shapes) whose program runs `step`; None: the one program."""
+    return self.plan.bucket_of_step(step) if self.per_bucket else None
 
   def steps_left_in_run(self, step: int) -> int:
     """Steps from `step` that are sure to share its iterator."""
