@@ -4,6 +4,7 @@ import collections
 import dataclasses
 import logging
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -424,3 +425,51 @@ def test_every_worker_and_replica_of_a_step_gets_the_same_shape():
   assert any(len(set(step)) > 1 for step in dynamic)
 
 
+
+
+def _grouped_split(longest, pairs_per_length=3):
+  """An in-memory split with pairs of every padded length from 2 to `longest`."""
+  lengths = np.repeat(np.arange(1, longest), pairs_per_length).astype(np.int32)
+  ids = np.concatenate([np.full([n], 5 + n % 7, np.int32) for n in lengths])
+  pairs = np.stack([lengths, lengths], axis=1)
+  return cache.TokenizedSplit(path=None, lengths=pairs, invalid_utf8=0,
+                              groups=cache.group_by_length(ids, ids, pairs))
+
+
+def test_the_dataset_graph_does_not_grow_with_the_number_of_lengths():
+  """The training dataset reads its ids one length after another in a loop: unrolled,
+  each padded length added its ops (256 lengths: a graph of about 40,000 ops that took
+  half a minute to build and start before the first batch, on every input pipeline
+  and every static bucket)."""
+  sizes = {}
+  for longest in (8, 120):
+    config = DataConfig(batch_size=512, max_length=longest + 1)
+    data = pipeline.TrainData(config, _grouped_split(longest))
+    graph = tf.compat.v1.GraphDef.FromString(
+        data(None)._as_serialized_graph().numpy())  # pylint: disable=protected-access
+    sizes[longest] = len(graph.node) + sum(len(f.node_def) for f in graph.library.function)
+    batch = next(iter(data(None)))
+    assert int(tf.reduce_max(tf.reduce_sum(tf.cast(batch["inputs"] > 0, tf.int32), 1))) > 0
+  assert sizes[120] < 1.2 * sizes[8], sizes
+
+
+def test_a_cache_whose_files_disagree_with_its_lengths_is_named(corpus, tmp_path):
+  """A cache file changed under the pipeline (a partial copy, a disk error): the first
+  batch stops with the directory, the length and what to do."""
+  config, _, data = corpus
+  build = os.path.dirname(next(
+      os.path.join(root, name) for root, _, names in os.walk(config.data_dir)
+      for name in names if name.endswith(".lengths.bin")))
+  copy = tmp_path / "cache"
+  shutil.copytree(build, copy)
+  split = dataclasses.replace(data.train_fn.split, path=str(copy))
+  name = sorted(n for n in os.listdir(copy) if n.endswith(".lengths.bin"))[2]
+  counts = np.fromfile(copy / name, "<i4")
+  counts[0] = 0  # a kept pair whose source side is now empty
+  counts.tofile(copy / name)
+  with pytest.raises(tf.errors.InvalidArgumentError) as error:
+    next(iter(pipeline.TrainData(config, split)(None)))
+  padded = int(name.split("-")[1].split(".")[0])
+  assert (f"the cache files of {copy} for padded length {padded} disagree with its "
+          "lengths.npy: delete that directory and rerun to tokenize again"
+          ) in error.value.message

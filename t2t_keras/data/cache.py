@@ -31,7 +31,7 @@ import os
 import sys
 import time
 import uuid
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -172,6 +172,32 @@ class TokenizedSplit:
       return tf.zeros([0], tf.int32), tf.zeros([0], tf.int32), tf.zeros([0, 2], tf.int32)
     src, tgt, counts = (tf.concat([p[i] for p in parts], 0) for i in range(3))
     return src, tgt, tf.reshape(counts, [-1, 2])
+
+  def reader(self, lengths: Sequence[int]) -> Callable[[tf.Tensor], Tuple[tf.Tensor, ...]]:
+    """As `read`, one length at a time by its index in `lengths` (present ones, a
+    tensor index): a loop over thousands of lengths is one small graph, where `read`
+    of each would add its ops per length. Call it where the ops are to be made."""
+    if self.groups is not None:
+      groups = [self.groups[n] for n in lengths]
+      flat = [tf.constant(np.concatenate([g[k].reshape([-1]) for g in groups]))
+              for k in range(3)]
+      bounds = [tf.constant(np.cumsum([0] + [g[k].size for g in groups]), tf.int64)
+                for k in range(3)]
+
+      def read_one(i):
+        return tuple(flat[k][bounds[k][i]:bounds[k][i + 1]] for k in range(3))
+    else:
+      names = tf.constant([[_file(self.path, n, what) for what in
+                            ("source", "target", "lengths")] for n in lengths])
+
+      def read_one(i):
+        return tuple(tf.io.decode_raw(tf.io.read_file(names[i, k]), tf.int32,
+                                      little_endian=True) for k in range(3))
+
+    def read_at(i):
+      src, tgt, counts = read_one(i)
+      return src, tgt, tf.reshape(counts, [-1, 2])
+    return read_at
 
 
 def _progress(ds: tf.data.Dataset, what: str) -> tf.data.Dataset:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -202,3 +202,20 @@ class CorpusSplits:
     if not parts:
       return tf.zeros([0], tf.int32), tf.zeros([0], tf.int32), tf.zeros([0, 2], tf.int32)
     return tuple(tf.concat([p[i] for p in parts], 0) for i in range(3))
+
+  def reader(self, lengths: Sequence[int]) -> Callable[[tf.Tensor], Tuple[tf.Tensor, ...]]:
+    """As `TokenizedSplit.reader`: every corpus's pairs of the length at an index."""
+    readers = []
+    for part in self.parts:
+      own = [n for n in lengths if n in set(part.present)]
+      if own:
+        index = tf.constant([own.index(n) if n in own else -1 for n in lengths])
+        readers.append((part.reader(own), index))
+
+    def read_at(i):
+      def empty():
+        return tf.zeros([0], tf.int32), tf.zeros([0], tf.int32), tf.zeros([0, 2], tf.int32)
+      got = [tf.cond(index[i] >= 0, lambda r=read, j=index[i]: r(tf.maximum(j, 0)), empty)
+             for read, index in readers]
+      return tuple(tf.concat([g[k] for g in got], 0) for k in range(3))
+    return read_at

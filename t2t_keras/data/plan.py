@@ -230,7 +230,7 @@ class BatchPlan:
     pipeline trains on (several corpora); with one corpus the rows are 0, 1, ...
 
     Args:
-      split: a `cache.TokenizedSplit` (its `read` ops and `present` lengths).
+      split: a `cache.TokenizedSplit` (its `reader` ops and `present` lengths).
       pools: ascending pool indices.
       pipelines: input pipelines in all.
       pipeline_id: this one.
@@ -246,40 +246,64 @@ class BatchPlan:
       offsets += (np.cumsum(copies[present]) - copies[present]).tolist()
       whole += [self.tiny(p)] * len(present)  # held by every pipeline
     path, multiplicity = split.path, self.multiplicity.tolist()
+    per_step = self.group // pipelines
 
-    def ranked(kept, n):  # kept pairs of length n -> their copies in rank order
+    def ranked(kept, counts):  # kept pairs of a length -> their copies in rank order
       if all(m == 1 for m in multiplicity):
         return kept
-      ends = np.cumsum(per_corpus[n]).tolist()
-      return tf.concat([tf.tile(kept[end - count:end], [m]) for end, count, m in
-                        zip(ends, per_corpus[n].tolist(), multiplicity)], axis=0)
+      ends = tf.cumsum(counts)
+      return tf.concat([tf.tile(kept[ends[c] - counts[c]:ends[c]], [m])
+                        for c, m in enumerate(multiplicity)], axis=0)
 
     def load():
-      # File after file (control dependencies): the peak holds one file, not all.
-      parts, tables, previous = [], [], []
-      held = tf.constant(0, tf.int64)  # rows held so far
-      for n, offset, everything in zip(files, offsets, whole):
-        with tf.control_dependencies(previous):
-          src, tgt, counts = split.read([n])
+      # One tf.while_loop over the files, one length an iteration: the graph has the
+      # ops of one length whatever their number (unrolled, 256 lengths made a dataset
+      # graph that took half a minute to build and start), and the iterations run one
+      # after another, so the peak holds one file's ids besides what is kept.
+      if not files:
+        empty = tf.RaggedTensor.from_row_lengths(tf.zeros([0], tf.int32),
+                                                 tf.zeros([0], tf.int64))
+        return empty, empty, tf.zeros([0], tf.int64)
+      read_at = split.reader(files)
+      lengths = tf.constant(files, tf.int64)
+      expected = tf.constant(kept_per_length[files], tf.int64)
+      counts_of = tf.constant(per_corpus[files], tf.int64)
+      first_rank = tf.constant(offsets, tf.int64)
+      held_by_all = tf.constant(whole, tf.bool)
+
+      def body(i, held, arrays):
+        src, tgt, counts = read_at(i)
         kept = tf.where(tf.reduce_min(counts, axis=1) > 0)[:, 0]
-        check = tf.debugging.assert_equal(
-            tf.size(kept, tf.int64), tf.constant(kept_per_length[n], tf.int64),
-            message=f"the cache files of {path} for length {n} disagree with its "
-            "lengths.npy: delete that directory and rerun to tokenize again")
+        check = tf.debugging.Assert(
+            tf.equal(tf.size(kept, tf.int64), expected[i]),
+            [tf.strings.join([
+                f"the cache files of {path} for padded length ",
+                tf.strings.as_string(lengths[i]), " disagree with its lengths.npy: "
+                "delete that directory and rerun to tokenize again"])])
         with tf.control_dependencies([check]):
-          kept = ranked(kept, n)
-          rank = offset + tf.range(tf.size(kept, tf.int64))
-        per_step = self.group // pipelines
+          kept = ranked(kept, counts_of[i])
+          rank = first_rank[i] + tf.range(tf.size(kept, tf.int64))
         mine = tf.boolean_mask(kept, tf.equal(rank % self.group // per_step, pipeline_id)
-                               | everything)
+                               | held_by_all[i])
         rows, table = tf.unique(mine, out_idx=tf.int64)  # in order: 0, 1, ... at m = 1
-        parts.append([tf.gather(tf.RaggedTensor.from_row_lengths(x, counts[:, i]), rows)
-                      for i, x in enumerate((src, tgt))])
-        tables.append(held + table)
-        held += tf.size(rows, tf.int64)
-        previous = [parts[-1][1].flat_values]
-      return tuple(tf.concat([part[i] for part in parts], axis=0) for i in range(2)) + (
-          tf.concat(tables, axis=0),)
+        values = []
+        for side, ids in enumerate((src, tgt)):
+          chosen = tf.gather(tf.RaggedTensor.from_row_lengths(ids, counts[:, side]), rows)
+          values += [chosen.flat_values, tf.cast(chosen.row_lengths(), tf.int64)]
+        values.append(held + table)
+        arrays = [a.write(i, v) for a, v in zip(arrays, values)]
+        return i + 1, held + tf.size(rows, tf.int64), arrays
+
+      arrays = [tf.TensorArray(dtype, size=len(files), infer_shape=False,
+                               element_shape=tf.TensorShape([None]))
+                for dtype in (tf.int32, tf.int64, tf.int32, tf.int64, tf.int64)]
+      _, _, arrays = tf.while_loop(
+          lambda i, held, arrays: i < len(files), body,
+          (tf.constant(0), tf.constant(0, tf.int64), arrays), parallel_iterations=1)
+      src_ids, src_lengths, tgt_ids, tgt_lengths, table = [a.concat() for a in arrays]
+      return (tf.RaggedTensor.from_row_lengths(src_ids, src_lengths, validate=False),
+              tf.RaggedTensor.from_row_lengths(tgt_ids, tgt_lengths, validate=False),
+              table)
 
     return load
 
