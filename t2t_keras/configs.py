@@ -347,7 +347,8 @@ class TrainConfig:
       "the lost worker and the checkpoint to resume from. It must cover the longest any "
       "worker can be busy alone: the chief's dev BLEU decoding, a checkpoint write. The "
       "first call of each program (its trace or XLA compilation) is not bounded. A "
-      "worker that dies is noticed within seconds whatever this is; 0 = wait forever.", check=AT_LEAST_0)
+      "worker that dies is noticed within seconds whatever this is; 0 = wait forever.",
+      check=AT_LEAST_0)
   jit_compile: bool = setting(False, "Compile train steps with XLA.")
   steps_per_loop: int = setting(1, "Train steps per host call (TPU).", check=POSITIVE)
   static_run_steps: int = setting(
