@@ -18,6 +18,7 @@ import textwrap
 
 import pytest
 
+from tests import inprocess
 from tests.conftest import REPO_ROOT
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
@@ -95,9 +96,17 @@ def run(args, cwd):
   return result
 
 
+def here(command, args, cwd):
+  """`command` in this process (tests/inprocess.py), in `cwd`; it must succeed."""
+  result = inprocess.run(command, *args, cwd=str(cwd))
+  assert result.returncode == 0, (command, args, result.stdout[-2000:], result.stderr[-3000:])
+  return result
+
+
 @pytest.mark.slow
 def test_whole_path_on_file_urls(tmp_path, shared_data):
-  """Every command a user runs after training, with every path a file:// URL."""
+  """Every command a user runs after training, with every path a file:// URL (the
+  commands' mains in this process; the saved_model_cli tool as a process)."""
   pytest.importorskip("ctranslate2")
   data = tmp_path / "data"
   data.mkdir()
@@ -110,7 +119,7 @@ def test_whole_path_on_file_urls(tmp_path, shared_data):
   work = tmp_path / "cwd"  # every command runs here; nothing may be written here
   work.mkdir()
   m = tmp_path / "m"
-  run(["-m", "t2t_keras.train", f"--model_dir={url(m)}", f"--data_dir={url(tmp_path / 'd')}",
+  here("train", [f"--model_dir={url(m)}", f"--data_dir={url(tmp_path / 'd')}",
        f"--train_src={url(data / 'train.en')}", f"--train_tgt={url(data / 'train.de')}",
        f"--dev_src={url(data / 'valid.en')}", f"--dev_tgt={url(data / 'valid.de')}"]
       + TRAIN_FLAGS, work)
@@ -124,20 +133,20 @@ def test_whole_path_on_file_urls(tmp_path, shared_data):
   assert card["dev_bleu"]["step"] == 12 and card["dev_bleu"]["sentences"] == 8
   assert card["checkpoints"] == ["ckpt-12"] and card["step"] == 12
   assert card["dev_bleu"]["signature"].startswith("nrefs:1|case:mixed|")
-  run([os.path.join(REPO_ROOT, "tools", "average_checkpoints.py"), f"--model_dir={url(m)}",
+  here("average_checkpoints", [f"--model_dir={url(m)}",
        f"--output_dir={url(tmp_path / 'avg')}", "--last_n=2"], work)
   assert (tmp_path / "avg" / "checkpoint").exists()
-  decoded = run(["-m", "t2t_keras.decode", f"--model_dir={url(m)}", "--average_last_n=2",
+  decoded = here("decode", [f"--model_dir={url(m)}", "--average_last_n=2",
                  f"--input_file={url(data / 'valid.en')}",
                  f"--output_file={url(tmp_path / 'hyp.txt')}",
                  f"--reference_file={url(data / 'valid.de')}", "--beam_size=2"], work)
   assert "BLEU" in decoded.stdout + decoded.stderr
   assert len((tmp_path / "hyp.txt").read_text(encoding="utf-8").splitlines()) == 30
-  run(["-m", "t2t_keras.score", f"--model_dir={url(tmp_path / 'avg')}",
+  here("score", [f"--model_dir={url(tmp_path / 'avg')}",
        f"--source_file={url(data / 'valid.en')}", f"--target_file={url(tmp_path / 'hyp.txt')}",
        f"--output_file={url(tmp_path / 'scores.txt')}"], work)
   assert len((tmp_path / "scores.txt").read_text().splitlines()) == 30
-  run(["-m", "t2t_keras.export", f"--model_dir={url(m)}", f"--checkpoint_path={url(m / 'best')}",
+  here("export", [f"--model_dir={url(m)}", f"--checkpoint_path={url(m / 'best')}",
        f"--export_dir={url(tmp_path / 'exported')}"], work)
   (version,) = os.listdir(tmp_path / "exported")
   assert (tmp_path / "exported" / version / "saved_model.pb").exists()
@@ -146,7 +155,7 @@ def test_whole_path_on_file_urls(tmp_path, shared_data):
   card = json.loads(shown.stdout)
   assert card["checkpoints"] == [os.path.basename(tf_latest(m / "best"))]
   assert card["dev_bleu"] == json.loads((m / "dev_bleu.json").read_text(encoding="utf-8"))
-  run(["-m", "t2t_keras.export", f"--model_dir={url(m)}", "--format=ctranslate2",
+  here("export", [f"--model_dir={url(m)}", "--format=ctranslate2",
        f"--export_dir={url(tmp_path / 'ct2')}"], work)
   assert (tmp_path / "ct2" / "model.bin").exists()
   assert not os.listdir(work), os.listdir(work)
