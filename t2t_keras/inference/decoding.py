@@ -127,9 +127,10 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
   encoded, memory_mask = model.encode(inputs, training=False)
   cross_key_values = model.cross_key_values(encoded)
   start = tf.fill([batch], BOS_ID)
-  options = processors_for(config, tree_constraint, target_prefix is not None)
+  options = processors.for_config(config, tree_constraint, target_prefix is not None)
   rows = processors.Rows(inputs=per_row(inputs, k), limits=per_row(limits, k),
-                         prefix=None if target_prefix is None else per_row(target_prefix, k))
+                         prefix=None if target_prefix is None else per_row(target_prefix, k),
+                         vocab_size=model.model_config.vocab_size)
 
   layout = cache_layout(model, k, decode_length, config.jit_compile,
                         xla_halvings(config, max_rows))
@@ -315,20 +316,6 @@ def cache_layout(model, k: int, decode_length, in_place_cache: bool,
 def per_row(t: tf.Tensor, k: int) -> tf.Tensor:
   """(B, ...) -> one row per hypothesis (B * K, ...)."""
   return t if k == 1 else beam_search_lib.tile_beams(t, k)
-
-
-def processors_for(config: DecodeConfig,
-                   tree_constraint: Optional[TreeConstraint] = None,
-                   target_prefix: bool = False) -> list:
-  """The decoding options of `config`, in the order they apply: the target prefix,
-  the tree constraint, the minimum length, then the length limit (last, so that it
-  wins)."""
-  options = [processors.TargetPrefix()] if target_prefix else []
-  if tree_constraint is not None:
-    options.append(tree_constraint)
-  if config.min_decode_length > 0:
-    options.append(processors.MinLength(config.min_decode_length))
-  return options + [processors.LengthLimit()]
 
 
 def make_decode_fn(model, config: DecodeConfig,
