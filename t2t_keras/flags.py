@@ -1,18 +1,19 @@
 """The shared absl flags of t2t_keras, generated from the config fields; FLAGS -> configs.
 
-The flags of ModelConfig, DataConfig, TrainConfig and DecodeConfig are generated from
-their fields (configs.py holds each setting's default, help, choices and check); this
-module adds the few shared flags that are not config fields (--model_dir, --export,
---checkpoint_path, ...). The settings' checks are not written here: each config group
-gets one flag validator that builds the config and calls its `validate()`, and the
-data group's also asks the chosen data source (t2t_keras.data.sources) to check its
-own flags; which data flags a source reads, and so which ones train refuses, is the
-source's answer. This module's own checks are of the command line: flags typed for a
-run that ignores them, and the few checks across configs (a TPU needs static shapes).
-Entry points call `define_*` for the groups they use and turn FLAGS into configs with
-the `*_config` functions below: library code never reads FLAGS. A command's own flags
-(decode's --input_file, evaluate's --hypotheses, ...) live in its entry point. Names
-follow tensor2tensor's hparams so its users recognise them.
+The flags of ModelConfig, DataConfig, TrainConfig, DecodeConfig and WeightsConfig are
+generated from their fields (configs.py holds each setting's default, help, choices and
+check); this module adds the few shared flags that are not config fields (--model_dir,
+--export, --eval_bleu_sentences, ...). The inference settings' flags a command reads are
+`decoding_flags(command)`: the one list of decoding flags. The settings' checks are not
+written here: each config group gets one flag validator that builds the config and calls
+its `validate()`, and the data group's also asks the chosen data source
+(t2t_keras.data.sources) to check its own flags; which data flags a source reads, and so
+which ones train refuses, is the source's answer. This module's own checks are of the
+command line: flags typed for a run that ignores them, and the few checks across configs
+(a TPU needs static shapes). Entry points call `define_*` for the groups they use and
+turn FLAGS into configs with the `*_config` functions below: library code never reads
+FLAGS. A command's own flags (decode's --input_file, evaluate's --hypotheses, ...) live
+in its entry point. Names follow tensor2tensor's hparams so its users recognise them.
 
 Every entry point that reads a model directory defines the model, data, training and
 decoding groups, so one recipe flagfile serves train, decode and export; a flag typed
