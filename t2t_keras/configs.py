@@ -484,10 +484,11 @@ class DecodeConfig:
       0, "Outputs have at least this many tokens before EOS: 1 never returns an empty "
       "translation (as CTranslate2's beam search); 0 (tensor2tensor) returns one when "
       "ending at once scores best.", check=AT_LEAST_0)
+  # Library callers may give 0: no cut (training's dev BLEU scores whole sentences).
   max_input_length: int = setting(
       256, "Sources longer than this many subwords (EOS included) are truncated when "
-      "decoding and in exports: bounds the memory of a batch. (Library callers may "
-      "give 0: no cut.)", check=(lambda v: v >= 2, "must be >= 2 (a token and EOS)"))
+      "decoding and in exports: bounds the memory of a batch.",
+      check=(lambda v: v >= 2, "must be >= 2 (a token and EOS)"))
   constrain_trees: bool = setting(
       False, "Parsing models (decode and export): let beam search write only "
       "linearized trees over exactly the input's words (one POS tag per word, with "
@@ -545,9 +546,10 @@ class WeightsConfig:
   dtype it computes in; the sibling of `DecodeConfig`, read by `loading.load`."""
 
   checkpoint_path: Optional[str] = setting(
-      None, "Decode/export this checkpoint (a prefix such as <model_dir>/ckpt-5000, or a "
-      "directory of checkpoints such as <model_dir>/best) instead of the latest. Typed on "
-      "the command line, it overrides a flagfile's --average_last_n.")
+      None, "Decode/export this checkpoint (a prefix such as <model_dir>/ckpt-5000, "
+      "or a directory of checkpoints such as <model_dir>/best) instead of the "
+      "latest. Typed on the command line, it overrides a flagfile's "
+      "--average_last_n.")
   average_last_n: int = setting(
       0, "Decode/export the average of the last N checkpoints' weights (paper section "
       "6.1: 5 for base, 20 for big); 0 or 1 = the latest only.", check=AT_LEAST_0)
