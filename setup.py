@@ -3,7 +3,10 @@
 from setuptools import find_packages, setup
 
 # tensor2tensor had t2t-trainer and t2t-decoder; `python -m t2t_keras.X` runs the same.
-ENTRY_POINTS = ("train", "decode", "export", "evaluate", "score")
+# Command -> the module (below t2t_keras) whose console_main it runs: export is a
+# package, whose command is its __main__.
+ENTRY_POINTS = {"train": "train", "decode": "decode", "export": "export.__main__",
+                "evaluate": "evaluate", "score": "score"}
 # The tools a user needs after `pip install` (t2t_keras/tools/; `python tools/X.py` in a
 # checkout). t2t-run-recipe runs any flagfile; the repository's recipes (flags/*.cfg)
 # are not in the wheel, so reproducing them needs a checkout (its --help says so).
@@ -67,7 +70,8 @@ setup(
         "tensorboard>=2.20",  # tf.summary and the learning-curve tool
     ],
     entry_points={"console_scripts": [
-        f"t2t-{name}=t2t_keras.{name}:console_main" for name in ENTRY_POINTS] + [
+        f"t2t-{name}=t2t_keras.{module}:console_main"
+        for name, module in ENTRY_POINTS.items()] + [
         f"{command}=t2t_keras.tools.{module}:console_main"
         for module, command in TOOLS.items()]},
     extras_require={

@@ -91,7 +91,8 @@ def main(argv):
 
   from t2t_keras import metrics, modeldir
   from t2t_keras.inference import decoding, loading, translate
-  from t2t_keras.configs import DecodeConfig
+  from t2t_keras.configs import DecodeConfig, WeightsConfig
+  from t2t_keras.export import ExportSettings
   from t2t_keras.export import ctranslate2 as ct2_export
   from t2t_keras.export import saved_model
 
@@ -133,16 +134,14 @@ def main(argv):
     config = dataclasses.replace(base, jit_compile=jit)
     decode_fn = decoding.make_decode_fn(loaded.model, config)
     return lambda: [t.texts[0] for t in translate.translate(
-        loaded.model, loaded.tokenizer, sources, config, decode_fn=decode_fn,
-        progress=False)]
+        decode_fn, loaded.tokenizer, sources, config, progress=False)]
 
   exported = {}
 
   def export_engine(jit):
-    path = saved_model.export_model_dir(FLAGS.model_dir, os.path.join(tmp, f"sm{int(jit)}"),
-                                        base, max_input_length=256,
-                                        average_last_n=FLAGS.average_last_n,
-                                        jit_compile=jit)
+    path = saved_model.export_from_settings(ExportSettings(
+        FLAGS.model_dir, os.path.join(tmp, f"sm{int(jit)}"), base,
+        WeightsConfig(average_last_n=FLAGS.average_last_n), jit_compile=jit))
     run = common.session_signature(path, "serving_default", "inputs", "outputs",
                                    threads=threads if FLAGS.parallel_batches > 1 else 0)
     exported["export XLA" if jit else "export"] = run

@@ -32,6 +32,7 @@ the output tokens, which should be the same count on every path.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import sys
@@ -82,9 +83,9 @@ def decode_flops(config, batch: int, source: int, steps: int, beam: int) -> floa
 def session_decoder(model, decode_config, export_dir: str, jit_compile: bool = False):
   """The model exported and loaded as tensorflow_model_server loads it: ids -> ids."""
   from t2t_keras.export import saved_model  # pylint: disable=import-outside-toplevel
-  translator = saved_model.Translator(model, IdTokenizer(), decode_config,
-                                      max_input_length=FLAGS.length + 1,
-                                      jit_compile=jit_compile)
+  translator = saved_model.Translator(
+      model, IdTokenizer(), dataclasses.replace(decode_config, max_input_length=FLAGS.length + 1),
+      jit_compile=jit_compile)
   path = saved_model.export(translator, export_dir, version=1)
   translate_ids = session_signature(path, "translate_ids", "input_ids", "output_ids")
   return lambda batch: (translate_ids(batch.numpy()),)
@@ -142,8 +143,8 @@ def decoders(configs):
       continue
     else:
       xla = kind == "xla"
-      fn = tf.function(lambda x, xla=xla: decoding.decode_ids(model, x, decode_config,
-                                                             in_place_cache=xla),
+      fn = tf.function(lambda x, xla=xla: decoding.decode_ids(
+          model, x, dataclasses.replace(decode_config, jit_compile=xla)),
                        jit_compile=xla or None, autograph=False)
       note = ""
     made[kind] = (lambda batch, fn=fn: list(np.sum(np.asarray(fn(batch)[0])[:, 0] != 0,

@@ -28,6 +28,7 @@ square-matmul peak: the ceiling any decoding step of that many rows can reach.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import sys
 import tempfile
@@ -117,7 +118,8 @@ def main(argv):
 
   from t2t_keras import EOS_ID, modeldir
   from t2t_keras.export import saved_model
-  from t2t_keras.configs import DecodeConfig, ModelConfig
+  from t2t_keras.configs import DecodeConfig, ModelConfig, WeightsConfig
+  from t2t_keras.export import ExportSettings
   from t2t_keras.model import create_model
 
   print(f"machine: {machine()}")
@@ -131,13 +133,14 @@ def main(argv):
                                extra_decode_length=FLAGS.extra_decode_length)
   with tempfile.TemporaryDirectory() as tmp:
     if FLAGS.model_dir:
-      path = saved_model.export_model_dir(
+      path = saved_model.export_from_settings(ExportSettings(
           FLAGS.model_dir, tmp, DecodeConfig(beam_size=FLAGS.beam_size, alpha=0.0,
                                              min_decode_length=1, extra_decode_length=50),
-          max_input_length=256, average_last_n=FLAGS.average_last_n)
+          WeightsConfig(average_last_n=FLAGS.average_last_n)))
     else:
-      translator = saved_model.Translator(model, IdTokenizer(), decode_config,
-                                          max_input_length=FLAGS.length + 1)
+      translator = saved_model.Translator(
+          model, IdTokenizer(),
+          dataclasses.replace(decode_config, max_input_length=FLAGS.length + 1))
       path = saved_model.export(translator, tmp, version=1)
     graph = tf.Graph()
     session = tf.compat.v1.Session(graph=graph)

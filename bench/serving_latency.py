@@ -87,7 +87,7 @@ def main(argv):
   sentence = " ".join(words)
   with tempfile.TemporaryDirectory() as tmp:
     def t2t_engine(jit_compile):
-      translator = saved_model.Translator(model, tokenizer, decode_config, max_input_length=256,
+      translator = saved_model.Translator(model, tokenizer, decode_config,
                                           jit_compile=jit_compile)
       path = saved_model.export(translator, os.path.join(tmp, f"export_{jit_compile}"), version=1)
       serve = session_signature(path, "serving_default", "inputs", "outputs")

@@ -36,7 +36,8 @@ DROPOUT: Check = (lambda v: 0.0 <= v < 1.0, "must be in [0, 1)")
 
 
 def setting(default, help: Optional[str] = None, *, flag: Optional[str] = None,  # pylint: disable=redefined-builtin
-            choices: Optional[Tuple[str, ...]] = None, check: Optional[Check] = None):
+            choices: Optional[Tuple[str, ...]] = None, check: Optional[Check] = None,
+            only: Optional[str] = None):
   """A config field with what its command-line flag needs.
 
   Args:
@@ -48,9 +49,12 @@ def setting(default, help: Optional[str] = None, *, flag: Optional[str] = None, 
     choices: the values the flag accepts (an enum flag).
     check: (predicate, "must be ...") that the value must pass, for the flag's
       validator and for `validate()`.
+    only: the one command that reads the field (e.g. "decode" for the sampling
+      flags), which defines its flag itself; None: every command that defines the
+      config's group reads it.
   """
   return dataclasses.field(default=default, metadata={
-      "help": help, "flag": flag, "choices": choices, "check": check})
+      "help": help, "flag": flag, "choices": choices, "check": check, "only": only})
 
 
 def split_list(value: Optional[str]) -> List[str]:
@@ -414,7 +418,15 @@ class TrainConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
-  """Decoding settings (paper section 6.1: beam 4, alpha 0.6, input + 50).
+  """The inference settings (paper section 6.1: beam 4, alpha 0.6, input + 50).
+
+  One value for everything that turns a model into outputs: the search, the output
+  length, the options processors apply (minimum length, tree constraint), how sources
+  are cut and which language they are translated into, and how the host batches them.
+  The decode command, training's dev BLEU, every export format (`export.Format`
+  declares which of these flags its artifact carries) and the CTranslate2 tool read
+  it; `WeightsConfig` says which weights they decode with. `decoding_flags` in
+  flags.py is the list of its flags a command reads.
 
   Random sampling (for back-translation) replaces beam search when `sampling_topk`
   is not 1 or `sampling_topp` < 1: each input gets `num_samples` samples drawn from
@@ -436,7 +448,7 @@ class DecodeConfig:
       "source, EOS included; fairseq's --max-tokens): batches of long sentences hold "
       "fewer rows, short ones up to --decode_batch_size. 0 = sentences only. A sentence "
       "longer than the cap is decoded alone.", flag="decode_batch_tokens",
-      check=AT_LEAST_0)
+      check=AT_LEAST_0, only="decode")
   parallel_batches: int = setting(
       0, "Batches the decode command decodes at the same time, each on its share of the "
       "CPU cores (CTranslate2's inter_threads): a decoding step is many small ops that one "
@@ -447,7 +459,7 @@ class DecodeConfig:
       "any value is capped at the input's number of batches. 1 = one batch at a time, "
       "every core on it. (translate.translate with N > 1 runs N batches from threads; "
       "its caller sets threads per op.)", flag="decode_parallel_batches",
-      check=AT_LEAST_0)
+      check=AT_LEAST_0, only="decode")
   jit_compile: bool = setting(
       False, "Decode with XLA (faster steps on CPU; docs/benchmarks.md). Batches are "
       "padded to --decode_batch_size rows and a power-of-two source width (16, 32, "
@@ -472,23 +484,40 @@ class DecodeConfig:
       0, "Outputs have at least this many tokens before EOS: 1 never returns an empty "
       "translation (as CTranslate2's beam search); 0 (tensor2tensor) returns one when "
       "ending at once scores best.", check=AT_LEAST_0)
+  # Library callers may give 0: no cut (training's dev BLEU scores whole sentences).
+  max_input_length: int = setting(
+      256, "Sources longer than this many subwords (EOS included) are truncated when "
+      "decoding and in exports: bounds the memory of a batch.",
+      check=(lambda v: v >= 2, "must be >= 2 (a token and EOS)"))
+  constrain_trees: bool = setting(
+      False, "Parsing models (decode and export): let beam search write only "
+      "linearized trees over exactly the input's words (one POS tag per word, with "
+      "--parsing_linearization=words each after its word copied, balanced brackets, no "
+      "empty constituents), instead of repairing outputs afterwards.")
+  target_language: Optional[str] = setting(
+      None, "A multilingual model's target language (--target_language_tags at "
+      "training): its tag <2xx> starts every source (decode, score; export: the language "
+      "serving_default translates into). Default: the dev files' language.")
   # The sampling flags are the decode command's own (decode.py defines them).
   sampling_topk: int = setting(
       1, "Sample instead of beam search: from the K most likely tokens; 0 = the whole "
       "vocabulary; 1 = no sampling (beam search / greedy).",
       check=(lambda v: v >= 0, "must be >= 0 (0 = the whole vocabulary, 1 = no "
-             "sampling)"))
+             "sampling)"), only="decode")
   sampling_topp: float = setting(
       1.0, "Sample from the smallest set of tokens whose probability reaches P (nucleus "
       "sampling); < 1 turns sampling on.", check=(lambda v: 0.0 < v <= 1.0,
-                                                  "must be in (0, 1]"))
+                                                  "must be in (0, 1]"), only="decode")
   sampling_temperature: float = setting(
       1.0, "Divide the logits by this before sampling (< 1 sharper, > 1 flatter).",
-      check=(lambda v: v > 0.0, "must be > 0"))
+      check=(lambda v: v > 0.0, "must be > 0"), only="decode")
   num_samples: int = setting(
       1, "Samples per input when sampling (N > 1 writes them as --return_beams does).",
-      check=(lambda v: v >= 1, "must be >= 1"))
-  seed: int = setting(1, flag="seed")
+      check=(lambda v: v >= 1, "must be >= 1"), only="decode")
+  seed: int = setting(1, flag="seed", only="decode")
+  # No flag: a fixed output width whatever the sources (callers that compare the
+  # outputs of different batches); None = the source width + extra_decode_length.
+  decode_length: Optional[int] = setting(None)
 
   @property
   def sampling(self) -> bool:
@@ -509,3 +538,21 @@ class DecodeConfig:
                       "--sampling_topk (0 = whole vocabulary) or --sampling_topp < 1")
     raise_problems(problems, "decoding settings")
     return self
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightsConfig:
+  """Which weights an inference command (decode, score, export) restores, and the
+  dtype it computes in; the sibling of `DecodeConfig`, read by `loading.load`."""
+
+  checkpoint_path: Optional[str] = setting(
+      None, "Decode/export this checkpoint (a prefix such as <model_dir>/ckpt-5000, "
+      "or a directory of checkpoints such as <model_dir>/best) instead of the "
+      "latest. Typed on the command line, it overrides a flagfile's "
+      "--average_last_n.")
+  average_last_n: int = setting(
+      0, "Decode/export the average of the last N checkpoints' weights (paper section "
+      "6.1: 5 for base, 20 for big); 0 or 1 = the latest only.", check=AT_LEAST_0)
+  dtype: Optional[str] = setting(
+      None, "Override the model's dtype for decoding and SavedModel exports (e.g. "
+      "float32, bfloat16).", flag="decode_dtype")

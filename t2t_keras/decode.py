@@ -58,9 +58,7 @@ flags.DEFINE_string("input_file", None, "Source sentences, one per line (default
 t2t_flags.define_output_file("Where translations go (default stdout).")
 flags.declare_key_flag("output_file")  # listed under this command's --help
 flags.DEFINE_string("reference_file", None, "Reference translations: print BLEU and chrF.")
-t2t_flags.define_settings(DecodeConfig, ("sampling_topk", "sampling_topp",
-                                         "sampling_temperature", "num_samples",
-                                         "batch_tokens", "parallel_batches"))
+t2t_flags.define_settings(DecodeConfig, t2t_flags.decoding_fields("decode"))  # + its own
 flags.DEFINE_string("target_prefix_file", None,
                     "Target prefixes, line-aligned with the input (an empty line decodes "
                     "freely): each translation starts with its line's prefix and the "
@@ -82,19 +80,27 @@ flags.DEFINE_integer("alignment_head", -1,
 # docs/benchmarks.md, "Measurements behind the decoding code".
 AUTO_XLA_SENTENCES = 256
 
-_READS = ("input_file", "output_file", "reference_file", "constrain_trees", "seed",
-          "sampling_topk", "sampling_topp", "sampling_temperature", "num_samples",
-          "output_alignments", "alignment_layer", "alignment_head", "decode_batch_tokens",
-          "decode_parallel_batches",
-          "target_prefix_file", "target_language")
 
-
-def config_from_flags():
+def config_from_flags() -> DecodeConfig:
   """The DecodeConfig of the decoding and sampling flags, validated."""
   try:
     return t2t_flags.decode_config().validate()
   except ValueError as error:
     raise flags.ValidationError(str(error)) from None
+
+
+def with_language(config: DecodeConfig, data_config) -> DecodeConfig:
+  """`config` with its target language resolved against the model's data
+  (`language_tags.check_request`: the dev files' language by default)."""
+  # pylint: disable=import-outside-toplevel
+  from t2t_keras import language_tags
+  from t2t_keras.errors import ConfigError
+  try:
+    language = language_tags.check_request(config.target_language, data_config,
+                                           "--target_language")
+  except ValueError as error:
+    raise ConfigError(str(error)) from None
+  return dataclasses.replace(config, target_language=language)
 
 
 def choose_xla(decode_config: DecodeConfig, sentences: int) -> DecodeConfig:
@@ -171,32 +177,12 @@ def write_alignments(model, tokenizer, results, multiple: bool, out) -> None:
       out.write("\n")
 
 
-def run() -> None:
+def read_inputs() -> tuple:
+  """The input sentences, and the files line-aligned with them by flag name
+  (--reference_file, --target_prefix_file) where given."""
   # pylint: disable=import-outside-toplevel
-  import tensorflow as tf
-
-  from t2t_keras import language_tags, modeldir
-  from t2t_keras.inference import loading, translate
-  from t2t_keras.parsing.constraint import TreeConstraint
   from t2t_keras.data.textfiles import read_text_lines
-  from t2t_keras.errors import ConfigError, DataError
-
-  tf.get_logger().setLevel("WARNING")
-  # Every flag is checked before any work: the model's shape, the outputs, the inputs.
-  decode_config = config_from_flags()
-  model_dirs = t2t_flags.model_dirs()
-  model_config = modeldir.load_model_config(model_dirs[0])
-  for warning in t2t_flags.check_inference_flags(
-      sys.argv, model_config, "decode", reads=_READS,
-      requested_vocab_size=modeldir.data_config_of(model_dirs[0]).vocab_size):
-    logging.warning(warning)
-  if FLAGS.output_alignments:
-    check_alignment_flags(model_config)
-  try:
-    target_language = language_tags.check_request(
-        FLAGS.target_language, modeldir.data_config_of(model_dirs[0]), "--target_language")
-  except ValueError as error:
-    raise ConfigError(str(error)) from None
+  from t2t_keras.errors import DataError
   outputs.check_paths({"--output_file": FLAGS.output_file,
                        "--output_alignments": FLAGS.output_alignments},
                       {"--input_file": FLAGS.input_file,
@@ -211,14 +197,11 @@ def run() -> None:
         raise DataError(f"--{flag} {FLAGS[flag].value} has {len(aligned[flag])} lines but "
                         f"--input_file {FLAGS.input_file or '<stdin>'} has "
                         f"{len(sentences)}: they must be line-aligned.")
-  references = aligned.get("reference_file")
-  checkpoint_path, average_last_n = t2t_flags.checkpoint_choice(sys.argv)
-  decode_config = choose_parallel_batches(decode_config, len(sentences),
-                                          alignments=bool(FLAGS.output_alignments))
-  model, loaded = loading.load_ensemble(model_dirs, checkpoint_path, average_last_n,
-                                          FLAGS.decode_dtype)
-  tokenizer = loaded[0].tokenizer
-  decode_config = choose_xla(decode_config, len(sentences))
+  return sentences, aligned
+
+
+def describe(decode_config: DecodeConfig, sentences: int, loaded) -> str:
+  """The line printed before decoding: what decodes, how, and in which mode."""
   if decode_config.sampling:
     how = (f"sampling {decode_config.num_samples} per input: top-k "
            f"{decode_config.sampling_topk or 'all'}, top-p {decode_config.sampling_topp:g}, "
@@ -236,28 +219,29 @@ def run() -> None:
     mode = "graph mode" + ("" if FLAGS["decode_jit_compile"].present else
                            " (beam search drops finished sentences from the batch; "
                            "--decode_jit_compile for XLA)")
-  print(f"decoding {len(sentences)} sentences with {used}"
-        f"{' (ensemble)' if len(loaded) > 1 else ''} ({how}, extra length "
-        f"{decode_config.extra_decode_length}; {mode})", file=sys.stderr, flush=True)
-  constraint = None
-  if FLAGS.constrain_trees:
-    try:
-      constraint = TreeConstraint.from_tokenizer(
-          tokenizer, loaded[0].data_config.parsing_linearization)
-    except ValueError as error:
-      raise DataError(f"--constrain_trees with --model_dir={FLAGS.model_dir}: "
-                      f"{error}") from None
-  results = translate.translate(model, tokenizer, sentences, decode_config,
-                               max_input_length=FLAGS.max_input_length,
-                               tree_constraint=constraint,
-                               target_prefixes=aligned.get("target_prefix_file"),
-                               target_language=target_language)
-  note = translate.truncation_note(sum(r.truncated for r in results), len(results),
-                                   FLAGS.max_input_length)
-  if note:
-    print(note, file=sys.stderr, flush=True)
-  multiple = decode_config.return_beams or decode_config.num_samples > 1
-  # Outputs are written under temporary names and renamed once all are complete.
+  return (f"decoding {sentences} sentences with {used}"
+          f"{' (ensemble)' if len(loaded) > 1 else ''} ({how}, extra length "
+          f"{decode_config.extra_decode_length}; {mode})")
+
+
+def tree_constraint(decode_config: DecodeConfig, loaded):
+  """--constrain_trees: the tree constraint of the (first) model's parser, else None."""
+  if not decode_config.constrain_trees:
+    return None
+  # pylint: disable=import-outside-toplevel
+  from t2t_keras.errors import DataError
+  from t2t_keras.parsing.constraint import TreeConstraint
+  try:
+    return TreeConstraint.from_tokenizer(loaded[0].tokenizer,
+                                         loaded[0].data_config.parsing_linearization)
+  except ValueError as error:
+    raise DataError(f"--constrain_trees with --model_dir={FLAGS.model_dir}: "
+                    f"{error}") from None
+
+
+def write_outputs(results, multiple: bool, model, tokenizer) -> None:
+  """The translations (and --output_alignments), under temporary names renamed once
+  all are complete."""
   with outputs.PendingOutputs() as pending:
     out = pending.open(FLAGS.output_file) if FLAGS.output_file else sys.stdout
     for result in results:
@@ -271,9 +255,50 @@ def run() -> None:
       write_alignments(model, tokenizer, results, multiple,
                        pending.open(FLAGS.output_alignments))
     pending.commit()
-  if references is not None:
+
+
+def run() -> None:
+  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
+
+  from t2t_keras import modeldir
+  from t2t_keras.inference import decoding, loading, translate
+
+  tf.get_logger().setLevel("WARNING")
+  # Every flag is checked before any work: the model's shape, the outputs, the inputs.
+  decode_config = config_from_flags()
+  model_dirs = t2t_flags.model_dirs()
+  model_config = modeldir.load_model_config(model_dirs[0])
+  data_config = modeldir.data_config_of(model_dirs[0])
+  for warning in t2t_flags.check_inference_flags(
+      sys.argv, model_config, "decode", reads=("output_file",),
+      requested_vocab_size=data_config.vocab_size):
+    logging.warning(warning)
+  if FLAGS.output_alignments:
+    check_alignment_flags(model_config)
+  decode_config = with_language(decode_config, data_config)
+  sentences, aligned = read_inputs()
+  weights = t2t_flags.weights_config(sys.argv)
+  decode_config = choose_parallel_batches(decode_config, len(sentences),
+                                          alignments=bool(FLAGS.output_alignments))
+  model, loaded = loading.load_ensemble(model_dirs, weights.checkpoint_path,
+                                        weights.average_last_n, weights.dtype)
+  tokenizer = loaded[0].tokenizer
+  decode_config = choose_xla(decode_config, len(sentences))
+  print(describe(decode_config, len(sentences), loaded), file=sys.stderr, flush=True)
+  decode_fn = decoding.make_decode_fn(model, decode_config,
+                                      tree_constraint(decode_config, loaded))
+  results = translate.translate(decode_fn, tokenizer, sentences, decode_config,
+                                target_prefixes=aligned.get("target_prefix_file"))
+  note = translate.truncation_note(sum(r.truncated for r in results), len(results),
+                                   decode_config.max_input_length)
+  if note:
+    print(note, file=sys.stderr, flush=True)
+  write_outputs(results, decode_config.return_beams or decode_config.num_samples > 1,
+                model, tokenizer)
+  if "reference_file" in aligned:
     from t2t_keras import metrics
-    report = metrics.bleu_report([r.texts[0] for r in results], [references])
+    report = metrics.bleu_report([r.texts[0] for r in results], [aligned["reference_file"]])
     print(metrics.format_report(report), file=sys.stderr, flush=True)
 
 

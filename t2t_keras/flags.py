@@ -1,18 +1,19 @@
 """The shared absl flags of t2t_keras, generated from the config fields; FLAGS -> configs.
 
-The flags of ModelConfig, DataConfig, TrainConfig and DecodeConfig are generated from
-their fields (configs.py holds each setting's default, help, choices and check); this
-module adds the few shared flags that are not config fields (--model_dir, --export,
---checkpoint_path, ...). The settings' checks are not written here: each config group
-gets one flag validator that builds the config and calls its `validate()`, and the
-data group's also asks the chosen data source (t2t_keras.data.sources) to check its
-own flags; which data flags a source reads, and so which ones train refuses, is the
-source's answer. This module's own checks are of the command line: flags typed for a
-run that ignores them, and the few checks across configs (a TPU needs static shapes).
-Entry points call `define_*` for the groups they use and turn FLAGS into configs with
-the `*_config` functions below: library code never reads FLAGS. A command's own flags
-(decode's --input_file, evaluate's --hypotheses, ...) live in its entry point. Names
-follow tensor2tensor's hparams so its users recognise them.
+The flags of ModelConfig, DataConfig, TrainConfig, DecodeConfig and WeightsConfig are
+generated from their fields (configs.py holds each setting's default, help, choices and
+check); this module adds the few shared flags that are not config fields (--model_dir,
+--export, --eval_bleu_sentences, ...). The inference settings' flags a command reads are
+`decoding_flags(command)`: the one list of decoding flags. The settings' checks are not
+written here: each config group gets one flag validator that builds the config and calls
+its `validate()`, and the data group's also asks the chosen data source
+(t2t_keras.data.sources) to check its own flags; which data flags a source reads, and so
+which ones train refuses, is the source's answer. This module's own checks are of the
+command line: flags typed for a run that ignores them, and the few checks across configs
+(a TPU needs static shapes). Entry points call `define_*` for the groups they use and
+turn FLAGS into configs with the `*_config` functions below: library code never reads
+FLAGS. A command's own flags (decode's --input_file, evaluate's --hypotheses, ...) live
+in its entry point. Names follow tensor2tensor's hparams so its users recognise them.
 
 Every entry point that reads a model directory defines the model, data, training and
 decoding groups, so one recipe flagfile serves train, decode and export; a flag typed
@@ -33,7 +34,8 @@ import itertools
 from absl import flags
 
 from t2t_keras import errors
-from t2t_keras.configs import DataConfig, DecodeConfig, ModelConfig, TrainConfig, flag_name
+from t2t_keras.configs import (DataConfig, DecodeConfig, ModelConfig, TrainConfig,
+                               WeightsConfig, flag_name)
 from t2t_keras.data import sources
 
 FLAGS = flags.FLAGS
@@ -55,7 +57,7 @@ class _Definer:
 GROUPS = {}
 GROUP_OF = {}
 _CONFIG_GROUPS = {ModelConfig: "model", DataConfig: "data", TrainConfig: "training",
-                  DecodeConfig: "decoding"}
+                  DecodeConfig: "decoding", WeightsConfig: "decoding"}
 
 
 def _once(first_flag, group):
@@ -192,45 +194,34 @@ def define_train_flags(f):
   _validate_group(f, TrainConfig, TrainConfig.validate)
 
 
-# Decoding settings every command that decodes reads; sampling is decode's own.
-_SHARED_DECODE_FIELDS = ("beam_size", "alpha", "extra_decode_length", "return_beams",
-                         "batch_size", "jit_compile", "xla_halvings",
-                         "min_decode_length")
+def _reads(field: dataclasses.Field, command) -> bool:
+  """Whether `command` reads the flag of an inference setting (`configs.setting`'s
+  `only`); command None: the flags every command that decodes defines."""
+  only = field.metadata.get("only")
+  has_flag = field.metadata.get("help") or field.metadata.get("flag")
+  return bool(has_flag) and (only is None or only == command)
+
+
+def decoding_fields(command=None, config_class=DecodeConfig) -> tuple:
+  """The fields of `config_class` whose flags `command` reads (see `_reads`)."""
+  return tuple(field.name for field in dataclasses.fields(config_class)
+               if _reads(field, command))
+
+
+def decoding_flags(command=None) -> tuple:
+  """The inference flags (DecodeConfig's, WeightsConfig's) that `command` reads:
+  those every command that decodes reads, and with a command also its own. The one
+  list of decoding flags: the flags layer, the export formats' declarations
+  (tests/export_formats_test.py) and the commands' checks of unused flags read it."""
+  return tuple(flag_name(field) for config_class in (DecodeConfig, WeightsConfig)
+               for field in dataclasses.fields(config_class) if _reads(field, command))
 
 
 @_once("beam_size", "decoding")
 def define_decode_flags(f):
   """Beam search (paper: beam 4, alpha 0.6, input length + 50) and what to decode with."""
-  define_settings(DecodeConfig, _SHARED_DECODE_FIELDS, flag_values=f.flag_values)
-  f.DEFINE_integer("max_input_length", 256,
-                   "Sources longer than this many subwords (EOS included) are truncated "
-                   "when decoding and in exports: bounds the memory of a batch.")
-  f.DEFINE_string("checkpoint_path", None,
-                  "Decode/export this checkpoint (a prefix such as <model_dir>/ckpt-5000, "
-                  "or a directory of checkpoints such as <model_dir>/best) instead of the "
-                  "latest. Typed on the command line, it overrides a flagfile's "
-                  "--average_last_n.")
-  f.DEFINE_integer("average_last_n", 0,
-                   "Decode/export the average of the last N checkpoints' weights (paper "
-                   "section 6.1: 5 for base, 20 for big); 0 or 1 = the latest only.")
-  f.DEFINE_string("decode_dtype", None,
-                  "Override the model's dtype for decoding and SavedModel exports (e.g. "
-                  "float32, bfloat16).")
-  f.DEFINE_bool("constrain_trees", False,
-                "Parsing models (decode and export): let beam search write only "
-                "linearized trees over exactly the input's words (one POS tag per word, "
-                "with --parsing_linearization=words each after its word copied, "
-                "balanced brackets, no empty constituents), instead of repairing "
-                "outputs afterwards.")
-  f.DEFINE_string("target_language", None,
-                  "A multilingual model's target language (--target_language_tags at "
-                  "training): its tag <2xx> starts every source (decode, score; export: "
-                  "the language serving_default translates into). Default: the dev "
-                  "files' language.")
-  f.register_validator("average_last_n", lambda v: v >= 0,
-                       message="--average_last_n must be >= 0.")
-  f.register_validator("max_input_length", lambda v: v >= 2,
-                       message="--max_input_length must be >= 2 (a token and EOS).")
+  define_settings(DecodeConfig, decoding_fields(), flag_values=f.flag_values)
+  define_settings(WeightsConfig, flag_values=f.flag_values)
 
 
 def define_output_file(help_text: str, flag_values=FLAGS) -> None:
@@ -294,12 +285,15 @@ def checkpoint_choice(argv, fv=FLAGS) -> tuple:
   return fv.checkpoint_path, average
 
 
+def weights_config(argv, fv=FLAGS) -> WeightsConfig:
+  """The WeightsConfig of the flags, its checkpoint chosen by `checkpoint_choice`."""
+  checkpoint_path, average_last_n = checkpoint_choice(argv, fv)
+  return settings_from_flags(WeightsConfig, fv, checkpoint_path=checkpoint_path,
+                             average_last_n=average_last_n)
+
+
 # ------------------------------------------------------------ flags a run does not use
 _MODEL_FLAGS = tuple(flag_name(field) for field in dataclasses.fields(ModelConfig))
-_DECODE_FLAGS = tuple(flag_name(field) for field in dataclasses.fields(DecodeConfig)
-                      if field.name in _SHARED_DECODE_FIELDS) + (
-                          "max_input_length", "checkpoint_path", "average_last_n",
-                          "decode_dtype", "constrain_trees", "target_language")
 
 
 def _data_flags(fields) -> tuple:
@@ -405,8 +399,9 @@ def check_inference_flags(argv, saved_model, command: str, reads=(), fv=FLAGS,
     argv: the command line.
     saved_model: the ModelConfig of the model directory.
     command: "decode" or "export", for messages.
-    reads: the shared flags (of this module) the command reads besides the decoding
-      flags and --model_dir; flags the command defines itself are always read.
+    reads: the shared flags (of this module) the command reads besides its decoding
+      flags (`decoding_flags(command)`) and --model_dir; flags the command defines
+      itself are always read.
     fv: the FlagValues.
     requested_vocab_size: the --vocab_size training was given (config.json's data
       section); the model's own size may be smaller (SentencePiece stops early on a
@@ -418,7 +413,7 @@ def check_inference_flags(argv, saved_model, command: str, reads=(), fv=FLAGS,
   Raises:
     flags.ValidationError: naming each model flag that disagrees with config.json.
   """
-  used = set(_DECODE_FLAGS) | {"model_dir"} | set(reads)
+  used = set(decoding_flags(command)) | {"model_dir"} | set(reads)
   problems, warnings = [], []
   for name in command_line_flags(argv, fv):
     if name in _TRAINING_ONLY_MODEL_FLAGS:

@@ -48,7 +48,7 @@ def run() -> None:
   model_dirs = t2t_flags.model_dirs()
   for warning in t2t_flags.check_inference_flags(
       sys.argv, modeldir.load_model_config(model_dirs[0]), "score",
-      reads=("source_file", "target_file", "output_file", "per_token", "target_language"),
+      reads=("source_file", "target_file", "output_file", "per_token"),
       requested_vocab_size=modeldir.data_config_of(model_dirs[0]).vocab_size):
     logging.warning(warning)
   outputs.check_paths({"--output_file": FLAGS.output_file},
@@ -65,9 +65,9 @@ def run() -> None:
         FLAGS.target_language, modeldir.data_config_of(model_dirs[0]), "--target_language")
   except ValueError as error:
     raise ConfigError(str(error)) from None
-  checkpoint_path, average_last_n = t2t_flags.checkpoint_choice(sys.argv)
-  model, loaded = loading.load_ensemble(model_dirs, checkpoint_path, average_last_n,
-                                          FLAGS.decode_dtype)
+  weights = t2t_flags.weights_config(sys.argv)
+  model, loaded = loading.load_ensemble(model_dirs, weights.checkpoint_path,
+                                        weights.average_last_n, weights.dtype)
   tokenizer = loaded[0].tokenizer
   tag = [tokenizer.tag_id(language)] if language else []  # the source's first piece
   print(f"scoring {len(sources)} pairs with "

@@ -8,6 +8,7 @@ prints its summary and, as the last line, `parameters: <count>`.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from t2t_keras import console
@@ -61,16 +62,18 @@ def dev_bleu_hook(model, tokenizer, data_config, decode_config, n: int,
                     "--eval_bleu_sentences=0).")
   sources, references = pairs
   weights = DecodingWeights(model, strategy)
-  decode_fn = decoding.make_decode_fn(weights.model, decode_config)
   from t2t_keras import language_tags
-  language = language_tags.default_language(data_config)  # the dev files' (or None)
+  # Whole dev sentences (no cut), into the dev files' language (or None).
+  decode_config = dataclasses.replace(
+      decode_config, max_input_length=0,
+      target_language=language_tags.default_language(data_config))
+  decode_fn = decoding.make_decode_fn(weights.model, decode_config)
 
   def hook(step):
-    decoding_model = weights.refresh()
+    weights.refresh()
     with weights.scope():
-      outputs = translate.translate(decoding_model, tokenizer, sources, decode_config,
-                                   decode_fn=decode_fn, progress=False,
-                                   target_language=language)
+      outputs = translate.translate(decode_fn, tokenizer, sources, decode_config,
+                                    progress=False)
     report = metrics.bleu_report([o.texts[0] for o in outputs], [references])
     if model_dir:
       from t2t_keras import modeldir
@@ -303,8 +306,7 @@ def run_training() -> None:
     from t2t_keras.checkpoints import listed_checkpoints
     from t2t_keras.export import saved_model
     translator = saved_model.Translator(trainer.model, datasets.tokenizer, decode_config,
-                                        FLAGS.max_input_length, vocab_file=vocab,
-                                        data_config=data_config)
+                                        vocab_file=vocab, data_config=data_config)
     path = saved_model.export(translator, FLAGS.export_dir or
                               modeldir.default_export_dir(train_config.model_dir),
                               model_dir=train_config.model_dir,  # for the model card

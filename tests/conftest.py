@@ -323,11 +323,12 @@ def tiny_export(tiny_model_dir, tmp_path_factory):
   SavedModel (TINY_EXPORT_DECODE), built once per run."""
   # pylint: disable=import-outside-toplevel
   from t2t_keras.configs import DecodeConfig
-  from t2t_keras.export.saved_model import export_model_dir
+  from t2t_keras.export import ExportSettings
+  from t2t_keras.export.saved_model import export_from_settings
 
   def build(base):
-    export_model_dir(tiny_model_dir, base, DecodeConfig(**TINY_EXPORT_DECODE),
-                     TINY_EXPORT_MAX_INPUT, version=1)
+    export_from_settings(ExportSettings(tiny_model_dir, base, DecodeConfig(
+        **TINY_EXPORT_DECODE, max_input_length=TINY_EXPORT_MAX_INPUT), version=1))
   base = shared_artifact(tmp_path_factory, "tiny_export", build)
   return base, os.path.join(base, "1")
 

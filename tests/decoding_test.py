@@ -1,5 +1,6 @@
 """Decoding with the real model: cached == uncached, XLA == eager, input order kept."""
 
+import dataclasses
 import io
 
 import keras
@@ -95,7 +96,8 @@ def test_cached_decoding_equals_uncached(models, beam, alpha, slotted, which,
   # return_beams: all K beams are final (compared below), not only the first.
   config = DecodeConfig(beam_size=beam, alpha=alpha, extra_decode_length=3,
                         return_beams=True)
-  ids, scores = decoding.decode_ids(model, inputs, config, in_place_cache=slotted)
+  ids, scores = decoding.decode_ids(model, inputs,
+                                    dataclasses.replace(config, jit_compile=slotted))
   length = inputs.shape[1] + 3
   fn, state = uncached_scorer(model, inputs, beam, length)
   limits = bs.tile_beams(tf.reduce_sum(tf.cast(inputs != PAD_ID, tf.int32), 1) + 3, beam)
@@ -114,10 +116,9 @@ def test_cached_decoding_equals_uncached(models, beam, alpha, slotted, which,
 def test_padding_does_not_change_translations(models, which):
   model = models[which]
   inputs = sources(np.random.default_rng(1), [7, 4])
-  config = DecodeConfig(beam_size=3, extra_decode_length=5)
-  ids, scores = decoding.decode_ids(model, inputs, config, decode_length=12)
-  alone_ids, alone_scores = decoding.decode_ids(model, inputs[1:, :4], config,
-                                                decode_length=12)
+  config = DecodeConfig(beam_size=3, extra_decode_length=5, decode_length=12)
+  ids, scores = decoding.decode_ids(model, inputs, config)
+  alone_ids, alone_scores = decoding.decode_ids(model, inputs[1:, :4], config)
   np.testing.assert_array_equal(ids[1].numpy(), alone_ids[0].numpy())
   np.testing.assert_allclose(scores[1].numpy(), alone_scores[0].numpy(), rtol=1e-5)
 
@@ -136,8 +137,8 @@ def test_first_beam_is_final_when_the_other_beams_are_not_asked_for(alpha, in_pl
   inputs = sources(np.random.default_rng(5), [6, 2, 9, 4, 7, 3])
   first, everything = (decoding.decode_ids(
       eager, inputs, DecodeConfig(beam_size=4, alpha=alpha, extra_decode_length=12,
-                                  min_decode_length=1, return_beams=all_beams),
-      in_place_cache=in_place)
+                                  min_decode_length=1, return_beams=all_beams,
+                                  jit_compile=in_place))
                        for all_beams in (False, True))
   np.testing.assert_array_equal(first[0][:, 0].numpy(), everything[0][:, 0].numpy())
   np.testing.assert_allclose(first[1][:, 0].numpy(), everything[1][:, 0].numpy(),
@@ -163,11 +164,12 @@ def test_xla_decoding_equals_eager(models, which, monkeypatch):
     rows.append(int(ids.shape[0]))
     return step(ids, *args, **kwargs)
   monkeypatch.setattr(model, "decode_step", counted)
-  in_place = decoding.decode_ids(model, inputs, config, in_place_cache=True)
+  xla_config = dataclasses.replace(config, jit_compile=True)
+  in_place = decoding.decode_ids(model, inputs, xla_config)
   monkeypatch.undo()
   assert rows[0] == 8 and min(rows) < 8 and set(rows) <= {8, 4, 2}, rows
   np.testing.assert_array_equal(in_place[0].numpy(), eager[0].numpy())
-  compiled = tf.function(lambda x: decoding.decode_ids(model, x, config, in_place_cache=True),
+  compiled = tf.function(lambda x: decoding.decode_ids(model, x, xla_config),
                          jit_compile=True)
   ids, scores = compiled(tf.constant(inputs))
   np.testing.assert_array_equal(ids.numpy(), eager[0].numpy())
@@ -192,7 +194,7 @@ def test_xla_halvings_follow_the_flag_and_the_rows(model, monkeypatch):
     monkeypatch.setattr(model, "decode_step", counted)
     results[halvings] = decoding.decode_ids(
         model, inputs, DecodeConfig(beam_size=2, alpha=0.6, extra_decode_length=4,
-                                    xla_halvings=halvings), in_place_cache=True)
+                                    xla_halvings=halvings, jit_compile=True))
     monkeypatch.undo()
     assert set(rows) == ({8} if halvings == 0 else {8, 4, 2}), (halvings, rows)
   for a, b in zip(results[0], results[2]):
@@ -205,10 +207,10 @@ def test_source_pointer_ensemble_of_one_equals_the_model(pointer_model):
   member reads the pointer)."""
   from t2t_keras.inference.ensemble import Ensemble  # pylint: disable=import-outside-toplevel
   inputs = sources(np.random.default_rng(6), [7, 4])
-  config = DecodeConfig(beam_size=3, extra_decode_length=5)
-  ids, scores = decoding.decode_ids(pointer_model, inputs, config, decode_length=12)
+  config = DecodeConfig(beam_size=3, extra_decode_length=5, decode_length=12)
+  ids, scores = decoding.decode_ids(pointer_model, inputs, config)
   pair_ids, pair_scores = decoding.decode_ids(Ensemble([pointer_model, pointer_model]),
-                                              inputs, config, decode_length=12)
+                                              inputs, config)
   np.testing.assert_array_equal(pair_ids.numpy(), ids.numpy())
   np.testing.assert_allclose(pair_scores.numpy(), scores.numpy(), rtol=1e-4, atol=1e-5)
 
@@ -220,12 +222,11 @@ def test_translate_keeps_input_order(model):
   tokenizer = IntegerTokenizer(V)
   config = DecodeConfig(beam_size=2, extra_decode_length=4, batch_size=2)
   decode_fn = decoding.make_decode_fn(model, config)
-  together = translate.translate(model, tokenizer, sentences, config, decode_fn=decode_fn,
-                                progress=False)
+  together = translate.translate(decode_fn, tokenizer, sentences, config, progress=False)
   assert len(together) == len(sentences)
   for sentence, result in zip(sentences, together):
-    alone = translate.translate(model, tokenizer, [sentence], config, decode_fn=decode_fn,
-                               progress=False)[0]
+    alone = translate.translate(decode_fn, tokenizer, [sentence], config,
+                                progress=False)[0]
     assert result.texts == alone.texts
     np.testing.assert_allclose(result.scores, alone.scores, rtol=1e-4)
     assert len(result.texts) == 2
@@ -242,7 +243,8 @@ def test_translate_with_xla_equals_graph_and_compiles_once_per_width_bucket(mode
   sentences = [" ".join(str(t) for t in rng.integers(4, V, n)) for n in lengths]
   tokenizer = IntegerTokenizer(V)
   config = DecodeConfig(beam_size=3, alpha=0.6, extra_decode_length=3, batch_size=3)
-  graph = translate.translate(model, tokenizer, sentences, config, progress=False)
+  graph = translate.translate(decoding.make_decode_fn(model, config), tokenizer, sentences,
+                              config, progress=False)
   xla_config = DecodeConfig(beam_size=3, alpha=0.6, extra_decode_length=3, batch_size=3,
                             jit_compile=True)
   compiled = decoding.make_decode_fn(model, xla_config)
@@ -251,8 +253,7 @@ def test_translate_with_xla_equals_graph_and_compiles_once_per_width_bucket(mode
   def decode_fn(inputs):  # XLA compiles once per distinct input shape
     shapes.append(tuple(inputs.shape))
     return compiled(inputs)
-  xla = translate.translate(model, tokenizer, sentences, xla_config, decode_fn=decode_fn,
-                           progress=False)
+  xla = translate.translate(decode_fn, tokenizer, sentences, xla_config, progress=False)
   assert [r.texts for r in xla] == [r.texts for r in graph]
   np.testing.assert_allclose([r.scores for r in xla], [r.scores for r in graph],
                              rtol=1e-4, atol=1e-5)
@@ -277,9 +278,11 @@ def test_token_budget_batches_hold_both_caps_and_change_no_translation(model):
   rng = np.random.default_rng(3)
   sentences = [" ".join(str(t) for t in rng.integers(4, V, n)) for n in (2, 7, 3, 12, 5)]
   tokenizer = IntegerTokenizer(V)
-  plain, budget = (translate.translate(model, tokenizer, sentences, DecodeConfig(
-      beam_size=2, extra_decode_length=4, batch_size=4, batch_tokens=tokens),
-      progress=False) for tokens in (0, 16))
+  plain, budget = (translate.translate(decoding.make_decode_fn(model, config), tokenizer,
+                                       sentences, config, progress=False)
+                   for config in (DecodeConfig(beam_size=2, extra_decode_length=4,
+                                               batch_size=4, batch_tokens=tokens)
+                                  for tokens in (0, 16)))
   assert [t.texts for t in plain] == [t.texts for t in budget]
 
 
@@ -347,7 +350,7 @@ def check_tree(out, words, constraint):
 def assert_xla_in_place_agrees(model, inputs, config, constraint, ids, scores):
   """The in-place cache layout under XLA gives the reordered layout's beams."""
   compiled = tf.function(lambda x: decoding.decode_ids(
-      model, x, config, in_place_cache=True, tree_constraint=constraint), jit_compile=True)
+      model, x, dataclasses.replace(config, jit_compile=True), constraint), jit_compile=True)
   xla_ids, xla_scores = compiled(tf.constant(inputs))
   np.testing.assert_array_equal(xla_ids.numpy(), ids)
   np.testing.assert_allclose(xla_scores.numpy(), scores.numpy(), rtol=1e-4, atol=1e-5)
@@ -602,7 +605,7 @@ def test_target_prefix_starts_the_output_and_the_search_goes_on_from_it(model, b
                         min_decode_length=1)
 
   def decode(prefix=None):
-    return decoding.decode_ids(model, inputs, config, in_place_cache=in_place,
+    return decoding.decode_ids(model, inputs, dataclasses.replace(config, jit_compile=in_place),
                                target_prefix=prefix)
   # Under XLA one program serves every prefix of a shape (compiled once, not per call).
   prefixed = tf.function(decode, jit_compile=True) if in_place else decode
@@ -648,15 +651,16 @@ def test_translate_with_target_prefixes_keeps_them_per_sentence(model):
   sentences = [" ".join(str(t) for t in rng.integers(4, V, n)) for n in (7, 2, 5, 9, 3)]
   prefixes = ["8 9", "", "10", "11 12 13", ""]
   config = DecodeConfig(beam_size=2, extra_decode_length=4, batch_size=2)
-  results = translate.translate(model, tokenizer, sentences, config, progress=False,
+  decode_fn = decoding.make_decode_fn(model, config)
+  results = translate.translate(decode_fn, tokenizer, sentences, config, progress=False,
                                 target_prefixes=prefixes)
-  free = translate.translate(model, tokenizer, sentences, config, progress=False)
+  free = translate.translate(decode_fn, tokenizer, sentences, config, progress=False)
   for result, prefix, alone in zip(results, prefixes, free):
     assert result.texts[0].startswith(prefix), (result.texts[0], prefix)
     if not prefix:
       assert result.texts == alone.texts
   with pytest.raises(ValueError, match="2 target prefixes for 5 sentences"):
-    translate.translate(model, tokenizer, sentences, config, target_prefixes=["", ""])
+    translate.translate(decode_fn, tokenizer, sentences, config, target_prefixes=["", ""])
 
 
 @pytest.mark.slow

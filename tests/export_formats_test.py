@@ -15,8 +15,7 @@ WEIGHT_FLAGS = {"checkpoint_path", "average_last_n"}
 
 def test_every_format_declares_every_decoding_flag_of_the_command():
   """A new decoding option must say, per format, whether the export carries it."""
-  # pylint: disable=protected-access
-  decoding = set(t2t_flags._DECODE_FLAGS) - WEIGHT_FLAGS
+  decoding = set(t2t_flags.decoding_flags("export")) - WEIGHT_FLAGS
   for export_format in export.FORMATS.values():
     declared = set(export_format.carries) | set(export_format.instead)
     assert declared == decoding, (export_format.name, declared ^ decoding)

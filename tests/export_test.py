@@ -1,6 +1,7 @@
 """The SavedModel translates strings with only TensorFlow + TensorFlow Text, equals
 eager decoding, holds only registered ops and survives odd requests."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -11,10 +12,11 @@ import pytest
 import tensorflow as tf
 
 from t2t_keras import EOS_ID, PAD_ID
-from t2t_keras.inference import loading
-from t2t_keras.configs import DecodeConfig
+from t2t_keras.inference import decoding, loading
+from t2t_keras.configs import DecodeConfig, WeightsConfig
 from t2t_keras.data import tokenizer as tokenizer_lib
-from t2t_keras.export.saved_model import export_model_dir
+from t2t_keras.export import ExportSettings
+from t2t_keras.export.saved_model import export_from_settings
 from tests import inprocess
 from tests.conftest import (REPO_ROOT, TINY_EXPORT_DECODE, TINY_EXPORT_MAX_INPUT, SessionModel,
                             build_tiny_model_dir)
@@ -23,6 +25,13 @@ DECODE = DecodeConfig(beam_size=2, alpha=0.6, extra_decode_length=5, return_beam
 MAX_INPUT = 24
 SENTENCES = ["a small dog runs on the grass .", "Zwei Männer spielen Fußball.", "",
              "the man is smiling", "über", "x " * 40]
+
+
+def settings(model_dir, export_dir, weights=WeightsConfig(), **decode) -> ExportSettings:
+  """The ExportSettings of DECODE (and `decode`'s changes), sources cut to MAX_INPUT,
+  version 1."""
+  return ExportSettings(model_dir, export_dir, dataclasses.replace(
+      DECODE, max_input_length=MAX_INPUT, **decode), weights, version=1)
 
 
 @pytest.fixture(scope="module")
@@ -41,16 +50,16 @@ def test_constrain_trees_refuses_a_translation_model(model_dir, tmp_path):
   """--constrain_trees on a model that is no parser: a clear error, nothing written."""
   from t2t_keras.errors import ExportError  # pylint: disable=import-outside-toplevel
   with pytest.raises(ExportError, match=r"--constrain_trees with --model_dir=.*parsing model"):
-    export_model_dir(model_dir, str(tmp_path / "export"), DECODE, MAX_INPUT, version=1,
-                     constrain_trees=True)
+    export_from_settings(settings(model_dir, str(tmp_path / "export"), constrain_trees=True))
   assert not (tmp_path / "export").exists()
 
 
 def eager_translations(model_dir, sentences, dtype=None):
   from t2t_keras.inference import translate  # pylint: disable=import-outside-toplevel
   loaded = loading.load(model_dir, dtype=dtype)
-  return translate.translate(loaded.model, loaded.tokenizer, sentences, DECODE,
-                            max_input_length=MAX_INPUT, progress=False)
+  config = dataclasses.replace(DECODE, max_input_length=MAX_INPUT)
+  return translate.translate(decoding.make_decode_fn(loaded.model, config), loaded.tokenizer,
+                             sentences, config, progress=False)
 
 
 @pytest.mark.slow
@@ -107,8 +116,7 @@ def test_relative_position_model_export_equals_eager(tmp_path):
   cache, in a session without t2t_keras) translates as eager decoding."""
   model_dir = build_tiny_model_dir(str(tmp_path / "model"), seed=2,
                                    position_embedding="relative", max_relative_position=3)
-  path = export_model_dir(model_dir, str(tmp_path / "export"), DECODE, MAX_INPUT,
-                          version=1)
+  path = export_from_settings(settings(model_dir, str(tmp_path / "export")))
   assert_fresh_process_equals_eager(model_dir, path)
 
 
@@ -332,10 +340,8 @@ def test_decode_dtype_is_carried_into_the_export(model_dir, tmp_path):
   """--decode_dtype: the export computes in that dtype, as `decode --decode_dtype` does:
   it equals eager decoding in bfloat16, whose scores are not float32's."""
   from t2t_keras import export  # pylint: disable=import-outside-toplevel
-  settings = export.ExportSettings(model_dir=model_dir, export_dir=str(tmp_path),
-                                   decode_config=DECODE, max_input_length=MAX_INPUT,
-                                   decode_dtype="bfloat16", version=1)
-  out = SessionModel(export.SAVED_MODEL.export(settings)).run(
+  bfloat16 = settings(model_dir, str(tmp_path), WeightsConfig(dtype="bfloat16"))
+  out = SessionModel(export.SAVED_MODEL.export(bfloat16)).run(
       inputs=np.array(SENTENCES, object))
   eager = eager_translations(model_dir, SENTENCES, dtype="bfloat16")
   assert [t.decode() for t in out["outputs"]] == [t.texts[0] for t in eager]
@@ -348,8 +354,8 @@ def test_decode_dtype_is_carried_into_the_export(model_dir, tmp_path):
 def test_an_unknown_decode_dtype_is_refused_naming_the_flag(model_dir, tmp_path):
   from t2t_keras.errors import ExportError  # pylint: disable=import-outside-toplevel
   with pytest.raises(ExportError, match=r"--decode_dtype=float64 .*float32, bfloat16"):
-    export_model_dir(model_dir, str(tmp_path / "export"), DECODE, MAX_INPUT, version=1,
-                     dtype="float64")
+    export_from_settings(settings(model_dir, str(tmp_path / "export"),
+                                  WeightsConfig(dtype="float64")))
   assert not (tmp_path / "export").exists()
 
 
@@ -364,9 +370,9 @@ def test_prefix_signature_translates_as_the_decode_path(model_dir, export_path, 
                    target_prefix=np.array(prefixes, object))
   texts = [t.decode() for t in out["outputs"]]
   loaded = loading.load(model_dir)
-  eager = translate.translate(loaded.model, loaded.tokenizer, sentences, DECODE,
-                              max_input_length=MAX_INPUT, progress=False,
-                              target_prefixes=prefixes)
+  config = dataclasses.replace(DECODE, max_input_length=MAX_INPUT)
+  eager = translate.translate(decoding.make_decode_fn(loaded.model, config), loaded.tokenizer,
+                              sentences, config, progress=False, target_prefixes=prefixes)
   assert texts == [t.texts[0] for t in eager]
   np.testing.assert_allclose(out["scores"], [t.scores[0] for t in eager], rtol=1e-4,
                              atol=1e-5)

@@ -2,6 +2,7 @@
 tag pieces, each corpus's sources starting with its tag in the tokenized cache, and
 decode's --target_language (issue 35)."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from t2t_keras import language_tags
-from t2t_keras.inference import translate
+from t2t_keras.inference import decoding, translate
 from t2t_keras.configs import DataConfig, DecodeConfig
 from t2t_keras.data import pipeline, sources
 from t2t_keras.errors import DataError
@@ -113,9 +114,11 @@ def test_translate_puts_the_tag_first_and_counts_it(tmp_path):
   model = create_model(ModelConfig(vocab_size=tokenizer.vocab_size, hidden_size=16,
                                    filter_size=32, num_heads=2, num_hidden_layers=1))
   decode = DecodeConfig(beam_size=1, extra_decode_length=2)
-  plain = translate.translate(model, tokenizer, ["the dog runs"], decode, progress=False)
-  tagged = translate.translate(model, tokenizer, ["the dog runs"], decode, progress=False,
-                               target_language="en", max_input_length=3)
+  plain = translate.translate(decoding.make_decode_fn(model, decode), tokenizer,
+                              ["the dog runs"], decode, progress=False)
+  tagged_config = dataclasses.replace(decode, target_language="en", max_input_length=3)
+  tagged = translate.translate(decoding.make_decode_fn(model, tagged_config), tokenizer,
+                               ["the dog runs"], tagged_config, progress=False)
   assert tagged[0].source_ids[0] == tokenizer.tag_id("en")
   assert tagged[0].source_ids[1:-1] == plain[0].source_ids[:1] and tagged[0].truncated
 

@@ -1,6 +1,7 @@
 """The model card of an export names the run: its model, vocabulary, training data, dev
 BLEU with sacreBLEU's signature and weights; tools/saved_model_cli.py shows it."""
 
+import dataclasses
 import datetime
 import io
 import json
@@ -17,7 +18,8 @@ import t2t_keras
 from t2t_keras import metrics, model_card, modeldir
 from t2t_keras.inference import loading
 from t2t_keras.configs import DataConfig, DecodeConfig, ModelConfig
-from t2t_keras.export.saved_model import export_model_dir
+from t2t_keras.export import ExportSettings
+from t2t_keras.export.saved_model import export_from_settings
 from t2t_keras.tools import saved_model_cli
 from tests.conftest import REPO_ROOT
 
@@ -57,8 +59,9 @@ def run_dir(tiny_model_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def exported(run_dir, tmp_path_factory):
   before = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
-  path = export_model_dir(run_dir, str(tmp_path_factory.mktemp("card_export")), DECODE, 20,
-                          version=3)
+  path = export_from_settings(ExportSettings(
+      run_dir, str(tmp_path_factory.mktemp("card_export")),
+      dataclasses.replace(DECODE, max_input_length=20), version=3))
   after = datetime.datetime.now(datetime.timezone.utc)
   return path, before, after
 

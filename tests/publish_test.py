@@ -3,6 +3,7 @@ object store (TensorFlow's `ram://` file system stands in for gs://: Python's op
 fails there as on gs://), and checkpoint averaging works on such paths too."""
 # pylint: disable=redefined-outer-name  (pytest fixtures)
 
+import dataclasses
 import os
 import uuid
 
@@ -24,7 +25,8 @@ DECODE = DecodeConfig(beam_size=2, alpha=0.6, extra_decode_length=3)
 @pytest.fixture(scope="module")
 def translator(tiny_model_dir):
   loaded = loading.load(tiny_model_dir)
-  return saved_model.Translator(loaded.model, loaded.tokenizer, DECODE, 24,
+  return saved_model.Translator(loaded.model, loaded.tokenizer,
+                                dataclasses.replace(DECODE, max_input_length=24),
                                 vocab_file=modeldir.vocab_path(tiny_model_dir))
 
 

@@ -39,7 +39,7 @@ ROWS = [[5, 9, 12, 4], [7, 7], [20, 21, 22, 23, 24, 25]]
 
 
 def sample(model, rows, config, keys=None, jit=False):
-  fn = decoding.make_decode_fn(model, config, jit_compile=jit)
+  fn = decoding.make_decode_fn(model, dataclasses.replace(config, jit_compile=jit))
   keys = np.arange(len(rows), dtype=np.int32) if keys is None else np.asarray(keys, np.int32)
   ids, scores = fn(tf.constant(padded(rows)), tf.constant(keys))
   return ids.numpy(), scores.numpy()

@@ -47,9 +47,9 @@ def reverse(trained_reverse_dir):
 def test_scores_equal_the_beam_search_scores_of_its_outputs(reverse):
   """Teacher forcing over a model's own beam output (alpha 0) gives the score beam
   search computed step by step with its key/value cache."""
-  results = translate.translate(reverse.model, reverse.tokenizer, REVERSE_INPUTS,
-                               DecodeConfig(beam_size=4, alpha=0.0, extra_decode_length=5,
-                                            return_beams=True), progress=False)
+  config = DecodeConfig(beam_size=4, alpha=0.0, extra_decode_length=5, return_beams=True)
+  results = translate.translate(decoding.make_decode_fn(reverse.model, config),
+                                reverse.tokenizer, REVERSE_INPUTS, config, progress=False)
   sources = [r.source_ids for r in results for _ in r.ids]
   targets = [scoring.with_eos(ids) for r in results for ids in r.ids]
   forced = scoring.force(reverse.model, sources, targets)
@@ -79,9 +79,9 @@ def corruptions(ids, rng):
 @pytest.mark.slow
 def test_own_translation_outscores_its_corruptions(reverse):
   rng = np.random.default_rng(0)
-  results = translate.translate(reverse.model, reverse.tokenizer, REVERSE_INPUTS,
-                               DecodeConfig(beam_size=4, alpha=0.6, extra_decode_length=5),
-                               progress=False)
+  config = DecodeConfig(beam_size=4, alpha=0.6, extra_decode_length=5)
+  results = translate.translate(decoding.make_decode_fn(reverse.model, config),
+                                reverse.tokenizer, REVERSE_INPUTS, config, progress=False)
   for result in results:
     best = result.ids[0]
     others = corruptions(best, rng)
@@ -208,10 +208,10 @@ INPUTS = np.array([[5, 9, 12, 4, EOS_ID], [7, 8, EOS_ID, PAD_ID, PAD_ID]], np.in
 @pytest.mark.parametrize("beam,in_place", [(1, False), (4, False), (4, True)])
 def test_a_model_ensembled_with_itself_decodes_as_alone(pair, beam, in_place):
   model = pair[0]
-  config = DecodeConfig(beam_size=beam, alpha=0.6, extra_decode_length=6)
-  ids, scores = decoding.decode_ids(model, INPUTS, config, in_place_cache=in_place)
-  e_ids, e_scores = decoding.decode_ids(Ensemble([model, model]), INPUTS, config,
-                                        in_place_cache=in_place)
+  config = DecodeConfig(beam_size=beam, alpha=0.6, extra_decode_length=6,
+                        jit_compile=in_place)
+  ids, scores = decoding.decode_ids(model, INPUTS, config)
+  e_ids, e_scores = decoding.decode_ids(Ensemble([model, model]), INPUTS, config)
   np.testing.assert_array_equal(ids.numpy(), e_ids.numpy())
   np.testing.assert_allclose(scores.numpy(), e_scores.numpy(), atol=1e-5)
 
@@ -275,9 +275,9 @@ def test_two_seeds_ensemble_on_the_reverse_task(trained_reverse_dir, tmp_path):
   model, loaded = loading.load_ensemble([trained_reverse_dir, second])
   assert isinstance(model, Ensemble) and len(loaded) == 2
   extra = 5
-  results = translate.translate(model, loaded[0].tokenizer, lines,
-                               DecodeConfig(beam_size=4, alpha=0.0,
-                                            extra_decode_length=extra), progress=False)
+  config = DecodeConfig(beam_size=4, alpha=0.0, extra_decode_length=extra)
+  results = translate.translate(decoding.make_decode_fn(model, config), loaded[0].tokenizer,
+                                lines, config, progress=False)
   right = sum(r.texts[0].split() == l.split()[::-1] for r, l in zip(results, lines))
   assert right >= 30, right  # measured 38 of 40 (the first model alone: 37)
   # Outputs that ended with EOS before the length limit (a cut one is scored without).

@@ -4,6 +4,7 @@ flag and the request's value, before any tokenization or decoding, and the sessi
 answers the next request; ids outside the vocabulary are refused."""
 # pylint: disable=redefined-outer-name  (pytest fixtures)
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -15,7 +16,8 @@ import tensorflow as tf
 
 from t2t_keras import EOS_ID, modeldir
 from t2t_keras.configs import DecodeConfig
-from t2t_keras.export.saved_model import RequestLimits, export_model_dir, read_limits
+from t2t_keras.export import ExportSettings
+from t2t_keras.export.saved_model import RequestLimits, export_from_settings, read_limits
 from tests.conftest import REPO_ROOT, SessionModel
 
 DECODE = DecodeConfig(beam_size=2, alpha=0.6, extra_decode_length=5)
@@ -25,8 +27,9 @@ MAX_INPUT = 24
 @pytest.fixture(scope="module")
 def default_export(tiny_model_dir, tmp_path_factory):
   """An export with the default limits (256 rows, 16,384 bytes, 16,384 tokens)."""
-  path = export_model_dir(tiny_model_dir, str(tmp_path_factory.mktemp("limits")), DECODE,
-                          MAX_INPUT, version=1)
+  path = export_from_settings(ExportSettings(
+      tiny_model_dir, str(tmp_path_factory.mktemp("limits")),
+      dataclasses.replace(DECODE, max_input_length=MAX_INPUT), version=1))
   return path, SessionModel(path)
 
 

@@ -222,7 +222,7 @@ def test_dev_bleu_under_two_replicas_decodes_a_host_copy_as_the_plain_decode(mon
   translations of the current weights."""
   # pylint: disable=import-outside-toplevel
   from t2t_keras import metrics, train
-  from t2t_keras.inference import translate
+  from t2t_keras.inference import decoding, translate
   from t2t_keras.configs import DataConfig, DecodeConfig
   from t2t_keras.data import sources, tokenizer
   from t2t_keras.model import create_model
@@ -235,15 +235,17 @@ def test_dev_bleu_under_two_replicas_decodes_a_host_copy_as_the_plain_decode(mon
   trainer = Trainer(model_config, config, distribute.create_strategy(config))
   integers = tokenizer.IntegerTokenizer(source.vocab_size)
   decode_config = DecodeConfig(beam_size=2, extra_decode_length=2)
+  # The model the hook decodes with: the one its decoding function is made for.
+  decoded, real_make = [], decoding.make_decode_fn
+  monkeypatch.setattr(decoding, "make_decode_fn", lambda model, *args, **kwargs: (
+      decoded.append(model) or real_make(model, *args, **kwargs)))
   hook = train.dev_bleu_hook(trainer.model, integers, data, decode_config, 4,
                              strategy=trainer.strategy)
+  monkeypatch.setattr(decoding, "make_decode_fn", real_make)
   # Training moves the weights after the hook is made.
   rng = np.random.default_rng(2)
   trainer.model.set_weights([w + rng.normal(0, 0.5, w.shape).astype(w.dtype)
                              for w in trainer.model.get_weights()])
-  decoded, real_translate = [], translate.translate
-  monkeypatch.setattr(translate, "translate", lambda model, *args, **kwargs: (
-      decoded.append(model) or real_translate(model, *args, **kwargs)))
   hypotheses, real_report = [], metrics.bleu_report
   monkeypatch.setattr(metrics, "bleu_report",
                       lambda hyps, refs: hypotheses.append(hyps) or real_report(hyps, refs))
@@ -255,7 +257,7 @@ def test_dev_bleu_under_two_replicas_decodes_a_host_copy_as_the_plain_decode(mon
   assert all("CPU" in v.value.device for v in model.variables)  # ... on the host
   plain = create_model(model_config)
   plain.set_weights(trainer.model.get_weights())
-  expected = real_translate(plain, integers, source.dev_pairs(4)[0], decode_config,
-                            progress=False)
+  expected = translate.translate(decoding.make_decode_fn(plain, decode_config), integers,
+                                 source.dev_pairs(4)[0], decode_config, progress=False)
   assert texts == [o.texts[0] for o in expected]
   assert len(set(texts)) > 1, texts  # outputs that tell weights apart

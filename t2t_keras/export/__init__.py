@@ -16,8 +16,8 @@ a server, where a beam size the user believed fixed would differ without a trace
 refusal costs one edit of the command line, while a warning scrolls past in an export
 log. Settings a recipe flagfile holds are not refused (one flagfile serves train,
 decode and export). `tests/export_formats_test.py` checks that every format declares
-every decoding flag the command defines, so a new decoding option must say, per
-format, whether the export carries it.
+every decoding flag (`flags.decoding_flags`, the fields of the inference settings), so a
+new decoding option must say, per format, whether the export carries it.
 
 Each format module implements the same three functions, which `Format` calls:
 `default_dir(model_dir)`, `export_from_settings(settings)` (returns the path written)
@@ -32,6 +32,7 @@ import dataclasses
 import importlib
 from typing import Dict, Mapping, Optional, Tuple
 
+from t2t_keras.configs import DecodeConfig, WeightsConfig
 from t2t_keras.errors import ExportError
 
 # CTranslate2's weight types (`--quantization`); its `compute_type` can also convert
@@ -47,35 +48,27 @@ class ExportSettings:
   Attributes:
     model_dir: the model directory training wrote.
     export_dir: where the export goes (`Format.default_dir` when not given).
-    decode_config: a `configs.DecodeConfig` (beam size, alpha, extra decode length, ...).
-    max_input_length: sources are cut to this many subwords (EOS included).
-    checkpoint_path, average_last_n: which weights (`flags.checkpoint_choice`).
-    decode_dtype: the compute dtype to export with (None: the model's own).
-    constrain_trees: a parsing model's export writes only valid trees.
+    decode_config: the inference settings, a `configs.DecodeConfig` (beam size, alpha,
+      extra decode length, max_input_length, constrain_trees, target_language, ...):
+      what the artifact carries (`Format.carries`).
+    weights: which weights, in which dtype (`configs.WeightsConfig`).
     version: the SavedModel version (0: the Unix time).
     jit_compile: the SavedModel's beam search compiled with XLA.
     max_request_rows, max_string_bytes, max_request_tokens: the SavedModel's
       per-request limits.
     quantization: CTranslate2's weight type (None: float32).
-    target_language: a multilingual model's language for serving_default (None: the
-      dev files').
   """
 
   model_dir: str
   export_dir: str
-  decode_config: object
-  max_input_length: int = 256
-  checkpoint_path: Optional[str] = None
-  average_last_n: int = 0
-  decode_dtype: Optional[str] = None
-  constrain_trees: bool = False
+  decode_config: DecodeConfig = DecodeConfig()
+  weights: WeightsConfig = WeightsConfig()
   version: int = 0
   jit_compile: bool = False
   max_request_rows: int = 256
   max_string_bytes: int = 16384
   max_request_tokens: int = 16384
   quantization: Optional[str] = None
-  target_language: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,8 +188,3 @@ CTRANSLATE2 = Format(
 
 FORMATS: Dict[str, Format] = {f.name: f for f in (SAVED_MODEL, CTRANSLATE2)}
 
-
-def console_main() -> None:
-  """The `t2t-export` console script (setup.py): runs the command of `__main__.py`."""
-  from t2t_keras.export import __main__ as command  # pylint: disable=import-outside-toplevel
-  command.console_main()

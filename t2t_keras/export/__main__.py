@@ -74,20 +74,16 @@ def run() -> None:
   export_format = export.FORMATS[FLAGS.format]
   for warning in t2t_flags.check_inference_flags(
       sys.argv, modeldir.load_model_config(FLAGS.model_dir), "export",
-      reads=("export_dir", "format", "quantization", "constrain_trees", "target_language"),
+      reads=("export_dir",),
       requested_vocab_size=modeldir.data_config_of(FLAGS.model_dir).vocab_size):
     logging.warning(warning)
-  checkpoint_path, average_last_n = t2t_flags.checkpoint_choice(sys.argv)
   settings = export.ExportSettings(
       model_dir=FLAGS.model_dir,
       export_dir=FLAGS.export_dir or export_format.default_dir(FLAGS.model_dir),
-      decode_config=t2t_flags.decode_config(), max_input_length=FLAGS.max_input_length,
-      checkpoint_path=checkpoint_path, average_last_n=average_last_n,
-      decode_dtype=FLAGS.decode_dtype, constrain_trees=FLAGS.constrain_trees,
+      decode_config=t2t_flags.decode_config(), weights=t2t_flags.weights_config(sys.argv),
       version=FLAGS.export_version, jit_compile=FLAGS.export_jit_compile,
       max_request_rows=FLAGS.max_request_rows, max_string_bytes=FLAGS.max_string_bytes,
-      max_request_tokens=FLAGS.max_request_tokens, quantization=FLAGS.quantization,
-      target_language=FLAGS.target_language)
+      max_request_tokens=FLAGS.max_request_tokens, quantization=FLAGS.quantization)
   path = export_format.export(settings)
   print(export_format.describe(path, settings))
 

@@ -252,8 +252,8 @@ def export_from_settings(settings: ExportSettings) -> str:
   writes it as a CTranslate2 model directory (weights of `settings.quantization`)."""
   from t2t_keras import modeldir  # pylint: disable=import-outside-toplevel
   from t2t_keras.inference import loading  # pylint: disable=import-outside-toplevel
-  loaded = loading.load(settings.model_dir, settings.checkpoint_path,
-                        settings.average_last_n, "float32")
+  loaded = loading.load(settings.model_dir, settings.weights.checkpoint_path,
+                        settings.weights.average_last_n, "float32")
   vocab = modeldir.vocab_path(settings.model_dir)
   return export(loaded.model, loaded.model_config, loaded.tokenizer, settings.export_dir,
                 quantization=settings.quantization,

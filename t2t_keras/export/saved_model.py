@@ -116,15 +116,20 @@ def _check(condition, template: str, *values):
 class Translator(tf.Module):
   """The exported module: model weights, tokenizer and decoding functions."""
 
-  def __init__(self, model, tokenizer, config: DecodeConfig, max_input_length: int,
+  def __init__(self, model, tokenizer, config: DecodeConfig, *,
                vocab_file: Optional[str] = None, tree_constraint=None,
                jit_compile: bool = False, limits: Optional[RequestLimits] = None,
-               data_config=None, target_language: Optional[str] = None):
+               data_config=None):
+    """Args: `config` the inference settings the export carries (`Format.carries`:
+    sources cut to `config.max_input_length`, serving_default translating into
+    `config.target_language`, default the dev files'); `jit_compile` the XLA beam
+    search (`--export_jit_compile`; `config.jit_compile` is the decode command's);
+    `tree_constraint` the `TreeConstraint` of `config.constrain_trees`."""
     super().__init__(name="translator")
-    # A multilingual model's target languages: name -> tag id (language_tags.py);
-    # serving_default translates into `target_language` (default: the dev files').
+    # A multilingual model's target languages: name -> tag id (language_tags.py).
     self.languages = [] if data_config is None else language_tags.languages(data_config)
     self.default_tag = None
+    target_language = config.target_language
     if data_config is not None:
       try:
         target_language = language_tags.check_request(target_language, data_config,
@@ -146,8 +151,14 @@ class Translator(tf.Module):
     self.tokenizer = tokenizer
     self.config = config
     self.tree_constraint = tree_constraint  # parsing: only valid trees (or None)
-    self.max_input_length = int(max_input_length)
+    self.max_input_length = int(config.max_input_length)
     self.jit_compile = bool(jit_compile)
+    # The graph-mode search, and the XLA one: fixed shapes, a request one batch of at
+    # most max_rows rows (padded to a power of two), which caps its halvings.
+    self.graph_config = dataclasses.replace(config, jit_compile=False)
+    self.xla_config = dataclasses.replace(
+        config, jit_compile=True,
+        batch_size=decoding.padded_width(self.limits.max_rows, minimum=1))
     if self.jit_compile:
       # Beam search alone is compiled (the string ops stay outside: XLA has no
       # tokenizer); XLA compiles once per input shape, so batches are padded to a
@@ -245,14 +256,10 @@ class Translator(tf.Module):
       # The ride-along row would double the padded rows of a power-of-two batch; XLA
       # needs it only for an empty request.
       return self._decode_bucketed(ids[:tf.maximum(batch, 1)])
-    return decoding.decode_ids(self.model, ids, self.config,
-                               tree_constraint=self.tree_constraint)
+    return decoding.decode_ids(self.model, ids, self.graph_config, self.tree_constraint)
 
   def _decode_padded(self, ids):
-    max_rows = decoding.padded_width(self.limits.max_rows, minimum=1)
-    return decoding.decode_ids(self.model, ids, self.config, in_place_cache=True,
-                               tree_constraint=self.tree_constraint,
-                               halvings=decoding.xla_halvings(self.config, max_rows))
+    return decoding.decode_ids(self.model, ids, self.xla_config, self.tree_constraint)
 
   def _decode_bucketed(self, ids):
     """XLA export: pads ids [B, S] to [R, W] (R the next power of two >= B, W the next
@@ -360,8 +367,8 @@ class Translator(tf.Module):
     strings = tf.strings.unicode_transcode(target_prefix, "UTF-8", "UTF-8", errors="replace",
                                            replacement_char=0xFFFD)
     prefix = tf.cast(self.tokenizer.tokenize(strings), tf.int32)[:, :self.max_input_length]
-    output_ids, scores = decoding.decode_ids(self.model, ids, self.config,
-                                             tree_constraint=self.tree_constraint,
+    output_ids, scores = decoding.decode_ids(self.model, ids, self.graph_config,
+                                             self.tree_constraint,
                                              target_prefix=prefix.to_tensor(PAD_ID))
     return self._outputs(output_ids, scores, batch)
 
@@ -482,33 +489,24 @@ def read_limits(path: str) -> dict:
     return json.load(f)
 
 
-def export_model_dir(model_dir: str, export_dir: str, decode_config, max_input_length: int,
-                     checkpoint_path=None, average_last_n: int = 0, version: int = 0,
-                     constrain_trees: bool = False, jit_compile: bool = False,
-                     limits: Optional[RequestLimits] = None,
-                     dtype: Optional[str] = None,
-                     target_language: Optional[str] = None) -> str:
-  """Loads model_dir and exports it; returns the versioned export path.
-
-  `constrain_trees`: a parsing model's export writes only valid trees (ExportError
-  for a model that is not a parsing model). `jit_compile`: beam search compiled with
-  XLA (`Translator`). `limits`: per-request limits (default `RequestLimits()`).
-  `dtype`: the compute dtype of the exported graph (`--decode_dtype`; default the
-  model's own), as `python -m t2t_keras.decode --decode_dtype` decodes.
-  """
+def translator_of(settings: ExportSettings) -> tuple:
+  """(the `Translator` of the model directory's weights and settings, the checkpoints
+  its weights come from). ExportError for a --decode_dtype the model cannot take and
+  for --constrain_trees on a model that is no parser."""
   # pylint: disable=import-outside-toplevel
   from t2t_keras import modeldir
   from t2t_keras.inference import loading
-  from t2t_keras.errors import ExportError
+  model_dir, config, dtype = settings.model_dir, settings.decode_config, settings.weights.dtype
   if dtype:
     try:
       dataclasses.replace(modeldir.load_model_config(model_dir), dtype=dtype).validate()
     except ValueError as error:
       raise ExportError(f"--decode_dtype={dtype} sets the exported model's dtype: "
                         f"{error}") from None
-  loaded = loading.load(model_dir, checkpoint_path, average_last_n, dtype)
+  loaded = loading.load(model_dir, settings.weights.checkpoint_path,
+                        settings.weights.average_last_n, dtype)
   constraint = None
-  if constrain_trees:
+  if config.constrain_trees:
     from t2t_keras.parsing.constraint import TreeConstraint
     try:
       constraint = TreeConstraint.from_tokenizer(
@@ -517,12 +515,11 @@ def export_model_dir(model_dir: str, export_dir: str, decode_config, max_input_l
       raise ExportError(f"--constrain_trees with --model_dir={model_dir}: {error}") from None
   vocab = modeldir.vocab_path(model_dir)
   translator = Translator(
-      loaded.model, loaded.tokenizer, decode_config, max_input_length,
+      loaded.model, loaded.tokenizer, config,
       vocab_file=vocab if getattr(loaded.tokenizer, "model_proto", None) else None,
-      tree_constraint=constraint, jit_compile=jit_compile, limits=limits,
-      data_config=loaded.data_config, target_language=target_language)
-  return export(translator, export_dir, version or None, model_dir,
-                loaded.checkpoints)
+      tree_constraint=constraint, jit_compile=settings.jit_compile,
+      limits=limits_of(settings), data_config=loaded.data_config)
+  return translator, loaded.checkpoints
 
 
 # The format's interface (t2t_keras/export/__init__.py: `Format`).
@@ -537,13 +534,12 @@ def limits_of(settings: ExportSettings) -> RequestLimits:
 
 
 def export_from_settings(settings: ExportSettings) -> str:
-  """Writes `<export_dir>/<version>/`; returns it."""
-  return export_model_dir(settings.model_dir, settings.export_dir, settings.decode_config,
-                          settings.max_input_length, settings.checkpoint_path,
-                          settings.average_last_n, settings.version,
-                          settings.constrain_trees, jit_compile=settings.jit_compile,
-                          limits=limits_of(settings), dtype=settings.decode_dtype,
-                          target_language=settings.target_language)
+  """Loads the model directory and writes `<export_dir>/<version>/` (the model's
+  compute dtype `settings.weights.dtype`, --decode_dtype, default its own, as
+  `python -m t2t_keras.decode --decode_dtype` decodes); returns it."""
+  translator, checkpoints = translator_of(settings)
+  return export(translator, settings.export_dir, settings.version or None,
+                settings.model_dir, checkpoints)
 
 
 def describe(path: str, settings: ExportSettings) -> str:
@@ -551,7 +547,7 @@ def describe(path: str, settings: ExportSettings) -> str:
   server_flag = " --xla_cpu_compilation_enabled=true" if settings.jit_compile else ""
   warmup = ""
   if settings.jit_compile:
-    count = len(xla_buckets(settings.max_input_length, limits))
+    count = len(xla_buckets(settings.decode_config.max_input_length, limits))
     warmup = (f"\n  {count} XLA programs (rows x source width) are compiled when TF Serving "
               f"loads it ({WARMUP_FILE}): the model is available after that, and no "
               "request waits for a compilation")
@@ -560,7 +556,7 @@ def describe(path: str, settings: ExportSettings) -> str:
           + f"\n  limits per request: {limits.max_rows} rows (--max_request_rows), "
           f"{limits.max_string_bytes} bytes per string (--max_string_bytes), "
           f"{limits.max_tokens} source tokens (--max_request_tokens); sources cut to "
-          f"{settings.max_input_length} subwords (--max_input_length)"
+          f"{settings.decode_config.max_input_length} subwords (--max_input_length)"
           + f"\n  python tools/saved_model_cli.py show --dir {path} --all\n"
           f"  tensorflow_model_server --rest_api_port=8501 --model_name=transformer "
           f"--model_base_path={os.path.abspath(settings.export_dir)}{server_flag}")

@@ -43,12 +43,13 @@ def pieces(tokenizer, ids) -> List[str]:
   return [processor.id_to_piece(int(i)) for i in ids]
 
 
-def attention_maps(model, tokenizer, sentence: str, config: DecodeConfig,
-                   max_input_length: int = 0) -> AttentionMaps:
-  """Translates `sentence` and returns the attention of every layer and head."""
+def attention_maps(model, tokenizer, sentence: str, config: DecodeConfig) -> AttentionMaps:
+  """Translates `sentence` with the settings `config` (its source cut to
+  `config.max_input_length`) and returns the attention of every layer and head."""
   ids = list(tokenizer.tokenize(tf.constant([sentence])).to_list()[0]) + [EOS_ID]
-  if max_input_length and len(ids) > max_input_length:
-    ids = ids[:max_input_length - 1] + [EOS_ID]
+  limit = config.max_input_length
+  if limit and len(ids) > limit:
+    ids = ids[:limit - 1] + [EOS_ID]
   inputs = tf.constant([ids], tf.int32)
   output_ids, _ = decoding.decode_ids(model, inputs, config)
   target = translate.strip_ids(output_ids[0, 0].numpy()) + [EOS_ID]

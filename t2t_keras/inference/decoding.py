@@ -4,10 +4,10 @@
 keys/values are projected once per sentence (its beams share them), and the decoder runs one
 position per step over a self-attention cache (`Transformer.decode_step`) that grows
 by one position per step in graph mode and has a fixed size under XLA.
-Beam search reorders the cache by parent beam each step; with `in_place_cache` (for
-XLA) and beams up to `MAX_SLOTTED_BEAM`, the cache instead keeps a slot per beam in
-place and beam search reorders a small table of which slot holds each position of
-each hypothesis.
+Beam search reorders the cache by parent beam each step; under XLA
+(`DecodeConfig.jit_compile`) and with beams up to `MAX_SLOTTED_BEAM`, the cache instead
+keeps a slot per beam in place and beam search reorders a small table of which slot
+holds each position of each hypothesis.
 Beam size 1 is greedy (arg-max) decoding; larger beams use `beam_search.beam_search`.
 The same function is traced into the exported SavedModel. Decoding options that
 change which tokens may come (the minimum length, the length limit, the tree constraint
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
   from t2t_keras.parsing.constraint import TreeConstraint
 
 
-# With `in_place_cache` (for XLA), beams up to this size keep the self-attention cache
+# Under XLA (`DecodeConfig.jit_compile`), beams up to this size keep the self-attention cache
 # in place (one slot per beam, attention over all K slots with a mask) instead of
 # reordering it every step, and XLA writes each step's keys/values into the buffer.
 # Without XLA, TensorFlow copies the cache on the write anyway and the wider attention
@@ -78,32 +78,30 @@ def padded_width(width: int, minimum: int = MIN_XLA_WIDTH) -> int:
 
 
 def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
-               decode_length=None, in_place_cache: bool = False,
-               tree_constraint: Optional[TreeConstraint] = None,
+               tree_constraint: Optional[TreeConstraint] = None, *,
                keys: Optional[tf.Tensor] = None,
-               target_prefix: Optional[tf.Tensor] = None,
-               halvings: Optional[int] = None) -> tuple:
+               target_prefix: Optional[tf.Tensor] = None) -> tuple:
   """Decodes a padded batch of source ids.
 
   Args:
     model: a built `Transformer`, or an `ensemble.Ensemble` of them.
     inputs: int32 (B, S) source ids ending with EOS, PAD after.
-    config: beam size, alpha, extra decode length.
-    decode_length: maximum generated tokens; default S + config.extra_decode_length.
-    in_place_cache: for XLA: fixed-size caches, kept in place for beams up to
-      `MAX_SLOTTED_BEAM`; otherwise (graph mode) the caches grow by a position per
+    config: the settings: the search (beam size, alpha, sampling), the output length
+      (extra decode length; `decode_length`, a fixed width, default S + the extra
+      length), the options (minimum length) and the cache layout: with `jit_compile`
+      the fixed-size caches XLA needs (the caller compiles), kept in place for beams up
+      to `MAX_SLOTTED_BEAM`, the batch halving as its sentences finish
+      (`xla_halvings` of the rows of `inputs`' static shape, else of
+      `config.batch_size`); otherwise (graph mode) the caches grow by a position per
       step. Same results either way.
     tree_constraint: parsing only: allow only outputs that are a tree over exactly the
-      source's words (`TreeConstraint`); None decodes freely.
+      source's words (`TreeConstraint`, made for `config.constrain_trees`); None
+      decodes freely.
     keys: sampling only: (B,) int32, each input's key (its line number), which with
       `config.seed` decides its samples; default 0..B-1.
     target_prefix: optional (B, P) int32 target ids each output must start with (no
       EOS; PAD after, an all-PAD row is free), `processors.TargetPrefix`; a row's
       output limit is at least its prefix length + `config.extra_decode_length`.
-    halvings: beam search with `in_place_cache` only: how many times the batch may
-      halve as its sentences finish (`beam_search.HalvingBatch`); default
-      `xla_halvings(config, rows)` for the rows of `inputs`' static shape. Same
-      results.
 
   Returns:
     ids (B, K, decode_length) int32 (K = beam size, best first; PAD after EOS) and
@@ -113,6 +111,7 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
     sampling, K = num_samples and the scores are the samples' plain log probabilities.
   """
   inputs = tf.cast(inputs, tf.int32)
+  max_rows = inputs.shape[0] if inputs.shape[0] is not None else config.batch_size
   if target_prefix is not None:
     target_prefix = tf.cast(target_prefix, tf.int32)
   samples = config.num_samples if config.sampling else 1
@@ -122,20 +121,19 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
   # Beam search may stop as soon as the results the caller reads are final.
   results = k if config.return_beams else 1
   batch = tf.shape(inputs)[0]
-  decode_length, limits = _output_lengths(config, inputs, decode_length, tree_constraint,
-                                          target_prefix)
+  decode_length, limits = _output_lengths(config, inputs, tree_constraint, target_prefix)
   # The encoder output, its cross-attention keys/values and the source mask stay one
   # row per sentence: the K hypotheses of a sentence share them (never tiled).
   encoded, memory_mask = model.encode(inputs, training=False)
   cross_key_values = model.cross_key_values(encoded)
   start = tf.fill([batch], BOS_ID)
-  options = processors_for(config, tree_constraint, target_prefix is not None)
+  options = processors.for_config(config, tree_constraint, target_prefix is not None)
   rows = processors.Rows(inputs=per_row(inputs, k), limits=per_row(limits, k),
-                         prefix=None if target_prefix is None else per_row(target_prefix, k))
+                         prefix=None if target_prefix is None else per_row(target_prefix, k),
+                         vocab_size=model.model_config.vocab_size)
 
-  if halvings is None:
-    halvings = xla_halvings(config, inputs.shape[0])
-  layout = cache_layout(model, k, decode_length, in_place_cache, halvings)
+  layout = cache_layout(model, k, decode_length, config.jit_compile,
+                        xla_halvings(config, max_rows))
   # What every step reads and never changes, one row per sentence: passed to the step as the
   # search's context, so that it leaves the batch with its sentence.
   context = (cross_key_values, memory_mask, (encoded, inputs) if layout.pointing else ())
@@ -168,7 +166,7 @@ def _per_sample(inputs, keys, target_prefix, samples: int):
   return beam_search_lib.tile_beams(inputs, samples), keys, target_prefix
 
 
-def _output_lengths(config: DecodeConfig, inputs, decode_length,
+def _output_lengths(config: DecodeConfig, inputs,
                     tree_constraint: Optional[TreeConstraint], target_prefix):
   """The buffers' length (scalar) and each sentence's output limit (B,) (see the
   module docstring), both grown by a copying tree's words and by a target prefix."""
@@ -178,6 +176,7 @@ def _output_lengths(config: DecodeConfig, inputs, decode_length,
   # (The buffers get one more position per source piece, a bound known from the
   # shape alone, as XLA needs.)
   copied = tf.zeros([tf.shape(inputs)[0]], tf.int32)
+  decode_length = config.decode_length
   if decode_length is None:
     decode_length = tf.shape(inputs)[1] + config.extra_decode_length
   if tree_constraint is not None and tree_constraint.linearization == "words":
@@ -319,33 +318,29 @@ def per_row(t: tf.Tensor, k: int) -> tf.Tensor:
   return t if k == 1 else beam_search_lib.tile_beams(t, k)
 
 
-def processors_for(config: DecodeConfig,
-                   tree_constraint: Optional[TreeConstraint] = None,
-                   target_prefix: bool = False) -> list:
-  """The decoding options of `config`, in the order they apply: the target prefix,
-  the tree constraint, the minimum length, then the length limit (last, so that it
-  wins)."""
-  options = [processors.TargetPrefix()] if target_prefix else []
-  if tree_constraint is not None:
-    options.append(tree_constraint)
-  if config.min_decode_length > 0:
-    options.append(processors.MinLength(config.min_decode_length))
-  return options + [processors.LengthLimit()]
-
-
 def make_decode_fn(model, config: DecodeConfig,
-                   jit_compile: Optional[bool] = None,
-                   tree_constraint: Optional[TreeConstraint] = None,
-                   target_prefix: bool = False) -> Callable:
-  """A tf.function (B, S) int32 -> (ids, scores), traced once per rank of shapes.
+                   tree_constraint: Optional[TreeConstraint] = None) -> Callable:
+  """A function (B, S) int32 -> (ids, scores) decoding with `decode_ids`, for
+  `t2t_keras.inference.translate`.
 
-  Its arguments: the inputs; when sampling, each input's key (see `decode_ids`); with
-  `target_prefix`, the (B, P) prefix ids.
-  With XLA (`jit_compile`, default `config.jit_compile`) it compiles once per distinct
-  shape: `t2t_keras.inference.translate` pads batches to few shapes (`padded_width`).
+  Its arguments: the inputs; when sampling, each input's key (see `decode_ids`); and,
+  when given, the (B, P) prefix ids. Each of the two kinds of call (with a prefix and
+  without) is a tf.function traced once per rank of shapes; under XLA
+  (`config.jit_compile`) it compiles once per distinct shape:
+  `t2t_keras.inference.translate` pads batches to few shapes (`padded_width`).
   """
-  if jit_compile is None:
-    jit_compile = config.jit_compile
+  functions = {}
+
+  def decode(inputs, *args):
+    prefixed = len(args) > int(config.sampling)
+    if prefixed not in functions:
+      functions[prefixed] = _traced(model, config, tree_constraint, prefixed)
+    return functions[prefixed](inputs, *args)
+  return decode
+
+
+def _traced(model, config: DecodeConfig, tree_constraint, target_prefix: bool):
+  """`decode_ids` as a tf.function of the inputs, [the keys], [the prefix ids]."""
   signature = [tf.TensorSpec([None, None], tf.int32)]
   if config.sampling:  # the keys decide each input's samples
     signature.append(tf.TensorSpec([None], tf.int32))
@@ -356,12 +351,11 @@ def make_decode_fn(model, config: DecodeConfig,
     args = list(args)
     keys = args.pop(0) if config.sampling else None
     prefix = args.pop(0) if target_prefix else None
-    # `t2t_keras.inference.translate` pads XLA batches to at most config.batch_size rows (a
-    # larger batch, from `translate.exact_match`, halves fewer times than it could).
-    return decode_ids(model, inputs, config, in_place_cache=jit_compile,
-                      tree_constraint=tree_constraint, keys=keys, target_prefix=prefix,
-                      halvings=xla_halvings(config, config.batch_size))
+    # `t2t_keras.inference.translate` pads XLA batches to at most config.batch_size rows
+    # (a larger batch, from `translate.exact_match`, halves fewer times than it could).
+    return decode_ids(model, inputs, config, tree_constraint, keys=keys,
+                      target_prefix=prefix)
   # No autograph: decoding has no Python control flow on tensors (the loops are
   # explicit tf.while_loops), and tracing plain Python is faster and more predictable.
-  return tf.function(decode, input_signature=signature, jit_compile=jit_compile or None,
-                     autograph=False)
+  return tf.function(decode, input_signature=signature,
+                     jit_compile=config.jit_compile or None, autograph=False)

@@ -47,21 +47,25 @@ class Ensemble:
     """The members' pre-softmax projections, for `decode_step(..., output_kernel=)`."""
     return tuple(m.output_kernel() for m in self.models)
 
-  def decode_step(self, ids, index, cache, cross_key_values, memory_mask, slots=None,
-                  source_pointer=None, grow=False, output_kernel=None):
+  def decode_step(self, ids, index, cache, cross_key_values, memory_mask, **options):
     """The members' average log probabilities (B * K, V) and their updated caches.
 
-    `source_pointer`: (the members' encoder outputs, as `encode` returns them, one
-    row per sentence; the pointer per hypothesis), when `uses_source_pointer`."""
+    `options` are `Transformer.decode_step`'s (slots, grow, ...), passed to every
+    member; two are the members' own, one entry each: `output_kernel` (as
+    `output_kernel()` returns them) and `source_pointer` (the members' encoder
+    outputs, as `encode` returns them, one row per sentence; the pointer per
+    hypothesis), when `uses_source_pointer`."""
+    output_kernel = options.pop("output_kernel", None)
+    source_pointer = options.pop("source_pointer", None)
     log_probs, caches = [], []
     for i, (model, model_cache, key_values) in enumerate(
         zip(self.models, cache, cross_key_values)):
-      extra = {}
+      extra = dict(options)
       if getattr(model, "uses_source_pointer", False):
         encoded, pointer = source_pointer
         extra["source_pointer"] = (encoded[i], pointer)
       logits, model_cache = model.decode_step(
-          ids, index, model_cache, key_values, memory_mask, slots=slots, grow=grow,
+          ids, index, model_cache, key_values, memory_mask,
           output_kernel=None if output_kernel is None else output_kernel[i], **extra)
       log_probs.append(tf.nn.log_softmax(tf.cast(logits, tf.float32)))
       caches.append(model_cache)

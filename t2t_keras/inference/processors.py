@@ -10,7 +10,7 @@ the options.
 Protocol: `processor.start(rows)` binds the processor to a batch and returns
 `(step, initial_state)`:
   * `rows` (`Rows`): per-hypothesis tensors of the batch (R = batch x beam rows): the
-    source ids and the output length limit;
+    source ids and the output length limit (and the vocabulary size V);
   * `initial_state`: a nest of tensors with leading dimension R (or `()`), the
     processor's memory of each hypothesis' history (e.g. brackets opened so far);
   * `step(logits, ids, index, state) -> (logits, state)`: float32 logits (R, V) of
@@ -23,16 +23,23 @@ Per-row tensors a step reads (taken from `rows`) belong in its state too, not in
 step's closure: in graph mode a sentence whose result is final leaves the batch
 (`beam_search.ShrinkingBatch`), and only the state follows.
 Processors run in order; the length limit comes last, so that it wins.
+
+`for_config` lists the processors of the inference settings (`configs.DecodeConfig`):
+a new decoding option is its setting there and its processor here.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
 from t2t_keras import EOS_ID, PAD_ID
+from t2t_keras.configs import DecodeConfig
 from t2t_keras.inference.beam_search import NEG_INF
+
+if TYPE_CHECKING:
+  from t2t_keras.parsing.constraint import TreeConstraint
 
 Step = Callable[[tf.Tensor, tf.Tensor, tf.Tensor, Any], Tuple[tf.Tensor, Any]]
 
@@ -43,6 +50,20 @@ class Rows(NamedTuple):
   inputs: tf.Tensor  # (R, S) int32 source ids, EOS then PAD
   limits: tf.Tensor  # (R,) int32: EOS is forced at position limits - 1
   prefix: Optional[tf.Tensor] = None  # (R, P) int32 forced first target ids, PAD after
+  vocab_size: Optional[int] = None  # V, the logits' width
+
+
+def for_config(config: DecodeConfig, tree_constraint: Optional[TreeConstraint] = None,
+               target_prefix: bool = False) -> List["Processor"]:
+  """The decoding options of `config`, in the order they apply: the target prefix,
+  the tree constraint (parsing, `config.constrain_trees`: its `TreeConstraint`), the
+  minimum length, then the length limit (last, so that it wins)."""
+  options = [TargetPrefix()] if target_prefix else []
+  if tree_constraint is not None:
+    options.append(tree_constraint)
+  if config.min_decode_length > 0:
+    options.append(MinLength(config.min_decode_length))
+  return options + [LengthLimit()]
 
 
 class Processor:

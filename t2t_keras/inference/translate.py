@@ -14,7 +14,7 @@ import concurrent.futures
 import dataclasses
 import sys
 import time
-from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -22,10 +22,6 @@ import tensorflow as tf
 from t2t_keras import BOS_ID, EOS_ID, PAD_ID, console
 from t2t_keras.inference import decoding
 from t2t_keras.configs import DecodeConfig
-
-if TYPE_CHECKING:
-  from t2t_keras.parsing.constraint import TreeConstraint
-
 
 def strip_ids(ids: Sequence[int]) -> List[int]:
   """Ids before the first EOS, without PAD or BOS."""
@@ -66,16 +62,15 @@ def truncation_note(cut: int, total: int, max_input_length: int, what: str = "in
           f"--max_input_length to {doing} them whole.")
 
 
-def translate(model, tokenizer, sentences: Sequence[str], config: DecodeConfig,
-              max_input_length: int = 0, decode_fn: Optional[Callable] = None,
-              progress: bool = True,
-              tree_constraint: Optional[TreeConstraint] = None,
-              target_prefixes: Optional[Sequence[str]] = None,
-              target_language: Optional[str] = None) -> List[Translation]:
+def translate(decode_fn: Callable, tokenizer, sentences: Sequence[str],
+              config: DecodeConfig, *, target_prefixes: Optional[Sequence[str]] = None,
+              progress: bool = True) -> List[Translation]:
   """Translates strings; the result is in input order.
 
-  Sentences are tokenized in the graph, sorted by length and decoded in batches of
-  `config.batch_size` sentences, and of `config.batch_tokens` source tokens when set
+  Sentences are tokenized in the graph (a multilingual model's sources start with the
+  tag of `config.target_language`, language_tags.py), cut to `config.max_input_length`
+  tokens (EOS and tag included; 0 = no cut), sorted by length and decoded in batches
+  of `config.batch_size` sentences, and of `config.batch_tokens` source tokens when set
   (`batches`; little of each batch is padding), then put back in input order. With
   `config.jit_compile` (XLA) every batch is padded to `config.batch_size` rows (with a
   token cap, to the next power of two rows; filler rows hold a lone EOS and are
@@ -85,41 +80,25 @@ def translate(model, tokenizer, sentences: Sequence[str], config: DecodeConfig,
   runtime starts, as the decode command does (`decode.choose_parallel_batches`).
 
   Args:
-    model: a built Transformer.
+    decode_fn: `decoding.make_decode_fn(model, config, ...)`: the model, and the tree
+      constraint of a parsing model, are its.
     tokenizer: the data tokenizer (tokenize/detokenize).
     sentences: source strings.
-    config: decoding settings.
-    max_input_length: keep at most this many source tokens (EOS included); 0 = all.
-    decode_fn: a function from `make_decode_fn` (made here if None).
-    progress: print a progress line to stderr.
-    tree_constraint: parsing: only trees over the source's words (`TreeConstraint`;
-      ignored when `decode_fn` is given).
+    config: the settings `decode_fn` was made with.
     target_prefixes: one string per sentence (may be empty) that its translation
-      must start with (`processors.TargetPrefix`); a given `decode_fn` must then come
-      from `make_decode_fn(..., target_prefix=True)`.
-    target_language: a multilingual model's target language: its tag (language_tags.py)
-      starts every source, counted in `max_input_length`.
+      must start with (`processors.TargetPrefix`).
+    progress: print a progress line to stderr.
   """
   if not sentences:
     return []
   if target_prefixes is not None and len(target_prefixes) != len(sentences):
     raise ValueError(f"{len(target_prefixes)} target prefixes for {len(sentences)} "
                      "sentences: give one per sentence (an empty one decodes freely)")
-  decode_fn = decode_fn or decoding.make_decode_fn(model, config, tree_constraint=tree_constraint,
-                                                   target_prefix=target_prefixes is not None)
   prefixes = None
   if target_prefixes is not None:
     prefixes = [list(p) for p in tokenizer.tokenize(tf.constant(list(target_prefixes),
                                                                 tf.string)).to_list()]
-  ids = tokenizer.tokenize(tf.constant(list(sentences))).to_list()
-  tag = [tokenizer.tag_id(target_language)] if target_language else []
-  sources, truncated = [], []
-  for seq in ids:
-    seq = tag + list(seq) + [EOS_ID]
-    truncated.append(bool(max_input_length) and len(seq) > max_input_length)
-    if truncated[-1]:
-      seq = seq[:max_input_length - 1] + [EOS_ID]
-    sources.append(seq)
+  sources, truncated = _sources(tokenizer, sentences, config)
   results: List[Optional[Translation]] = [None] * len(sources)
   meter = console.Progress(len(sources)) if progress else None
 
@@ -144,6 +123,22 @@ def translate(model, tokenizer, sentences: Sequence[str], config: DecodeConfig,
       if meter:
         meter.update(count)
   return results
+
+
+def _sources(tokenizer, sentences: Sequence[str], config: DecodeConfig) -> tuple:
+  """The source ids of `sentences` (tag, pieces, EOS), cut to `config.max_input_length`,
+  and whether each was cut."""
+  ids = tokenizer.tokenize(tf.constant(list(sentences))).to_list()
+  tag = [tokenizer.tag_id(config.target_language)] if config.target_language else []
+  limit = config.max_input_length
+  sources, truncated = [], []
+  for seq in ids:
+    seq = tag + list(seq) + [EOS_ID]
+    truncated.append(bool(limit) and len(seq) > limit)
+    if truncated[-1]:
+      seq = seq[:limit - 1] + [EOS_ID]
+    sources.append(seq)
+  return sources, truncated
 
 
 def _decode_args(chunk: List[int], sources: List[List[int]],

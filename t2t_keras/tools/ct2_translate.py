@@ -26,6 +26,7 @@ After `pip install`, `t2t-ct2-translate` is this tool (same flags).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import sys
@@ -35,25 +36,40 @@ import time
 from absl import app
 from absl import flags
 
+from t2t_keras.configs import DecodeConfig  # the inference settings (no TensorFlow)
+
+# The flags of the inference settings this tool reads, with their defaults.
+_DEFAULTS = {field.name: field.default for field in dataclasses.fields(DecodeConfig)}
+
 flags.DEFINE_string("model", None, "The CTranslate2 model directory (local or gs://...).")
 flags.DEFINE_string("input_file", None, "Sentences, one per line.")
 flags.DEFINE_string("output_file", None, "Where to write translations (default stdout).")
-flags.DEFINE_integer("beam_size", 4, "Beam size (1: greedy).", lower_bound=1)
+flags.DEFINE_integer("beam_size", _DEFAULTS["beam_size"], "Beam size (1: greedy).",
+                     lower_bound=1)
 flags.DEFINE_float("length_penalty", 0.0, "CTranslate2's length penalty exponent.")
-flags.DEFINE_integer("batch_size", 32, "Sentences per batch.", lower_bound=1)
+flags.DEFINE_integer("batch_size", _DEFAULTS["batch_size"], "Sentences per batch.",
+                     lower_bound=1)
 flags.DEFINE_string("compute_type", "default",
                     "CTranslate2 compute type: default (the weights' type), int8, "
                     "float32, ...")
-flags.DEFINE_integer("max_input_length", 256,
+flags.DEFINE_integer("max_input_length", _DEFAULTS["max_input_length"],
                      "Sources longer than this many subwords (EOS included) are cut to it, "
                      "as t2t_keras.decode and the SavedModel export do.", lower_bound=2)
-flags.DEFINE_integer("extra_decode_length", 50,
+flags.DEFINE_integer("extra_decode_length", _DEFAULTS["extra_decode_length"],
                      "A translation has at most its source's length + this many subwords "
                      "(t2t_keras.decode's --extra_decode_length).", lower_bound=0)
-flags.DEFINE_string("target_language", None,
+flags.DEFINE_string("target_language", _DEFAULTS["target_language"],
                     "A multilingual model's target language (--target_language_tags at "
                     "training): its tag piece <2xx> starts every source.")
 FLAGS = flags.FLAGS
+
+
+def settings_from_flags() -> DecodeConfig:
+  """The inference settings of this tool's flags (--batch_size: sentences per batch)."""
+  return DecodeConfig(beam_size=FLAGS.beam_size, batch_size=FLAGS.batch_size,
+                      max_input_length=FLAGS.max_input_length,
+                      extra_decode_length=FLAGS.extra_decode_length,
+                      target_language=FLAGS.target_language)
 
 
 def _remote(path: str) -> bool:
@@ -117,6 +133,7 @@ def main(argv):
   if lines[-1] == "":  # the last line's newline
     lines.pop()
   lines = [line.rstrip("\r") for line in lines]
+  settings = settings_from_flags()
   with tempfile.TemporaryDirectory() as local:
     model = _local_model(FLAGS.model, local)
     spm_path = os.path.join(model, "sentencepiece.model")
@@ -124,10 +141,10 @@ def main(argv):
       import sentencepiece  # pylint: disable=import-outside-toplevel
       processor = sentencepiece.SentencePieceProcessor(model_file=spm_path)
       tag = []
-      if FLAGS.target_language:
-        tag = [f"<2{FLAGS.target_language}>"]
+      if settings.target_language:
+        tag = [f"<2{settings.target_language}>"]
         if processor.piece_to_id(tag[0]) == processor.unk_id():
-          sys.exit(f"error: --target_language={FLAGS.target_language}: the model's "
+          sys.exit(f"error: --target_language={settings.target_language}: the model's "
                    f"vocabulary has no piece {tag[0]} (it was trained without that "
                    "target-language tag)")
       encode = lambda line: tag + processor.encode(line, out_type=str)  # noqa: E731
@@ -137,7 +154,8 @@ def main(argv):
       decode = " ".join
     translator = ctranslate2.Translator(model, device="cpu",
                                         compute_type=FLAGS.compute_type)
-    translations = translate(translator, [encode(line) for line in lines])
+    translations = translate(translator, [encode(line) for line in lines], settings,
+                             FLAGS.length_penalty)
   outputs = [decode(tokens) for tokens in translations]
   if FLAGS.output_file:
     try:
@@ -149,22 +167,24 @@ def main(argv):
     sys.stdout.write("".join(line + "\n" for line in outputs))
 
 
-def translate(translator, sources):
-  """Token lists in, best hypotheses out (input order), with the decoder's limits."""
-  keep = FLAGS.max_input_length - 1  # CTranslate2 appends EOS (add_source_eos)
+def translate(translator, sources, settings: DecodeConfig, length_penalty: float):
+  """Token lists in, best hypotheses out (input order), with the decoder's limits:
+  sources cut to `settings.max_input_length`, each translation at most its source's
+  length + `settings.extra_decode_length`, batches of `settings.batch_size`."""
+  keep = settings.max_input_length - 1  # CTranslate2 appends EOS (add_source_eos)
   cut = sum(len(tokens) > keep for tokens in sources)
   sources = [tokens[:keep] for tokens in sources]
   if cut:
     print(f"note: {cut} of {len(sources)} input sentences were longer than "
-          f"--max_input_length={FLAGS.max_input_length} subwords (EOS included) and were "
+          f"--max_input_length={settings.max_input_length} subwords (EOS included) and were "
           "cut to it; raise --max_input_length to translate them whole.", file=sys.stderr)
   results = [None] * len(sources)
   at_limit, done, start = 0, 0, time.time()
-  for batch in _batches([len(s) for s in sources], FLAGS.batch_size):
-    limit = len(sources[batch[0]]) + FLAGS.extra_decode_length
+  for batch in _batches([len(s) for s in sources], settings.batch_size):
+    limit = len(sources[batch[0]]) + settings.extra_decode_length
     hypotheses = translator.translate_batch(
-        [sources[i] for i in batch], beam_size=FLAGS.beam_size,
-        length_penalty=FLAGS.length_penalty, max_decoding_length=limit,
+        [sources[i] for i in batch], beam_size=settings.beam_size,
+        length_penalty=length_penalty, max_decoding_length=limit,
         max_input_length=0)  # 0: no cut of CTranslate2's own (ours is above)
     for i, result in zip(batch, hypotheses):
       results[i] = result.hypotheses[0]
@@ -175,7 +195,7 @@ def translate(translator, sources):
           f"{(len(sources) - done) / max(rate, 1e-9):.0f}s", file=sys.stderr)
   if at_limit:
     print(f"note: {at_limit} of {len(sources)} translations reached their length limit "
-          f"(source length + --extra_decode_length={FLAGS.extra_decode_length}) and may "
+          f"(source length + --extra_decode_length={settings.extra_decode_length}) and may "
           "be cut; raise --extra_decode_length if they should go on.", file=sys.stderr)
   return results
 

@@ -39,7 +39,7 @@ def main(argv):
   tf.get_logger().setLevel("ERROR")
   loaded = loading.load(FLAGS.model_dir, FLAGS.checkpoint_path)
   maps = attention_maps.attention_maps(loaded.model, loaded.tokenizer, FLAGS.sentence,
-                                       t2t_flags.decode_config(), FLAGS.max_input_length)
+                                       t2t_flags.decode_config())
   paths = attention_maps.plot_maps(maps, FLAGS.output_dir)
   print(f"source:      {' '.join(maps.source_tokens)}\n"
         f"translation: {maps.translation}\n"
