@@ -1,10 +1,11 @@
 """Preemption and exact resume, with real processes and real signals.
 
-- SIGKILL after a checkpoint, then the same command: with --deterministic the final
-  weights (and optimizer slots) are bitwise those of an uninterrupted run, dropout on.
+- SIGKILL after a checkpoint, then the same command resumes from it.
 - SIGTERM: the run saves a checkpoint at the current step, says so, exits with code 42
-  (TensorFlow's preemption convention), and the same command resumes to the same end;
-  SIGINT (Ctrl-C) does the same.
+  (TensorFlow's preemption convention), and the same command resumes; SIGINT (Ctrl-C)
+  does the same.
+- With --deterministic, the run stopped all three ways ends bitwise equal to an
+  uninterrupted one (weights, optimizer slots), dropout on.
 """
 
 import os
@@ -19,7 +20,7 @@ import tensorflow as tf
 
 from tests.conftest import REPO_ROOT
 
-STEPS = 200  # the signals land at steps 120 and 170 (SIGNAL_AT)
+STEPS = 200  # the signals land at steps 120, 140 and 170 (SIGNAL_AT)
 FLAGS = ["--flagfile=flags/tiny.cfg", "--layer_prepostprocess_dropout=0.2",
          "--attention_dropout=0.1", "--deterministic", f"--train_steps={STEPS}",
          "--save_checkpoint_steps=50", "--log_every=50", "--eval_every=100000",
@@ -116,39 +117,29 @@ def assert_bitwise_equal(a, b):
   assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
 
 
-@pytest.fixture(scope="module")
-def straight(tmp_path_factory):
-  """The uninterrupted run both tests compare against (trained once)."""
-  model_dir = tmp_path_factory.mktemp("straight")
-  run_to_end(model_dir)
-  return state_of(model_dir)
-
-
 @pytest.mark.slow
-def test_sigkill_then_resume_is_bitwise_identical(tmp_path, straight):
-  code, _, _ = start_and_signal(str(tmp_path / "killed"), signal.SIGKILL, 120, tmp_path)
+def test_sigkill_sigterm_and_ctrl_c_then_resume_bitwise_equal_to_one_run(tmp_path):
+  """One run stopped three ways, each followed by the same command:
+  1. SIGKILL at step 120: nothing saved, the checkpoint of step 100 is the latest;
+  2. resumed there, SIGTERM (a preemption) at step 140: it saves at the current step,
+     says so and exits 42 (before: up to --save_checkpoint_steps steps lost);
+  3. resumed at 140, SIGINT (Ctrl-C) at step 170 does the same (before: a
+     KeyboardInterrupt traceback);
+  4. resumed at 170, it ends bitwise equal to an uninterrupted run (weights,
+     optimizer slots and dropout seeds; dropout on)."""
+  straight = tmp_path / "straight"
+  run_to_end(straight)
+  model_dir = tmp_path / "stopped"
+  code, _, _ = start_and_signal(model_dir, signal.SIGKILL, 120, tmp_path)
   assert code == -signal.SIGKILL
-  assert latest_step(tmp_path / "killed") == 100  # killed 20 steps after it
-  out = run_to_end(tmp_path / "killed")
-  assert re.search(r"resumed from \S+ at step 100\b", out), out[-2000:]
-  assert_bitwise_equal(straight, state_of(tmp_path / "killed"))
-
-
-@pytest.mark.slow
-def test_sigterm_and_ctrl_c_save_exit_42_and_resume(tmp_path, straight):
-  """SIGTERM (a preemption) saves at the current step and exits 42; the resumed run
-  is then stopped by SIGINT (Ctrl-C), which saves alike (before: a KeyboardInterrupt
-  traceback and up to --save_checkpoint_steps steps lost); the run resumed twice ends
-  bitwise equal to the uninterrupted one."""
-  model_dir = tmp_path / "term"
-  before = 0
+  assert latest_step(model_dir) == 100  # killed 20 steps after it
+  before = 100
   # Between the every-50-steps checkpoints, so that only the signal saves there.
-  for signum, name, step in ((signal.SIGTERM, "SIGTERM", 120),
+  for signum, name, step in ((signal.SIGTERM, "SIGTERM", 140),
                              (signal.SIGINT, "SIGINT", 170)):
-    code, stdout, stderr = start_and_signal(str(model_dir), signum, step, tmp_path)
+    code, stdout, stderr = start_and_signal(model_dir, signum, step, tmp_path)
     assert code == 42, stdout[-2000:] + stderr[-2000:]
-    if before:  # resumed where the signal left it
-      assert re.search(rf"resumed from \S+ at step {before}\b", stdout), stdout[-2000:]
+    assert re.search(rf"resumed from \S+ at step {before}\b", stdout), stdout[-2000:]
     said = f"{name} received: saving a checkpoint at step {step} "
     assert said in stdout, stdout[-2000:]
     assert tf.train.latest_checkpoint(str(model_dir)).endswith(f"ckpt-{step}")
@@ -156,4 +147,4 @@ def test_sigterm_and_ctrl_c_save_exit_42_and_resume(tmp_path, straight):
     before = step
   out = run_to_end(model_dir)
   assert re.search(rf"resumed from \S+ at step {before}\b", out), out[-2000:]
-  assert_bitwise_equal(straight, state_of(model_dir))
+  assert_bitwise_equal(state_of(straight), state_of(model_dir))
