@@ -382,3 +382,33 @@ def test_prefix_signature_translates_as_the_decode_path(model_dir, export_path, 
   with pytest.raises(tf.errors.InvalidArgumentError, match="2 inputs but 1 target_prefix"):
     served.run("translate_with_prefix", inputs=np.array(sentences[:2], object),
                target_prefix=np.array([""], object))
+
+
+def test_a_request_decodes_its_own_rows_only(tiny_model_dir, monkeypatch):
+  """An empty sentence rode along with every request (so that an empty request needed
+  no graph of its own); the minimum length kept it from ending at once, so in a weak
+  model it ran to its length limit and the whole search with it. Now a request of B
+  rows decodes B rows, and an empty request one stand-in row, in every signature."""
+  from t2t_keras import modeldir  # pylint: disable=import-outside-toplevel
+  from t2t_keras.export import saved_model  # pylint: disable=import-outside-toplevel
+  loaded = loading.load(tiny_model_dir)
+  translator = saved_model.Translator(
+      loaded.model, loaded.tokenizer, DecodeConfig(beam_size=2, extra_decode_length=3,
+                                                   max_input_length=24),
+      vocab_file=modeldir.vocab_path(tiny_model_dir))
+  rows, decode_ids = [], decoding.decode_ids
+
+  def counting(model, ids, *args, **kwargs):
+    rows.append(int(tf.shape(ids)[0]))
+    return decode_ids(model, ids, *args, **kwargs)
+  monkeypatch.setattr(decoding, "decode_ids", counting)
+  for sentences in (["a the man", "dog runs in the park"], ["red"], []):
+    out = translator._serve(tf.constant(sentences, tf.string))  # pylint: disable=protected-access
+    assert out["outputs"].shape == (len(sentences),)
+    ids = tf.constant([[5, 6, EOS_ID]] * len(sentences), tf.int32, shape=[len(sentences), 3])
+    out = translator._translate_ids(ids)  # pylint: disable=protected-access
+    assert out["output_ids"].shape[0] == len(sentences)
+    prefixes = tf.constant([""] * len(sentences), tf.string)
+    out = translator._serve_with_prefix(tf.constant(sentences, tf.string), prefixes)  # pylint: disable=protected-access
+    assert out["outputs"].shape == (len(sentences),)
+  assert rows == [2, 2, 2, 1, 1, 1, 1, 1, 1], rows

@@ -202,7 +202,7 @@ class Translator(tf.Module):
       return tf.identity(inputs)
 
   def check_tokens(self, ids: tf.Tensor, batch: tf.Tensor) -> tf.Tensor:
-    """ids [batch + 1, S] once batch x S (rows x longest row) is within the limit."""
+    """ids [max(batch, 1), S] once batch x S (rows x longest row) is within the limit."""
     tokens = batch * tf.shape(ids)[1]
     check = _check(tokens <= self.limits.max_tokens,
                    f"request of {{}} rows x {{}} tokens (its longest row, cut to "
@@ -250,12 +250,12 @@ class Translator(tf.Module):
     return tokens + tf.one_hot(lengths, width, EOS_ID, PAD_ID, dtype=tf.int32)
 
   def _decode(self, ids, batch):
-    """ids [batch + 1, S]: the request's rows and the ride-along row (see _serve)."""
+    """ids [max(batch, 1), S]: the request's rows, or the row an empty request decodes
+    (`_stand_ins`)."""
+    del batch  # the rows say it
     ids = ids[:, :self.max_input_length]
     if self.jit_compile:
-      # The ride-along row would double the padded rows of a power-of-two batch; XLA
-      # needs it only for an empty request.
-      return self._decode_bucketed(ids[:tf.maximum(batch, 1)])
+      return self._decode_bucketed(ids)
     return decoding.decode_ids(self.model, ids, self.graph_config, self.tree_constraint)
 
   def _decode_padded(self, ids):
@@ -298,7 +298,8 @@ class Translator(tf.Module):
     input_ids = self.check_ids(self.check_shape(input_ids, "ids",
                                                 tf.shape(input_ids)[1]))
     batch = tf.shape(input_ids)[0]
-    input_ids = tf.concat([input_ids, tf.one_hot([0], tf.shape(input_ids)[1], EOS_ID, PAD_ID,
+    input_ids = tf.concat([input_ids, tf.one_hot(tf.zeros([_stand_ins(batch)], tf.int32),
+                                                 tf.shape(input_ids)[1], EOS_ID, PAD_ID,
                                                  dtype=tf.int32)], axis=0)
     ids = self.check_tokens(self.clean_ids(input_ids), batch)
     output_ids, scores = self._decode(ids, batch)
@@ -308,11 +309,9 @@ class Translator(tf.Module):
     return {"output_ids": output_ids[:batch, :results], "scores": scores[:batch, :results]}
 
   def _serve(self, inputs):
-    # One empty sentence rides along so that an empty request (B = 0) needs no special
-    # graph; it is short, so it never lengthens the search.
     inputs = self.check_shape(inputs, "bytes", tf.strings.length(inputs))
     batch = tf.shape(inputs)[0]
-    inputs = tf.concat([inputs, [""]], axis=0)
+    inputs = tf.concat([inputs, tf.fill([_stand_ins(batch)], "")], axis=0)
     ids = self.check_tokens(self.encode_strings(inputs), batch)
     output_ids, scores = self._decode(ids, batch)
     return self._outputs(output_ids, scores, batch)
@@ -342,8 +341,8 @@ class Translator(tf.Module):
                f"{', '.join(self.languages)} only (--target_language_tags at training)",
                tf.strings.reduce_join(tf.boolean_mask(unknown, tags < 0), separator=", "))]
     with tf.control_dependencies(checks):
-      inputs = tf.concat([inputs, [""]], axis=0)
-      tags = tf.concat([tags, [self.default_tag]], axis=0)
+      inputs = tf.concat([inputs, tf.fill([_stand_ins(batch)], "")], axis=0)
+      tags = tf.concat([tags, tf.fill([_stand_ins(batch)], self.default_tag)], axis=0)
     ids = self.check_tokens(self.encode_strings(inputs, tags), batch)
     output_ids, scores = self._decode(ids, batch)
     return self._outputs(output_ids, scores, batch)
@@ -360,8 +359,8 @@ class Translator(tf.Module):
                        "per input (an empty string decodes freely)", batch,
                        tf.shape(target_prefix)[0])
     with tf.control_dependencies([same_rows]):
-      inputs = tf.concat([inputs, [""]], axis=0)
-      target_prefix = tf.concat([target_prefix, [""]], axis=0)
+      inputs = tf.concat([inputs, tf.fill([_stand_ins(batch)], "")], axis=0)
+      target_prefix = tf.concat([target_prefix, tf.fill([_stand_ins(batch)], "")], axis=0)
     ids = self.check_tokens(self.encode_strings(inputs), batch)
     ids = ids[:, :self.max_input_length]
     strings = tf.strings.unicode_transcode(target_prefix, "UTF-8", "UTF-8", errors="replace",
@@ -371,6 +370,14 @@ class Translator(tf.Module):
                                              self.tree_constraint,
                                              target_prefix=prefix.to_tensor(PAD_ID))
     return self._outputs(output_ids, scores, batch)
+
+
+def _stand_ins(batch: tf.Tensor) -> tf.Tensor:
+  """Rows of an empty sentence to decode with a request of `batch` rows: one for an
+  empty request, so that it runs the same graph (outputs are cut to `batch` rows), and
+  none otherwise: a row that rode along with every request ran, in a weak model, to
+  its length limit, and the whole search with it."""
+  return tf.cast(tf.equal(batch, 0), tf.int32)
 
 
 def export(translator: Translator, export_dir: str, version: Optional[int] = None,
