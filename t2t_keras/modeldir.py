@@ -162,6 +162,8 @@ def plan_key(data_config: DataConfig, train_config, replicas: int) -> dict:
   if data_config.train_weights:  # several corpora (absent before them: records compare)
     key = {"train_weights": data_config.train_weights,
            "train_weights_by": data_config.train_weights_by}
+  if data_config.packed_length:  # absent when unpacked: older records still compare
+    key["packed_length"] = data_config.packed_length
   return {**key, "replicas": replicas, "accum_steps": train_config.accum_steps,
           # The plan's run length (kept under its first name, so that older records
           # still compare): steps kept on one bucket with static shapes.
