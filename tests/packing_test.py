@@ -239,6 +239,27 @@ def test_bad_packed_lengths_are_clear_errors():
     pipeline.TrainData(_config(), _tokenized())(bucket=0)
 
 
+def test_the_train_command_refuses_packing_with_a_source_pointer_and_records_packing():
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  from tests.user_errors_test import _parsed  # pylint: disable=import-outside-toplevel
+  from t2t_keras import flags as t2t_flags  # pylint: disable=import-outside-toplevel
+  from t2t_keras import model_card  # pylint: disable=import-outside-toplevel
+  argv, fv = _parsed("--flagfile=flags/demo.cfg", "--packed_length=16", "--source_pointer")
+  with pytest.raises(flags.ValidationError, match="--packed_length=16 packs several pairs "
+                     "into a row, and --source_pointer reads one source per row"):
+    t2t_flags.check_train_flags(argv, fv)
+  argv, fv = _parsed("--flagfile=flags/demo.cfg", "--packed_length=16", "--static_shapes")
+  t2t_flags.check_train_flags(argv, fv)
+  assert t2t_flags.data_config(fv).packed_length == 16
+  data = {"source": "files", "train_src": "a.en", "packed_length": 256}
+  assert model_card.training_data(data)["packed_length"] == 256
+  assert "packed_length" not in model_card.training_data({**data, "packed_length": 0})
+  # A restart that packs differently is a changed batch plan (modeldir.check_plan).
+  from t2t_keras import modeldir  # pylint: disable=import-outside-toplevel
+  assert modeldir.plan_key(_config(), TrainConfig(), 1)["packed_length"] == L
+  assert "packed_length" not in modeldir.plan_key(_config(packed_length=0), TrainConfig(), 1)
+
+
 # ---------------------------------------------------------------- the trainer
 def _synthetic(**overrides):
   return pipeline.make_datasets(DataConfig(**{**dict(
