@@ -554,6 +554,10 @@ class _Batches:
     else:
       self.single = iter(self.strategy.distribute_datasets_from_function(
           trainer._resuming(dataset_fn, step)))  # pylint: disable=protected-access
+      if getattr(dataset_fn, "packed_length", 0):
+        rows, length = dataset_fn.bucket_shape(0)
+        progress(f"packed rows: every batch [{rows}, {length}], several pairs a row "
+                 "(--packed_length): one training program for every bucket")
 
   def release(self) -> None:
     """Drops the iterators once the loop is done: their background threads (prefetch,
