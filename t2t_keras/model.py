@@ -32,7 +32,6 @@ from keras import ops
 
 from t2t_keras import BOS_ID, PAD_ID
 from t2t_keras.configs import ModelConfig
-from t2t_keras.data.packing import FEATURES as PACKED_FEATURES
 from t2t_keras.layers import (DecoderLayer, Dropout, EncoderLayer, LearnedPosition,
                               SharedEmbedding, SinusoidalPosition)
 
@@ -253,7 +252,7 @@ class Transformer(keras.Model):
     return (logits, maps) if return_attention else logits
 
   def call(self, inputs, training=None):
-    packed = inputs if PACKED_FEATURES[0] in inputs else None
+    packed = inputs if "inputs_segmentation" in inputs else None  # data/packing.py
     encoded, memory_mask = self.encode(inputs["inputs"], training=training, packed=packed)
     return self.decode(inputs["targets"], encoded, memory_mask, training=training,
                        inputs=inputs["inputs"], packed=packed)

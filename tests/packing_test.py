@@ -257,6 +257,10 @@ def test_the_train_command_refuses_packing_with_a_source_pointer_and_records_pac
   # A restart that packs differently is a changed batch plan (modeldir.check_plan).
   from t2t_keras import modeldir  # pylint: disable=import-outside-toplevel
   assert modeldir.plan_key(_config(), TrainConfig(), 1)["packed_length"] == L
+  # Packed steps mix buckets whatever --static_run_steps says (one shape for all).
+  runs = TrainConfig(steps_per_loop=10, static_run_steps=10)
+  assert modeldir.plan_key(_config(), runs, 1)["steps_per_loop"] == 1
+  assert modeldir.plan_key(_config(packed_length=0), runs, 1)["steps_per_loop"] == 10
   assert "packed_length" not in modeldir.plan_key(_config(packed_length=0), TrainConfig(), 1)
 
 
