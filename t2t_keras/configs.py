@@ -261,6 +261,12 @@ class DataConfig:
   static_shapes: bool = setting(
       False, "Pad every batch to its bucket boundary with a fixed batch size per bucket "
       "(TPU / XLA).")
+  packed_length: int = setting(
+      0, "Pack several training pairs into each row of this many tokens a side, with "
+      "segment ids and positions per pair (t2t's _packed problems, its TPU default): "
+      "one batch shape [batch_size // packed_length, packed_length] for every step, so "
+      "one compiled program with --static_shapes, and little padding. At least "
+      "--max_length; 0 = no packing.", check=AT_LEAST_0)
   bucket_min: int = setting(
       8, "Shortest bucket length (t2t's min_length_bucket); lengths grow from it by "
       "--length_bucket_step up to --max_length.", flag="min_length_bucket", check=POSITIVE)
@@ -285,6 +291,16 @@ class DataConfig:
       problems.append(
           f"--batch_size={self.batch_size} tokens cannot hold one sentence of "
           f"--max_length={self.max_length}; raise --batch_size or lower --max_length")
+    if self.packed_length and self.packed_length < self.max_length:
+      problems.append(
+          f"--packed_length={self.packed_length} is shorter than --max_length="
+          f"{self.max_length}: every kept pair must fit one packed row; raise "
+          "--packed_length or lower --max_length (longer pairs are dropped and counted)")
+    if self.packed_length and self.batch_size < self.packed_length:
+      problems.append(
+          f"--batch_size={self.batch_size} tokens cannot hold one packed row of "
+          f"--packed_length={self.packed_length}; raise --batch_size or lower "
+          "--packed_length")
     raise_problems(problems, "data settings")
     return self
 

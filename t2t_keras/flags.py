@@ -368,6 +368,10 @@ def check_train_flags(argv, fv=FLAGS) -> list:
         "--strategy=tpu needs --static_shapes: XLA compiles one TPU program per batch "
         "shape, and only static shapes give every core and host of a step the same, "
         "fully known shape (one per bucket); add --static_shapes")
+  if fv.packed_length and fv.source_pointer:
+    problems.append(
+        f"--packed_length={fv.packed_length} packs several pairs into a row, and "
+        "--source_pointer reads one source per row: drop one of them")
   problems += sources.data_source(data_config(fv)).check_model(
       settings_from_flags(ModelConfig, fv))
   if problems:

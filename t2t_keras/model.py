@@ -55,6 +55,14 @@ def causal_mask(length):
   return (positions[None, :] <= positions[:, None])[None, None]
 
 
+def segment_mask(query_segments, key_segments):
+  """Packed rows: segment ids (B, T) of the queries and (B, S) of the keys (0 at
+  padding) -> boolean (B, 1, T, S), True where the key is a real token of the query's
+  segment (pair)."""
+  same = ops.equal(query_segments[:, :, None], key_segments[:, None, :])
+  return ops.logical_and(same, ops.not_equal(key_segments, 0)[:, None, :])[:, None]
+
+
 def advance_pointer(pointer, ids, inputs):
   """The source pointer after decoder input `ids`: pointer (R,), ids (R,), source ids
   inputs (R, S) -> pointer + 1 where ids is the source token at the pointer (capped at
@@ -80,7 +88,9 @@ class Transformer(keras.Model):
     config: a ModelConfig (or its dict form, as stored by get_config).
 
   Call arguments:
-    inputs: dict with "inputs" (B, S) and "targets" (B, T) int ids.
+    inputs: dict with "inputs" (B, S) and "targets" (B, T) int ids; for packed rows
+      (several pairs a row, --packed_length) also their segment ids and positions
+      (`t2t_keras.data.packing.FEATURES`).
     training: whether dropout is active.
 
   Returns:
@@ -162,20 +172,34 @@ class Transformer(keras.Model):
     self.built = True
 
   @staticmethod
-  def _add_position(position, x, start=0):
-    """x plus its absolute position encoding; x itself with relative positions."""
-    return x if position is None else position(x, start=start)
+  def _add_position(position, x, start=0, positions=None):
+    """x plus its absolute position encoding; x itself with relative positions.
+
+    Relative positions need nothing for packed rows: a pair's tokens are consecutive
+    in its row, so the distances between them are those of the pair alone, and the
+    segment masks keep attention within the pair."""
+    return x if position is None else position(x, start=start, positions=positions)
 
   # ---------------------------------------------------------------- teacher forcing
-  def encode(self, inputs, training=None, return_attention=False):
+  def encode(self, inputs, training=None, return_attention=False, packed=None):
     """Encodes source ids (B, S).
 
+    `packed`: for packed rows (data/packing.py), a dict with at least
+    "inputs_segmentation" and "inputs_position" (B, S): attention stays within each
+    pair and positions restart at each; None for one pair per row.
+
     Returns:
-      (encoded (B, S, D), memory_mask (B, 1, 1, S)); plus a list of per-layer
-      self-attention probabilities (B, H, S, S) if `return_attention`.
+      (encoded (B, S, D), memory_mask (B, 1, 1, S), or (B, 1, S, S) when packed);
+      plus a list of per-layer self-attention probabilities (B, H, S, S) if
+      `return_attention`.
     """
-    mask = padding_mask(inputs)
-    x = self._add_position(self.encoder_position, self.source_embedding(inputs))
+    if packed is None:
+      mask, positions = padding_mask(inputs), None
+    else:
+      segments = packed["inputs_segmentation"]
+      mask, positions = segment_mask(segments, segments), packed["inputs_position"]
+    x = self._add_position(self.encoder_position, self.source_embedding(inputs),
+                           positions=positions)
     x = self.encoder_dropout(x, training=training)
     maps = []
     for layer in self.encoder_layers:
@@ -186,16 +210,32 @@ class Transformer(keras.Model):
     return (x, mask, maps) if return_attention else (x, mask)
 
   def decode(self, targets, encoded, memory_mask, training=None, return_attention=False,
-             inputs=None):
+             inputs=None, packed=None):
     """Teacher-forced decoder pass over targets (B, T) given the encoder output
     (and the source ids `inputs` (B, S), which models with a source pointer need).
+
+    `packed`: for packed rows, the four segment and position features
+    (data/packing.py): each pair's first decoder input is BOS, positions restart at
+    each pair, self-attention is causal within the pair, and encoder-decoder attention
+    reads the source of the same pair only (`memory_mask` is then unused).
 
     Returns:
       float32 logits (B, T, V); plus a list of per-layer (self, cross) probabilities
       if `return_attention`.
     """
     decoder_inputs = shift_right(targets)
-    x = self._add_position(self.decoder_position, self.target_embedding(decoder_inputs))
+    self_mask, positions = causal_mask(ops.shape(targets)[1]), None
+    if packed is not None:
+      if self.model_config.source_pointer:
+        raise ValueError("a source pointer (--source_pointer) reads one source per row: "
+                         "it cannot train on packed rows (drop --packed_length)")
+      segments, positions = packed["targets_segmentation"], packed["targets_position"]
+      decoder_inputs = ops.where(ops.equal(positions, 0),
+                                 ops.cast(BOS_ID, decoder_inputs.dtype), decoder_inputs)
+      self_mask = ops.logical_and(self_mask, segment_mask(segments, segments))
+      memory_mask = segment_mask(segments, packed["inputs_segmentation"])
+    x = self._add_position(self.decoder_position, self.target_embedding(decoder_inputs),
+                           positions=positions)
     if self.model_config.source_pointer:
       if inputs is None:
         raise ValueError("this model has a source pointer (--source_pointer): decode "
@@ -203,7 +243,6 @@ class Transformer(keras.Model):
       pointer = self.source_pointers(inputs, decoder_inputs)
       x = x + self.pointed_source(encoded, memory_mask, pointer)
     x = self.decoder_dropout(x, training=training)
-    self_mask = causal_mask(ops.shape(targets)[1])
     maps = []
     for layer in self.decoder_layers:
       x, probs = layer(x, self_mask=self_mask, memory_mask=memory_mask, memory=encoded,
@@ -213,9 +252,10 @@ class Transformer(keras.Model):
     return (logits, maps) if return_attention else logits
 
   def call(self, inputs, training=None):
-    encoded, memory_mask = self.encode(inputs["inputs"], training=training)
+    packed = inputs if "inputs_segmentation" in inputs else None  # data/packing.py
+    encoded, memory_mask = self.encode(inputs["inputs"], training=training, packed=packed)
     return self.decode(inputs["targets"], encoded, memory_mask, training=training,
-                       inputs=inputs["inputs"])
+                       inputs=inputs["inputs"], packed=packed)
 
   # ---------------------------------------------------------------- source pointer
   @property

@@ -62,7 +62,8 @@ def training_data(data: dict) -> dict:
   """The fields of config.json's "data" section that name the training data.
 
   Any other `train_*` field (e.g. corpus weights) is kept too, so a new way of naming
-  the data appears on the card without an edit here.
+  the data appears on the card without an edit here; and --packed_length when the
+  pairs were trained packed.
   """
   source = data.get("source")
   names = _DATA_FIELDS.get(source, ())
@@ -72,6 +73,8 @@ def training_data(data: dict) -> dict:
       picked[name] = value
   if "train_weights" not in picked:  # how weights share an epoch, without weights
     picked.pop("train_weights_by", None)
+  if data.get("packed_length"):  # several pairs a row (data/packing.py)
+    picked["packed_length"] = data["packed_length"]
   return picked
 
 

@@ -162,11 +162,15 @@ def plan_key(data_config: DataConfig, train_config, replicas: int) -> dict:
   if data_config.train_weights:  # several corpora (absent before them: records compare)
     key = {"train_weights": data_config.train_weights,
            "train_weights_by": data_config.train_weights_by}
+  if data_config.packed_length:  # absent when unpacked: older records still compare
+    key["packed_length"] = data_config.packed_length
   return {**key, "replicas": replicas, "accum_steps": train_config.accum_steps,
           # The plan's run length (kept under its first name, so that older records
-          # still compare): steps kept on one bucket with static shapes.
+          # still compare): steps kept on one bucket with static shapes (packed rows
+          # have one shape: their steps mix buckets).
           "steps_per_loop": (min(train_config.steps_per_loop, train_config.static_run_steps)
-                             if data_config.static_shapes else 1),
+                             if data_config.static_shapes and not data_config.packed_length
+                             else 1),
           "seed": data_config.seed, "batch_size": data_config.batch_size,
           "max_length": data_config.max_length, "bucket_min": data_config.bucket_min,
           "bucket_growth": data_config.bucket_growth,

@@ -73,15 +73,16 @@ def _through_service(dataset, dispatcher, name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("static", [False, True, "packed"])
 def test_training_batches_come_from_a_worker_without_python(corpus, service, static):
   config, data = corpus
-  config = dataclasses.replace(config, static_shapes=static)
+  config = dataclasses.replace(config, static_shapes=bool(static),
+                               packed_length=24 if static == "packed" else 0)
   train = pipeline.TrainData(config, data.train_fn.split)
   ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=1,
                                    num_replicas_in_sync=2)
   kwargs = dict(input_context=ctx, start_step=5, accum_steps=2)
-  if static:
+  if static is True:
     kwargs.update(bucket=train.plan(4).bucket_of_step(5))
   local = _batches(train(**kwargs).take(12))
   remote = _batches(_through_service(train(**kwargs).take(12), service, f"train{static}"))

@@ -27,6 +27,8 @@ than max_length; in static mode one dataset per bucket, padded with all-PAD rows
 batches (zero loss weight) so that every replica of a step gets the bucket's shape.
 
 Elements: {"inputs": int32 [B, S], "targets": int32 [B, T]}, ids + EOS, PAD 0.
+With --packed_length=L, training batches are [R, L] rows of several pairs each, with
+segment ids and positions (packing.py): the plan's batches, packed.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from absl import logging
 
 from t2t_keras import EOS_ID, PAD_ID
 from t2t_keras.configs import DataConfig
-from t2t_keras.data import cache, corpora, plan, sources
+from t2t_keras.data import cache, corpora, packing, plan, sources
 from t2t_keras.data import tokenizer as tokenizer_lib
 
 
@@ -169,6 +171,7 @@ class TrainData:
     self.config = config
     self.split = split
     self.static_shapes = config.static_shapes
+    self.packed_length = config.packed_length  # 0: unpacked
     self.lengths = bucket_boundaries(config.bucket_min, config.max_length,
                                      config.bucket_growth)
     self.mixture = None
@@ -194,11 +197,16 @@ class TrainData:
         self._plans[key] = plan.BatchPlan(
             self.split.lengths, self.lengths, self.config.batch_size, group=group,
             seed=self.config.seed, run=steps_per_run, corpus_sizes=self.split.corpus_sizes,
-            multiplicity=self.mixture and self.mixture.multiplicity)
+            multiplicity=self.mixture and self.mixture.multiplicity,
+            rows=self.packed_length and packing.pairs_per_batch(
+                self.lengths, self.config.batch_size, self.packed_length))
       return self._plans[key]
 
   def bucket_shape(self, bucket: int) -> List[int]:
-    """[rows, length] of every batch of `bucket` with static shapes."""
+    """[rows, length] of every batch of `bucket` with static shapes (of every batch
+    when packing)."""
+    if self.packed_length:
+      return [packing.rows(self.config.batch_size, self.packed_length), self.packed_length]
     length = self.lengths[bucket]
     return [max(1, self.config.batch_size // length), length]
 
@@ -225,7 +233,9 @@ class TrainData:
     Returns:
       Dataset of {"inputs": [B, S], "targets": [B, T]} int32: per step, one batch per
       micro-batch and replica this pipeline feeds (micro-batch-major). With static
-      shapes, B and S = T are the bucket's rows and length.
+      shapes, B and S = T are the bucket's rows and length. With --packed_length every
+      batch is [R, L] with segment ids and positions besides (packing.py), whatever
+      the bucket, so `bucket` must be None: one dataset, one shape.
     """
     accum_steps = accum_steps or self.config.accum_steps
     pipelines, pipeline_id, replicas = 1, 0, 1
@@ -237,6 +247,9 @@ class TrainData:
     batch_plan = self.plan(per_step * pipelines, steps_per_run)
     if bucket is not None and not self.static_shapes:
       raise ValueError("per-bucket datasets need static_shapes")
+    if bucket is not None and self.packed_length:
+      raise ValueError("packed batches have one shape for every bucket: read them "
+                       "with bucket=None")
     pools = (range(len(batch_plan.pool_bucket)) if bucket is None
              else [batch_plan.pool_of_bucket(bucket)])
     shares = [batch_plan.share(p, pipelines, pipeline_id) for p in pools]
@@ -253,6 +266,9 @@ class TrainData:
     only = -1 if bucket is None else pools[0]
     static, widths = self.static_shapes, tf.constant(self.lengths, tf.int64)
     shape = self.bucket_shape(bucket) if bucket is not None else [None, None]
+    packed_shape = self.bucket_shape(0) if self.packed_length else None
+    per_row = tf.constant(packing.pairs_per_row(self.lengths, self.packed_length or 1),
+                          tf.int64)
 
     def units(epoch):  # this epoch's (epoch, pool, k) from start_step on
       pool, k, _ = batch_plan.epoch_order(epoch)
@@ -272,6 +288,11 @@ class TrainData:
       def batch(epoch, pool, k, slot):
         rows = tf.gather(table, tf.gather(starts, pool) + batch_plan.positions(
             epoch, pool, k, slot, per_step, pipelines, pipeline_id))
+        if packed_shape:
+          bucket_of_pool = tf.gather(batch_plan.pool_bucket, pool)
+          return packing.pack({"inputs": with_eos(tf.gather(src, rows)),
+                               "targets": with_eos(tf.gather(tgt, rows))},
+                              tf.gather(per_row, bucket_of_pool), packed_shape)
         out = {}
         for key, ids in (("inputs", src), ("targets", tgt)):
           padded = with_eos(tf.gather(ids, rows))

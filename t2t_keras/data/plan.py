@@ -107,12 +107,15 @@ class BatchPlan:
       (default: one corpus).
     multiplicity: copies of each corpus's pairs an epoch (`corpora.Mixture`; default
       1 each).
+    rows: pairs per batch of each bucket (default batch_size // its length, as in t2t;
+      packing.pairs_per_batch with --packed_length).
   """
 
   def __init__(self, lengths: np.ndarray, boundaries: Sequence[int], batch_size: int,
                group: int, seed: int, run: int = 1,
                corpus_sizes: Optional[Sequence[int]] = None,
-               multiplicity: Optional[Sequence[int]] = None):
+               multiplicity: Optional[Sequence[int]] = None,
+               rows: Optional[Sequence[int]] = None):
     lengths = np.asarray(lengths).reshape([-1, 2])
     padded = lengths.max(axis=1) + 1 if len(lengths) else np.zeros([0], np.int64)
     keep = (lengths.min(axis=1) > 0) & (padded <= boundaries[-1]) if len(lengths) else (
@@ -126,7 +129,7 @@ class BatchPlan:
                        f"per corpus of {sizes}")
     self._corpus = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)
     self.boundaries = list(boundaries)
-    self.rows = [max(1, batch_size // length) for length in boundaries]
+    self.rows = list(rows or [max(1, batch_size // length) for length in boundaries])
     self.group, self.seed, self.run = group, seed, run
     self.counts = np.bincount(  # kept pairs per bucket, copies counted
         np.searchsorted(self.boundaries, padded[keep]), minlength=len(boundaries),

@@ -8,6 +8,9 @@ It is computed on the fly for any start position, so incremental decoding and in
 longer than anything seen in training need no table.
 
 `LearnedPosition` is Table 3 row E: a trainable (max_position, D) table.
+
+Both take `positions` (B, T) instead of a start for packed rows (data/packing.py),
+where positions restart at every pair of a row.
 """
 
 from __future__ import annotations
@@ -32,14 +35,19 @@ class SinusoidalPosition(keras.layers.Layer):
   Call arguments:
     inputs: (B, T, D) embeddings.
     start: scalar int position of the first element (incremental decoding).
+    positions: optional int (B, T), each element's own position (packed rows);
+      replaces `start`.
 
   Returns:
     (B, T, D) inputs + PE.
   """
 
-  def call(self, inputs, start=0):
-    length, dim = ops.shape(inputs)[1], inputs.shape[-1]
-    encoding = sinusoid(ops.arange(length) + start, dim)
+  def call(self, inputs, start=0, positions=None):
+    dim = inputs.shape[-1]
+    if positions is not None:
+      encoding = sinusoid(ops.reshape(positions, (-1,)), dim)  # (B * T, D)
+      return inputs + ops.cast(ops.reshape(encoding, ops.shape(inputs)), inputs.dtype)
+    encoding = sinusoid(ops.arange(ops.shape(inputs)[1]) + start, dim)
     return inputs + ops.cast(encoding, inputs.dtype)[None]
 
 
@@ -51,6 +59,12 @@ class LearnedPosition(keras.layers.Layer):
     max_position: number of positions with an embedding; positions past the table
       reuse its last row (clamped), so size it to the longest sequence trained on.
     hidden_size: D.
+
+  Call arguments:
+    inputs: (B, T, D) embeddings.
+    start: scalar int position of the first element (incremental decoding).
+    positions: optional int (B, T), each element's own position (packed rows);
+      replaces `start`.
   """
 
   def __init__(self, max_position, hidden_size, **kwargs):
@@ -64,11 +78,12 @@ class LearnedPosition(keras.layers.Layer):
         initializer=keras.initializers.RandomNormal(stddev=self.hidden_size ** -0.5))
     self.built = True
 
-  def call(self, inputs, start=0):
-    length = ops.shape(inputs)[1]
-    positions = ops.minimum(ops.arange(length) + start, self.max_position - 1)
-    encoding = ops.take(self.position_embeddings, positions, axis=0)  # (T, D)
-    return inputs + ops.cast(encoding, inputs.dtype)[None]
+  def call(self, inputs, start=0, positions=None):
+    if positions is None:
+      positions = (ops.arange(ops.shape(inputs)[1]) + start)[None]  # (1, T)
+    positions = ops.minimum(positions, self.max_position - 1)
+    encoding = ops.take(self.position_embeddings, positions, axis=0)  # (B or 1, T, D)
+    return inputs + ops.cast(encoding, inputs.dtype)
 
   def get_config(self):
     config = super().get_config()

@@ -539,8 +539,9 @@ class _Batches:
   bucket, created when its bucket first comes up: each has a fully static shape, so
   the compiled loop is traced (and XLA compiles) once per bucket. The plan keeps a
   bucket for runs of min(--steps_per_loop, --static_run_steps) steps and a call stops
-  at the end of its run, so a TPU loop runs on one shape. Otherwise one iterator of
-  all batches (see Trainer._resuming).
+  at the end of its run, so a TPU loop runs on one shape. Otherwise, and with packed
+  rows (--packed_length: every batch [R, L] whatever its bucket, so one program), one
+  iterator of all batches (see Trainer._resuming).
   """
 
   def __init__(self, trainer: Trainer, dataset_fn: DatasetFn, step: int,
@@ -550,7 +551,8 @@ class _Batches:
     self.strategy = trainer.strategy
     self.dataset_fn = dataset_fn
     self.per_bucket = (bool(getattr(dataset_fn, "static_shapes", False))
-                       and hasattr(dataset_fn, "plan"))
+                       and hasattr(dataset_fn, "plan")
+                       and not getattr(dataset_fn, "packed_length", 0))
     if self.per_bucket:
       self.accum_steps = cfg.accum_steps
       self.run = min(cfg.steps_per_loop, cfg.static_run_steps)
@@ -561,6 +563,10 @@ class _Batches:
     else:
       self.single = iter(self.strategy.distribute_datasets_from_function(
           trainer._resuming(dataset_fn, step)))  # pylint: disable=protected-access
+      if getattr(dataset_fn, "packed_length", 0):
+        rows, length = dataset_fn.bucket_shape(0)
+        progress(f"packed rows: every batch [{rows}, {length}], several pairs a row "
+                 "(--packed_length): one training program for every bucket")
 
   def release(self) -> None:
     """Drops the iterators once the loop is done: their background threads (prefetch,

@@ -1,0 +1,306 @@
+"""Packed rows (--packed_length, t2t_keras/data/packing.py): a packed row computes what
+each of its pairs computes alone (every position kind), the packed dataset holds the
+batch plan's pairs (none lost, none twice, segment ids and positions right) with its
+resume and hosts, the loss and its normalisation are those of unpacked training, and a
+static-shapes run traces one training program whatever the buckets."""
+
+import dataclasses
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from t2t_keras import EOS_ID, PAD_ID
+from t2t_keras.configs import DataConfig, ModelConfig, TrainConfig
+from t2t_keras.data import cache, corpora, packing, pipeline
+from t2t_keras.errors import ConfigError
+from t2t_keras.model import create_model
+from t2t_keras.training import losses
+from t2t_keras.training.trainer import Trainer
+from tests.corpora_test import FIRST_IDS, _split
+from tests.trainer_test import MODEL, train, weights_of
+
+V = 40
+POSITION_KINDS = ("sinusoid", "learned", "relative")
+
+
+def _model(position_embedding, **overrides):
+  keras.utils.set_random_seed(0)
+  return create_model(ModelConfig(
+      vocab_size=V, hidden_size=16, filter_size=32, num_heads=2, num_hidden_layers=2,
+      layer_prepostprocess_dropout=0.0, position_embedding=position_embedding,
+      max_relative_position=3, **overrides))
+
+
+def _pairs(rng, lengths):
+  """Pairs of random ids + EOS with (source, target) lengths (EOS included)."""
+  return [(np.append(rng.integers(4, V, s - 1), EOS_ID).astype(np.int32),
+           np.append(rng.integers(4, V, t - 1), EOS_ID).astype(np.int32))
+          for s, t in lengths]
+
+
+def _packed(pairs, per_row, length):
+  """The pairs packed by `packing.pack`, as numpy."""
+  sides = {key: tf.ragged.constant([p[i] for p in pairs], tf.int32)
+           for i, key in enumerate(("inputs", "targets"))}
+  rows = len(pairs) // per_row
+  return {k: v.numpy() for k, v in packing.pack(sides, per_row, [rows, length]).items()}
+
+
+def unpack(batch):
+  """A packed batch's pairs, row after row, by segment: [(source ids, target ids)],
+  each checked to have positions 0, 1, ... and segments numbered from 1 in order."""
+  pairs = []
+  for r in range(len(batch["inputs"])):
+    sides = []
+    for key in ("inputs", "targets"):
+      ids, seg = batch[key][r], batch[packing.SEGMENTS[key]][r]
+      pos = batch[packing.POSITIONS[key]][r]
+      real = seg > 0
+      assert (ids[~real] == PAD_ID).all() and (pos[~real] == 0).all()
+      # Segments are contiguous, numbered 1, 2, ... from the row's start.
+      count = int(real.sum())
+      assert real[:count].all(), (key, seg)
+      starts = np.flatnonzero(np.diff(np.concatenate([[0], seg[:count]])) != 0)
+      assert seg[starts].tolist() == list(range(1, len(starts) + 1)), seg
+      side = np.split(ids[:count], starts[1:])
+      for piece in np.split(pos[:count], starts[1:]):
+        assert piece.tolist() == list(range(len(piece))), pos
+      sides.append([s.tolist() for s in side])
+    assert len(sides[0]) == len(sides[1])  # as many sources as targets in every row
+    pairs += list(zip(*sides))
+  return pairs
+
+
+# ---------------------------------------------------------------- the model
+@pytest.mark.parametrize("position_embedding", POSITION_KINDS)
+def test_packed_row_equals_each_pair_run_alone(position_embedding):
+  """Per-token losses and logits of a packed row (3 pairs in one row, 2 in another,
+  padding after) equal those of each pair run alone, to 1e-5: attention never crosses
+  a segment (encoder, decoder, encoder-decoder) and positions restart at each pair."""
+  model = _model(position_embedding)
+  rng = np.random.default_rng(1)
+  # Sources and targets of unequal lengths, so that a pair's source and target
+  # segments start at different offsets of their rows.
+  pairs = _pairs(rng, [(5, 3), (2, 6), (4, 4), (7, 2), (3, 5), (6, 6)])
+  batch = _packed(pairs, per_row=3, length=20)
+  logits = model(batch, training=False).numpy()
+  token_losses = losses.smoothed_cross_entropy(logits, batch["targets"], 0.1).numpy()
+  row_of = [i // 3 for i in range(len(pairs))]
+  offset = {}
+  for i, (src, tgt) in enumerate(pairs):
+    alone = model({"inputs": src[None], "targets": tgt[None]}, training=False).numpy()
+    alone_losses = losses.smoothed_cross_entropy(alone, tgt[None], 0.1).numpy()
+    r = row_of[i]
+    start = offset.get(r, 0)
+    offset[r] = start + len(tgt)
+    np.testing.assert_allclose(logits[r, start:start + len(tgt)], alone[0], atol=1e-5)
+    np.testing.assert_allclose(token_losses[r, start:start + len(tgt)], alone_losses[0],
+                               atol=1e-5)
+  # Every other position is padding and costs nothing.
+  for r, end in offset.items():
+    assert (token_losses[r, end:] == 0).all()
+
+
+def test_packed_gradients_equal_those_of_the_same_pairs_unpacked():
+  """The trainer's loss sum, token count and gradients for a packed batch are those of
+  the same pairs one a row (padded): each real token counts once and the update is
+  normalised by the same global token count as unpacked training."""
+  keras.utils.set_random_seed(0)
+  trainer = Trainer(dataclasses.replace(MODEL, vocab_size=V), TrainConfig(label_smoothing=0.1))
+  pairs = _pairs(np.random.default_rng(2), [(4, 3), (2, 5), (6, 2), (3, 3)])
+  packed = _packed(pairs, per_row=2, length=12)
+  unpacked = {key: np.stack([np.pad(p[i], (0, 8 - len(p[i]))) for p in pairs])
+              for i, key in enumerate(("inputs", "targets"))}
+  tokens = sum(len(t) for _, t in pairs)
+  results = []
+  for b in (packed, unpacked):
+    grads, loss_sum, count, _ = trainer._gradients(b, tf.constant(float(tokens)))
+    results.append((grads, float(loss_sum), float(count)))
+  assert results[0][2] == results[1][2] == tokens
+  assert results[0][1] == pytest.approx(results[1][1], rel=1e-5)
+  for g1, g2 in zip(results[0][0], results[1][0]):
+    np.testing.assert_allclose(np.asarray(g1), np.asarray(g2), atol=1e-5)
+
+
+def test_source_pointer_refuses_packed_rows():
+  model = _model("sinusoid", source_pointer=True, pre_norm=True)
+  batch = _packed(_pairs(np.random.default_rng(0), [(3, 3), (2, 2)]), 2, 8)
+  with pytest.raises(ValueError, match="--packed_length"):
+    model(batch, training=False)
+
+
+# ---------------------------------------------------------------- the dataset
+N = 400
+L = 24
+
+
+def _tokenized(n=N, seed=0):
+  """Pairs whose first ids (10 + i on both sides) name them, of unequal random lengths
+  on the two sides, some longer than max_length (dropped) and some empty (dropped)."""
+  rng = np.random.default_rng(seed)
+  lengths = rng.integers(1, 22, size=(n, 2)).astype(np.int32)
+  lengths[::50, 1] = 0  # empty targets
+  lengths[7::60, 0] = 30  # over max_length
+  src = np.concatenate([[10 + i] + [4] * (k - 1) for i, k in enumerate(lengths[:, 0]) if k])
+  tgt = np.concatenate([[10 + i] + [5] * (k - 1) for i, k in enumerate(lengths[:, 1]) if k])
+  return cache.TokenizedSplit(path=None, lengths=lengths, invalid_utf8=0,
+                              groups=cache.group_by_length(src, tgt, lengths))
+
+
+def _pair(split, i):
+  s, t = split.lengths[i]
+  return ([10 + i] + [4] * (s - 1) + [EOS_ID], [10 + i] + [5] * (t - 1) + [EOS_ID])
+
+
+def _config(**overrides):
+  return DataConfig(**{**dict(batch_size=96, max_length=20, packed_length=L,
+                              static_shapes=True, bucket_growth=1.3), **overrides})
+
+
+def test_packed_batches_hold_each_planned_pair_once_in_rows_of_L():
+  """Every batch is [batch_size // L, L]; its segments are exactly the pairs the batch
+  plan gives its step (plan.unit), in order, each once, with positions restarting at
+  each; an epoch covers every kept pair; several buckets come up, in one shape."""
+  split = _tokenized()
+  data = pipeline.TrainData(_config(), split)
+  batch_plan = data.plan(1)
+  rows = 96 // L
+  assert data.bucket_shape(0) == [rows, L]
+  seen, buckets = [], set()
+  for step, batch in enumerate(data(repeat=False)):
+    batch = {k: v.numpy() for k, v in batch.items()}
+    assert {k: v.shape for k, v in batch.items()} == {
+        k: (rows, L) for k in ("inputs", "targets") + packing.FEATURES}
+    bucket, planned = batch_plan.unit(step)
+    buckets.add(bucket)
+    got = unpack(batch)
+    assert got == [_pair(split, i) for i in planned[0]], step
+    seen += planned[0].tolist()
+    # The bucket's k pairs a row: more pairs a batch for shorter buckets.
+    assert len(got) == rows * (L // batch_plan.boundaries[bucket])
+  assert step + 1 == batch_plan.units_per_epoch
+  assert len(buckets) >= 3
+  lengths = split.lengths
+  kept = np.flatnonzero((lengths.min(axis=1) > 0) & (lengths.max(axis=1) + 1 <= 20))
+  assert set(seen) == set(kept.tolist())
+  # Repeats only complete a share's last unit (plan.py): far fewer than the pairs.
+  assert len(seen) - len(set(seen)) < sum(batch_plan.rows)
+
+
+def _packed_firsts(batch):
+  """The first id of each pair of a packed batch, sorted."""
+  starts = (batch["inputs_position"].numpy() == 0) & (
+      batch["inputs_segmentation"].numpy() > 0)
+  return sorted(batch["inputs"].numpy()[starts].tolist())
+
+
+def _mixed(sizes=(120, 40)):
+  split = corpora.CorpusSplits([_split(n, FIRST_IDS[c], c) for c, n in enumerate(sizes)],
+                               ["small.en", "other.en"])
+  return pipeline.TrainData(_config(train_weights="1,3", max_length=24), split)
+
+
+@pytest.mark.slow
+def test_packed_resume_and_two_hosts_give_the_batches_of_one_run():
+  """As the unpacked plan (tests/corpora_test.py), with corpus weights: a plan rebuilt
+  at step s gives the packed batches of an uninterrupted run (into its second epoch),
+  2 hosts of 1 replica those of 1 host with 2, and the weights hold (each pair of the
+  second corpus 3 times an epoch)."""
+  data = _mixed()
+  units = data.plan(2).units_per_epoch
+  one = [_packed_firsts(b) for b in data(tf.distribute.InputContext(1, 0, 2)).take(
+      2 * units + 6)]
+  steps = [sorted(one[2 * s] + one[2 * s + 1]) for s in range(units + 3)]
+  epoch = [f for step in steps[:units] for f in step]
+  counts = np.bincount(epoch, minlength=FIRST_IDS[1] + 40)
+  assert (counts[FIRST_IDS[1]:] >= 3).all() and (counts[FIRST_IDS[0]:FIRST_IDS[0] + 120]
+                                                   >= 1).all()
+  start = units - 3
+  resumed = _mixed()(tf.distribute.InputContext(1, 0, 2), start_step=start)
+  again = [_packed_firsts(b) for b in resumed.take(2 * 6)]
+  assert [sorted(again[2 * s] + again[2 * s + 1]) for s in range(6)] == steps[
+      start:start + 6]
+  hosts = [iter(_mixed()(tf.distribute.InputContext(2, h, 2))) for h in range(2)]
+  for s in range(12):
+    apart = [_packed_firsts(next(hosts[h])) for h in range(2)]
+    assert apart == one[2 * s:2 * s + 2], s
+
+
+def test_bad_packed_lengths_are_clear_errors():
+  with pytest.raises(ConfigError, match="--packed_length=16 is shorter than "
+                     "--max_length=20.*raise --packed_length or lower --max_length"):
+    _config(packed_length=16).validate()
+  with pytest.raises(ConfigError, match="--batch_size=96 tokens cannot hold one packed "
+                     "row of --packed_length=128"):
+    _config(packed_length=128).validate()
+  with pytest.raises(ValueError, match="bucket=None"):
+    pipeline.TrainData(_config(), _tokenized())(bucket=0)
+
+
+def test_the_train_command_refuses_packing_with_a_source_pointer_and_records_packing():
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  from tests.user_errors_test import _parsed  # pylint: disable=import-outside-toplevel
+  from t2t_keras import flags as t2t_flags  # pylint: disable=import-outside-toplevel
+  from t2t_keras import model_card  # pylint: disable=import-outside-toplevel
+  argv, fv = _parsed("--flagfile=flags/demo.cfg", "--packed_length=16", "--source_pointer")
+  with pytest.raises(flags.ValidationError, match="--packed_length=16 packs several pairs "
+                     "into a row, and --source_pointer reads one source per row"):
+    t2t_flags.check_train_flags(argv, fv)
+  argv, fv = _parsed("--flagfile=flags/demo.cfg", "--packed_length=16", "--static_shapes")
+  t2t_flags.check_train_flags(argv, fv)
+  assert t2t_flags.data_config(fv).packed_length == 16
+  data = {"source": "files", "train_src": "a.en", "packed_length": 256}
+  assert model_card.training_data(data)["packed_length"] == 256
+  assert "packed_length" not in model_card.training_data({**data, "packed_length": 0})
+  # A restart that packs differently is a changed batch plan (modeldir.check_plan).
+  from t2t_keras import modeldir  # pylint: disable=import-outside-toplevel
+  assert modeldir.plan_key(_config(), TrainConfig(), 1)["packed_length"] == L
+  # Packed steps mix buckets whatever --static_run_steps says (one shape for all).
+  runs = TrainConfig(steps_per_loop=10, static_run_steps=10)
+  assert modeldir.plan_key(_config(), runs, 1)["steps_per_loop"] == 1
+  assert modeldir.plan_key(_config(packed_length=0), runs, 1)["steps_per_loop"] == 10
+  assert "packed_length" not in modeldir.plan_key(_config(packed_length=0), TrainConfig(), 1)
+
+
+# ---------------------------------------------------------------- the trainer
+def _synthetic(**overrides):
+  return pipeline.make_datasets(DataConfig(**{**dict(
+      source="synthetic", synthetic_max_length=20, synthetic_vocab_size=16,
+      synthetic_train_size=2000, synthetic_eval_size=10, max_length=24, batch_size=128,
+      packed_length=32, static_shapes=True, bucket_growth=1.5), **overrides}))
+
+
+def test_static_packed_training_traces_one_program(tmp_path):
+  """With --static_shapes and --packed_length the XLA-compiled step and the loop are
+  traced once, for the static shape [R, L], while the steps span several buckets
+  (each its own program without packing: tests/trainer_static_test.py)."""
+  data = _synthetic()
+  steps = 8
+  plan = data.train_fn.plan(1)
+  assert len({plan.bucket_of_step(s) for s in range(steps)}) >= 2
+  model = dataclasses.replace(MODEL, vocab_size=data.vocab_size)
+  trainer, result = train(tmp_path, "packed", steps, model=model, dataset_fn=data.train_fn,
+                          jit_compile=True, steps_per_loop=4)
+  assert result.steps == steps and np.isfinite(result.final_loss)
+  shapes = [tuple(f.structured_input_signature[0][0]["inputs"].shape)
+            for f in trainer._compute_gradients._list_all_concrete_functions()]
+  assert shapes == [(128 // 32, 32)]
+  assert trainer.train_fn.experimental_get_tracing_count() == 1
+
+
+@pytest.mark.slow
+def test_packed_training_resume_equals_uninterrupted(tmp_path):
+  """A packed run stopped at step 7 and resumed trains the weights of a straight run."""
+  data = _synthetic()
+  model = dataclasses.replace(MODEL, vocab_size=data.vocab_size)
+  runs = {}
+  for name, stops in (("straight", [14]), ("resumed", [7, 14])):
+    for stop in stops:
+      runs[name] = train(tmp_path, name, stop, model=model, dataset_fn=data.train_fn,
+                         steps_per_loop=3)
+  (straight, _), (resumed, result) = runs["straight"], runs["resumed"]
+  assert result.steps == 14 and resumed.current_step() == 14
+  for a, b in zip(weights_of(straight), weights_of(resumed)):
+    np.testing.assert_allclose(a, b, atol=1e-6)
