@@ -107,10 +107,12 @@ class Transformer(keras.Model):
     else:
       self.source_embedding = SharedEmbedding(
           c.vocab_size, c.hidden_size, dtype=policy, name="source_embedding")
+      # Sized by the target vocabulary, which may be the target's own
+      # (--separate_vocabularies).
       self.target_embedding = SharedEmbedding(
-          c.vocab_size, c.hidden_size, dtype=policy, name="target_embedding")
+          c.output_vocab_size, c.hidden_size, dtype=policy, name="target_embedding")
       self.softmax_embedding = SharedEmbedding(
-          c.vocab_size, c.hidden_size, dtype=policy, name="softmax")
+          c.output_vocab_size, c.hidden_size, dtype=policy, name="softmax")
       embeddings = [self.source_embedding, self.target_embedding, self.softmax_embedding]
     for embedding in embeddings:
       embedding.build()
