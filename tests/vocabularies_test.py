@@ -165,11 +165,11 @@ def test_train_decode_score_and_export_with_two_vocabularies(tmp_path, shared_da
       *(f"--{k}={v}" for k, v in files.items()), f"--model_dir={model_dir}",
       "--separate_vocabularies", "--noshared_embeddings", f"--vocab_size={SOURCE_SIZE}",
       f"--target_vocab_size={TARGET_SIZE}", "--max_length=40", "--batch_size=2048",
-      "--learning_rate=2", "--learning_rate_warmup_steps=20", "--train_steps=40",
-      "--log_every=20", "--eval_every=40", "--eval_bleu_sentences=4",
-      "--save_checkpoint_steps=40", "--show_examples=0", *decode_flags)
+      "--learning_rate=2", "--learning_rate_warmup_steps=10", "--train_steps=20",
+      "--log_every=10", "--eval_every=20", "--eval_bleu_sentences=4",
+      "--save_checkpoint_steps=20", "--show_examples=0", *decode_flags)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-  assert re.search(r"eval at step 40: loss .* \| bleu \d", result.stdout), result.stdout[-2000:]
+  assert re.search(r"eval at step 20: loss .* \| bleu \d", result.stdout), result.stdout[-2000:]
   names = sorted(os.listdir(model_dir))
   assert "vocab.source.model" in names and "vocab.target.model" in names
   assert "vocab.model" not in names
@@ -194,11 +194,14 @@ def test_train_decode_score_and_export_with_two_vocabularies(tmp_path, shared_da
   # Score: the decode's own outputs as targets (tokenized with the target's model).
   (tmp_path / "hyp.txt").write_text("\n".join(decoded) + "\n", encoding="utf-8")
   result = inprocess.run("score", f"--model_dir={model_dir}",
-                         f"--input_file={tmp_path / 'in.txt'}",
+                         f"--source_file={tmp_path / 'in.txt'}",
                          f"--target_file={tmp_path / 'hyp.txt'}")
   assert result.returncode == 0, result.stderr[-3000:]
-  scores = [float(line) for line in result.stdout.split()]
-  assert len(scores) == len(SENTENCES) and all(s < 0 for s in scores)
+  rows = [line.split("\t") for line in result.stdout.splitlines()]
+  assert len(rows) == len(SENTENCES) and all(float(total) < 0 for total, _ in rows)
+  # Each target counted in the target's pieces (+ EOS).
+  assert [int(n) for _, n in rows] == [
+      len(ids) + 1 for ids in loaded.tokenizer.target.tokenize(decoded).to_list()]
 
   # The SavedModel, loaded as TF Serving loads it: the same translations.
   export_dir = tmp_path / "export"
