@@ -88,6 +88,8 @@ def test_two_vocabularies_are_built_each_from_its_own_side(tmp_path, shared_data
   expected = tokenizer.target.tokenize([target_text])
   assert tgt.to_list() == expected.to_list()
   assert tgt.to_list() != tokenizer.source.tokenize([target_text]).to_list()
+  # Outputs are detokenized with the target's model.
+  assert tokenizer.detokenize(expected).numpy()[0].decode() == target_text
   # The cache key covers both models: a shared vocabulary's cache is never reused.
   assert tokenizer_lib.tokenizer_digest(tokenizer) != tokenizer_lib.tokenizer_digest(
       tokenizer.source)
