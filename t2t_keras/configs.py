@@ -136,6 +136,10 @@ class ModelConfig:
   shared_embeddings: bool = setting(
       True, "One matrix for source/target embeddings and the pre-softmax layer (one "
       "shared vocabulary only: --noshared_embeddings with --separate_vocabularies).")
+  shared_decoder_embeddings: bool = setting(
+      False, "Without --shared_embeddings: one matrix for the target embeddings and the "
+      "pre-softmax layer (the decoder's input and output; fairseq's "
+      "--share-decoder-input-output-embed), the sharing two vocabularies still allow.")
   source_pointer: bool = setting(
       False, "Add to each decoder input the encoder output at the source position the "
       "target has copied up to (a pointer that moves on whenever the target writes the "

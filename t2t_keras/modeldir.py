@@ -66,7 +66,7 @@ CTRANSLATE2_DIR = "ctranslate2"
 SHAPE_FIELDS = ("vocab_size", "target_vocab_size", "hidden_size", "filter_size", "num_heads",
                 "num_hidden_layers", "num_encoder_layers", "num_decoder_layers", "key_size",
                 "value_size", "position_embedding", "pre_norm", "shared_embeddings",
-                "source_pointer")
+                "shared_decoder_embeddings", "source_pointer")
 
 
 # ---------------------------------------------------------------- layout

@@ -8,6 +8,7 @@ in two scripts, as EN-RU is), so every target piece is absent from the source's
 vocabulary and a side mixed up shows as the wrong script.
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -106,6 +107,13 @@ def test_the_model_sizes_each_side_by_its_vocabulary():
   assert shapes["transformer/softmax/embeddings"] == (70, 16)
   logits = model({"inputs": tf.constant([[49, EOS_ID]]), "targets": tf.constant([[69, 5]])})
   assert logits.shape[-1] == 70
+  # The decoder's input and output may still share one matrix.
+  shared = create_model(dataclasses.replace(config, shared_decoder_embeddings=True))
+  names = sorted(v.path for v in shared.weights if "embedding" in v.path or "softmax" in v.path)
+  assert names == ["transformer/source_embedding/embeddings",
+                   "transformer/target_embedding/embeddings"]
+  assert shared.softmax_embedding is shared.target_embedding
+  assert shared.count_params() == model.count_params() - 70 * 16
 
 
 def test_shared_embeddings_and_other_bad_combinations_are_refused_naming_the_flags(
@@ -165,7 +173,8 @@ def test_train_decode_score_and_export_with_two_vocabularies(tmp_path, shared_da
       "train", "--hidden_size=32", "--filter_size=64", "--num_heads=4",
       "--num_hidden_layers=2", "--layer_prepostprocess_dropout=0", "--data_source=files",
       *(f"--{k}={v}" for k, v in files.items()), f"--model_dir={model_dir}",
-      "--separate_vocabularies", "--noshared_embeddings", f"--vocab_size={SOURCE_SIZE}",
+      "--separate_vocabularies", "--noshared_embeddings", "--shared_decoder_embeddings",
+      f"--vocab_size={SOURCE_SIZE}",
       f"--target_vocab_size={TARGET_SIZE}", "--max_length=40", "--batch_size=2048",
       "--learning_rate=2", "--learning_rate_warmup_steps=20", "--train_steps=40",
       "--log_every=20", "--eval_every=40", "--eval_bleu_sentences=4",
@@ -213,6 +222,9 @@ def test_train_decode_score_and_export_with_two_vocabularies(tmp_path, shared_da
   (version,) = os.listdir(export_dir)
   assets = sorted(os.listdir(export_dir / version / "assets"))
   assert "vocab.source.model" in assets and "vocab.target.model" in assets
+  card = json.loads((export_dir / version / "assets.extra" / "model_card.json").read_text())
+  assert card["vocab_size"] == loaded.tokenizer.vocab_size
+  assert card["target_vocab_size"] == loaded.tokenizer.target_vocab_size
   served = SessionModel(str(export_dir / version)).run(inputs=SENTENCES)["outputs"]
   assert [s.decode("utf-8") for s in served] == decoded
 
