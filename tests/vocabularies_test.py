@@ -209,11 +209,19 @@ def test_train_decode_score_and_export_with_two_vocabularies(tmp_path, shared_da
   result = inprocess.run("decode", f"--model_dir={model_dir}",
                          f"--input_file={tmp_path / 'in.txt'}",
                          f"--target_prefix_file={tmp_path / 'prefix.txt'}",
-                         f"--output_file={tmp_path / 'prefixed.txt'}", *decode_flags)
+                         f"--output_file={tmp_path / 'prefixed.txt'}",
+                         f"--output_alignments={tmp_path / 'align.txt'}", *decode_flags)
   assert result.returncode == 0, result.stderr[-3000:]
   prefixed = (tmp_path / "prefixed.txt").read_text(encoding="utf-8").splitlines()
   assert len(prefixed) == len(SENTENCES)
   assert all(line.startswith(prefix) for line in prefixed), prefixed
+  # Alignments count words: source words by the source's pieces, target words by the
+  # target's (each side's "▁" pieces).
+  alignments = (tmp_path / "align.txt").read_text(encoding="utf-8").splitlines()
+  for source, output, line in zip(SENTENCES, prefixed, alignments):
+    pairs = [tuple(map(int, pair.split("-"))) for pair in line.split()]
+    assert pairs and max(i for i, _ in pairs) < len(source.split())
+    assert max(j for _, j in pairs) == len(output.split()) - 1, (output, line)
 
   # Score: the decode's own outputs as targets (tokenized with the target's model).
   (tmp_path / "hyp.txt").write_text("\n".join(decoded) + "\n", encoding="utf-8")
