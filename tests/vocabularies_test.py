@@ -37,8 +37,8 @@ def cyrillic(text):
   return text.lower().translate(TO_CYRILLIC)
 CYRILLIC = re.compile("[\u0400-\u04ff]")
 SOURCE_SIZE, TARGET_SIZE = 300, 360
-SENTENCES = ["A man is riding a bike .", "Two dogs play in the snow .",
-             "A woman in a red dress sits on a bench ."]
+SENTENCES = ["A skateboarder performs a trick over colorful graffiti .",
+             "Two dogs play in the snow .", "A woman in a red dress sits on a bench ."]
 
 
 def write_corpus(shared_data, directory, train=1500, dev=8):
@@ -204,7 +204,7 @@ def test_train_decode_score_and_export_with_two_vocabularies(tmp_path, shared_da
   # A target prefix is tokenized with the target's model and the output detokenized
   # with it: the translations start with the prefix, in the target's script (with the
   # source's model, its letters would be unknown pieces).
-  prefix = cyrillic("ein mann")
+  prefix = cyrillic("ein skateboardfahrer")  # a word of several target pieces
   (tmp_path / "prefix.txt").write_text(f"{prefix}\n" * len(SENTENCES), encoding="utf-8")
   result = inprocess.run("decode", f"--model_dir={model_dir}",
                          f"--input_file={tmp_path / 'in.txt'}",
