@@ -140,6 +140,21 @@ def test_shared_embeddings_and_other_bad_combinations_are_refused_naming_the_fla
   assert not os.path.exists(tmp_path / "m" / "config.json")
 
 
+def test_init_from_refuses_separate_vocabularies_naming_the_flag():
+  from t2t_keras.errors import ModelDirError  # pylint: disable=import-outside-toplevel
+  from t2t_keras.training import init_from  # pylint: disable=import-outside-toplevel
+  shared, separate = DataConfig(source="files"), DataConfig(source="files",
+                                                            separate_vocabularies=True)
+  for source, run, who in ((separate, shared, "the source model uses"),
+                           (shared, separate, "this run uses"),
+                           (separate, separate, "the source model and this run use")):
+    for vocab in ("source", "new"):
+      with pytest.raises(ModelDirError, match=f"--init_from=old: {who} "
+                         "--separate_vocabularies"):
+        init_from.check_vocabularies("old", source, run, vocab)
+  init_from.check_vocabularies("old", shared, shared, "source")  # one shared: as before
+
+
 def test_an_old_shared_vocabulary_model_dir_loads_unchanged(tiny_model_dir, tmp_path):
   """A model directory written before the flag existed: config.json without
   separate_vocabularies / target_vocab_size, one vocab.model."""
