@@ -84,13 +84,22 @@ def raise_problems(problems: List[str], what: str) -> None:
     raise ConfigError(f"Invalid {what}: " + "; ".join(problems) + ".")
 
 
+SHARED_EMBEDDINGS_PROBLEM = (
+    "--shared_embeddings cannot be used with --separate_vocabularies: one matrix for the "
+    "source embeddings, target embeddings and softmax needs one vocabulary for both "
+    "sides (the paper's sharing, section 3.4); pass --noshared_embeddings")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Architecture of the Transformer (paper section 3, Table 3)."""
 
   vocab_size: int = setting(
-      37000, "Shared source/target subword vocabulary size (paper EN-DE ~37000).",
-      check=POSITIVE)
+      37000, "Shared source/target subword vocabulary size (paper EN-DE ~37000); with "
+      "--separate_vocabularies the source's.", check=POSITIVE)
+  # The target vocabulary's size when it is not the source's (--separate_vocabularies):
+  # set by training from the built target vocabulary; 0 = one shared vocabulary.
+  target_vocab_size: int = setting(0, check=AT_LEAST_0)
   hidden_size: int = setting(512, "d_model.", check=POSITIVE)
   filter_size: int = setting(2048, "d_ff, feed-forward inner size.", check=POSITIVE)
   num_heads: int = setting(8, "h, attention heads.", check=POSITIVE)
@@ -125,7 +134,12 @@ class ModelConfig:
                            "false = post-norm as in the paper.")
   norm_epsilon: float = setting(1e-6, "LayerNorm epsilon.")
   shared_embeddings: bool = setting(
-      True, "One matrix for source/target embeddings and the pre-softmax layer.")
+      True, "One matrix for source/target embeddings and the pre-softmax layer (one "
+      "shared vocabulary only: --noshared_embeddings with --separate_vocabularies).")
+  shared_decoder_embeddings: bool = setting(
+      False, "Without --shared_embeddings: one matrix for the target embeddings and the "
+      "pre-softmax layer (the decoder's input and output; fairseq's "
+      "--share-decoder-input-output-embed), the sharing two vocabularies still allow.")
   source_pointer: bool = setting(
       False, "Add to each decoder input the encoder output at the source position the "
       "target has copied up to (a pointer that moves on whenever the target writes the "
@@ -143,6 +157,11 @@ class ModelConfig:
   @property
   def decoder_layers(self) -> int:
     return self.num_decoder_layers or self.num_hidden_layers
+
+  @property
+  def output_vocab_size(self) -> int:
+    """The target vocabulary's size: the decoder embedding's and the softmax's rows."""
+    return self.target_vocab_size or self.vocab_size
 
   @property
   def head_key_size(self) -> int:
@@ -164,6 +183,12 @@ class ModelConfig:
     if self.position_embedding not in ("sinusoid", "learned", "relative"):
       problems.append(f"--position_embedding={self.position_embedding!r} must be "
                       "'sinusoid', 'learned' or 'relative'")
+    if self.target_vocab_size and self.shared_embeddings:
+      problems.append(SHARED_EMBEDDINGS_PROBLEM)
+    if self.target_vocab_size and self.source_pointer:
+      problems.append("--source_pointer cannot be used with --separate_vocabularies: "
+                      "it compares target ids with source ids, which needs one "
+                      "vocabulary for both sides")
     if self.dtype not in ("float32", "bfloat16", "mixed_float16", "mixed_bfloat16"):
       problems.append(f"--dtype={self.dtype!r} must be float32, bfloat16 or "
                       "mixed_float16")
@@ -250,6 +275,14 @@ class DataConfig:
       None, "SentencePiece model to use (built there if missing); default: a name "
       "derived from the data inside --data_dir.")
   vocab_size: int = setting(8000, flag="vocab_size")
+  separate_vocabularies: bool = setting(
+      False, "Two SentencePiece models, the source's built from the source side and "
+      "the target's from the target side (for pairs in different scripts: EN-ZH, EN-RU, "
+      "EN-JA), instead of one shared by both; needs --noshared_embeddings. The model "
+      "directory keeps both (vocab.source.model, vocab.target.model).")
+  target_vocab_size: int = setting(
+      0, "With --separate_vocabularies: the target vocabulary's size; 0 = --vocab_size.",
+      check=AT_LEAST_0)
   vocab_sample_sentences: int = setting(
       1_000_000, "Sentences sampled from the training data to build the vocabulary.",
       check=POSITIVE)
@@ -301,6 +334,15 @@ class DataConfig:
           f"--batch_size={self.batch_size} tokens cannot hold one packed row of "
           f"--packed_length={self.packed_length}; raise --batch_size or lower "
           "--packed_length")
+    if self.separate_vocabularies and self.vocab_file:
+      problems.append(
+          f"--vocab_file={self.vocab_file} names one vocabulary but "
+          "--separate_vocabularies builds two (into --data_dir); drop one of them")
+    if self.target_vocab_size and not self.separate_vocabularies:
+      problems.append(
+          f"--target_vocab_size={self.target_vocab_size} sizes the target's own "
+          "vocabulary: add --separate_vocabularies, or drop it (one shared vocabulary "
+          "of --vocab_size)")
     raise_problems(problems, "data settings")
     return self
 

@@ -34,8 +34,8 @@ import itertools
 from absl import flags
 
 from t2t_keras import errors
-from t2t_keras.configs import (DataConfig, DecodeConfig, ModelConfig, TrainConfig,
-                               WeightsConfig, flag_name)
+from t2t_keras.configs import (SHARED_EMBEDDINGS_PROBLEM, DataConfig, DecodeConfig,
+                               ModelConfig, TrainConfig, WeightsConfig, flag_name)
 from t2t_keras.data import sources
 
 FLAGS = flags.FLAGS
@@ -238,9 +238,12 @@ def define_all(flag_values=FLAGS):
   define_decode_flags(flag_values)
 
 
-def model_config(vocab_size=None, fv=FLAGS) -> ModelConfig:
-  """ModelConfig from FLAGS (vocab_size from the built vocabulary when given)."""
+def model_config(vocab_size=None, fv=FLAGS, target_vocab_size=None) -> ModelConfig:
+  """ModelConfig from FLAGS (vocab_size, and target_vocab_size with separate
+  vocabularies, from the built vocabularies when given)."""
   values = {"vocab_size": vocab_size} if vocab_size else {}
+  if target_vocab_size:
+    values["target_vocab_size"] = target_vocab_size
   return settings_from_flags(ModelConfig, fv, **values).validate()
 
 
@@ -372,6 +375,8 @@ def check_train_flags(argv, fv=FLAGS) -> list:
     problems.append(
         f"--packed_length={fv.packed_length} packs several pairs into a row, and "
         "--source_pointer reads one source per row: drop one of them")
+  if fv.separate_vocabularies and fv.shared_embeddings:
+    problems.append(SHARED_EMBEDDINGS_PROBLEM)
   problems += sources.data_source(data_config(fv)).check_model(
       settings_from_flags(ModelConfig, fv))
   if problems:

@@ -117,11 +117,17 @@ class Transformer(keras.Model):
     else:
       self.source_embedding = SharedEmbedding(
           c.vocab_size, c.hidden_size, dtype=policy, name="source_embedding")
+      # Sized by the target vocabulary, which may be the target's own
+      # (--separate_vocabularies).
       self.target_embedding = SharedEmbedding(
-          c.vocab_size, c.hidden_size, dtype=policy, name="target_embedding")
-      self.softmax_embedding = SharedEmbedding(
-          c.vocab_size, c.hidden_size, dtype=policy, name="softmax")
-      embeddings = [self.source_embedding, self.target_embedding, self.softmax_embedding]
+          c.output_vocab_size, c.hidden_size, dtype=policy, name="target_embedding")
+      embeddings = [self.source_embedding, self.target_embedding]
+      if c.shared_decoder_embeddings:  # the decoder's input and output share one matrix
+        self.softmax_embedding = self.target_embedding
+      else:
+        self.softmax_embedding = SharedEmbedding(
+            c.output_vocab_size, c.hidden_size, dtype=policy, name="softmax")
+        embeddings.append(self.softmax_embedding)
     for embedding in embeddings:
       embedding.build()
     if c.position_embedding == "learned":

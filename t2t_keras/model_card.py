@@ -6,7 +6,8 @@ that from the model directory at export time, so that whoever serves (or finds) 
 export can tell, without the model directory:
 
   model             the resolved ModelConfig (config.json's "model" section)
-  vocab_size        the vocabulary's size (and vocab_type for SentencePiece models)
+  vocab_size        the vocabulary's size (and vocab_type for SentencePiece models);
+                    with separate vocabularies the source's, and target_vocab_size
   parameters        the number of model weights
   training_data     the data the run names: files, TFDS dataset and direction,
                     synthetic task or treebank, with the dev set
@@ -138,6 +139,8 @@ def build(translator, model_dir: str | None = None,
       "model_dir": model_dir,
       "model": dataclasses.asdict(model_config),
       "vocab_size": int(model_config.vocab_size),
+      **({"target_vocab_size": int(model_config.target_vocab_size)}
+         if model_config.target_vocab_size else {}),
       "parameters": int(translator.model.count_params()),
       "checkpoints": [os.path.basename(p) for p in checkpoints] or None,
       "step": max((_step(p) for p in checkpoints if _step(p) is not None), default=None),
@@ -189,7 +192,9 @@ def describe(card: dict) -> str:
               f"{model.get('num_decoder_layers') or model.get('num_hidden_layers')} layers")
   lines.append(f"  model: {layers}, hidden_size {model.get('hidden_size')}, filter_size "
                f"{model.get('filter_size')}, num_heads {model.get('num_heads')}, "
-               f"{card.get('parameters'):,} parameters, vocabulary {card.get('vocab_size')}")
+               f"{card.get('parameters'):,} parameters, vocabulary {card.get('vocab_size')}"
+               + (f" (source), {card['target_vocab_size']} (target)"
+                  if card.get("target_vocab_size") else ""))
   data = dict(card.get("training_data") or {})
   if data:
     source = data.pop("source", None)  # first; the file is written with sorted keys

@@ -13,6 +13,9 @@ the directory holds, so that a new file (or a renamed one) is one edit:
                        (`plan_key`, `check_plan`)
   vocab.model          a copy of the SentencePiece model training used; synthetic
                        tasks need none (`save_vocab`, `load_tokenizer`)
+  vocab.source.model, vocab.target.model
+                       instead, the two models of --separate_vocabularies (config.json's
+                       data section says which a directory holds: `vocab_paths`)
   ckpt-<step>.*        checkpoints of model, optimizer and dropout seeds, listed in
                        `checkpoint` (`checkpoint_paths`, `choose_checkpoints`)
   train/, eval/        TensorBoard logs (`logs_dir`)
@@ -51,6 +54,7 @@ CONFIG_FILE = "config.json"
 FLAGS_FILE = "flags.txt"
 PLAN_FILE = "data_plan.json"
 VOCAB_FILE = "vocab.model"
+SIDE_VOCAB_FILES = ("vocab.source.model", "vocab.target.model")  # separate vocabularies
 VOCAB_PATTERNS = ("*.model", "*.vocab")  # SentencePiece files copied with a model
 CHECKPOINT_PREFIX = "ckpt"
 BEST_DIR = "best"
@@ -59,10 +63,10 @@ DEV_BLEU_FILE = "dev_bleu.json"
 EXPORT_DIR = "export"
 CTRANSLATE2_DIR = "ctranslate2"
 # ModelConfig fields that change variable shapes or the computation a checkpoint encodes.
-SHAPE_FIELDS = ("vocab_size", "hidden_size", "filter_size", "num_heads",
+SHAPE_FIELDS = ("vocab_size", "target_vocab_size", "hidden_size", "filter_size", "num_heads",
                 "num_hidden_layers", "num_encoder_layers", "num_decoder_layers", "key_size",
                 "value_size", "position_embedding", "pre_norm", "shared_embeddings",
-                "source_pointer")
+                "shared_decoder_embeddings", "source_pointer")
 
 
 # ---------------------------------------------------------------- layout
@@ -72,6 +76,16 @@ def flags_path(model_dir: str) -> str:
 
 def vocab_path(model_dir: str) -> str:
   return os.path.join(model_dir, VOCAB_FILE)
+
+
+def vocab_paths(model_dir: str, data_config: Optional[DataConfig] = None) -> List[str]:
+  """The vocabulary files of a model directory: [vocab.model], or with
+  --separate_vocabularies [vocab.source.model, vocab.target.model]. Directories written
+  before the flag existed have no such setting in config.json: one shared vocabulary."""
+  data_config = data_config or data_config_of(model_dir)
+  if getattr(data_config, "separate_vocabularies", False):
+    return [os.path.join(model_dir, name) for name in SIDE_VOCAB_FILES]
+  return [vocab_path(model_dir)]
 
 
 def logs_dir(model_dir: str, split: str) -> str:
@@ -302,32 +316,58 @@ def write_or_check_config(model_dir: str, model_config: ModelConfig, **sections)
 
 
 # ---------------------------------------------------------------- vocabulary
-def save_vocab(tokenizer, model_dir: str) -> Optional[str]:
-  """Copies the tokenizer's SentencePiece model into model_dir (if it has one).
+def _protos(tokenizer) -> Optional[List[bytes]]:
+  """The SentencePiece models of a tokenizer: one shared, or the source's and the
+  target's (a `PairTokenizer`); None for the synthetic tasks' symbol ids."""
+  if getattr(tokenizer, "model_proto", None) is not None:
+    return [tokenizer.model_proto]
+  if getattr(tokenizer, "target_vocab_size", None):  # PairTokenizer
+    return [tokenizer.source.model_proto, tokenizer.target.model_proto]
+  return None
+
+
+def _names(protos: List[bytes]) -> tuple:
+  return (VOCAB_FILE,) if len(protos) == 1 else SIDE_VOCAB_FILES
+
+
+def save_vocab(tokenizer, model_dir: str):
+  """Copies the tokenizer's SentencePiece model(s) into model_dir (if it has any).
+
+  Returns:
+    The path of vocab.model, or the paths of vocab.source.model and vocab.target.model
+    (separate vocabularies), or None.
 
   Raises:
     ModelDirError: model_dir already holds another vocabulary.
   """
-  proto = getattr(tokenizer, "model_proto", None)
-  if proto is None:
+  protos = _protos(tokenizer)
+  if protos is None:
     return None
-  path = vocab_path(model_dir)
-  if tf.io.gfile.exists(path):
-    with tf.io.gfile.GFile(path, "rb") as f:
-      if f.read() == proto:
-        return path
-    raise ModelDirError(
-        f"{path} holds a different vocabulary than this run's "
-        f"({tokenizer.vocab_file or 'built in memory'}): the checkpoints in {model_dir} "
-        "belong to that vocabulary. Use a new --model_dir for new data.")
-  tf.io.gfile.makedirs(model_dir)
-  _write_atomic(path, proto, binary=True)
-  return path
+  paths = []
+  for proto, name in zip(protos, _names(protos)):
+    path = os.path.join(model_dir, name)
+    paths.append(path)
+    if tf.io.gfile.exists(path):
+      with tf.io.gfile.GFile(path, "rb") as f:
+        if f.read() == proto:
+          continue
+      raise ModelDirError(
+          f"{path} holds a different vocabulary than this run's "
+          f"({tokenizer.vocab_file or 'built in memory'}): the checkpoints in {model_dir} "
+          "belong to that vocabulary. Use a new --model_dir for new data.")
+    tf.io.gfile.makedirs(model_dir)
+    _write_atomic(path, proto, binary=True)
+  return paths[0] if len(paths) == 1 else paths
 
 
-def vocab_file_of(tokenizer, model_dir: str) -> Optional[str]:
-  """The model directory's copy of the tokenizer's vocabulary (None: it has none)."""
-  return vocab_path(model_dir) if getattr(tokenizer, "model_proto", None) else None
+def vocab_file_of(tokenizer, model_dir: str):
+  """The model directory's copy of the tokenizer's vocabulary (None: it has none; a
+  list of the source's and the target's with separate vocabularies)."""
+  protos = _protos(tokenizer)
+  if protos is None:
+    return None
+  paths = [os.path.join(model_dir, name) for name in _names(protos)]
+  return paths[0] if len(paths) == 1 else paths
 
 
 def copy_config_and_vocab(model_dir: str, output_dir: str) -> List[str]:

@@ -75,7 +75,7 @@ def run() -> None:
         flush=True)
   source_ids = [scoring.with_eos(tag + s) for s in tokenizer.tokenize(tf.constant(
       sources or [""])).to_list()]
-  target_ids = [scoring.with_eos(t) for t in tokenizer.tokenize(tf.constant(targets or
+  target_ids = [scoring.with_eos(t) for t in tokenizer.target.tokenize(tf.constant(targets or
                                                                             [""])).to_list()]
   if not sources:
     source_ids = target_ids = []

@@ -102,7 +102,8 @@ def prepare(agreement, data_config, train_config, decode_config):
 
   def load():
     datasets = data.make_datasets(data_config)
-    return datasets, t2t_flags.model_config(vocab_size=datasets.vocab_size)
+    return datasets, t2t_flags.model_config(vocab_size=datasets.vocab_size,
+                                            target_vocab_size=datasets.target_vocab_size)
 
   model_dir = train_config.model_dir
   stopped = UserError("another worker stopped while preparing the data and the model "

@@ -227,11 +227,11 @@ def tokenize_pairs(text: tf.data.Dataset, tokenizer, what: Optional[str] = "pair
   an id put before every source (a target-language tag, language_tags.py).
   """
   def tokenize(src, tgt):
-    src_ids = tokenizer.tokenize(src)
+    src_ids = tokenizer.source.tokenize(src)
     if source_tag is not None:
       tags = tf.fill([src_ids.nrows(), 1], tf.constant(source_tag, src_ids.dtype))
       src_ids = tf.concat([tf.RaggedTensor.from_tensor(tags), src_ids], axis=1)
-    return src_ids, tokenizer.tokenize(tgt)
+    return src_ids, tokenizer.target.tokenize(tgt)  # each side's own vocabulary
 
   ds = text.batch(BATCH_ROWS).map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
   return ds if what is None else _progress(ds, what)

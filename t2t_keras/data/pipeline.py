@@ -352,7 +352,9 @@ class Datasets:
   Attributes:
     tokenizer: in-graph tokenizer module (tokenize, detokenize, vocab_size); also
       the one to export with the model.
-    vocab_size: ids in the vocabulary (ModelConfig.vocab_size).
+    vocab_size: ids in the (source) vocabulary (ModelConfig.vocab_size).
+    target_vocab_size: ids in the target's own vocabulary (--separate_vocabularies;
+      ModelConfig.target_vocab_size), else 0.
     train_fn: a TrainData: `train_fn(input_context=None, start_step=0, ...)` is the
       infinite training dataset from `start_step` on.
     eval_fn: a `dev_batches.EvalData`: `eval_fn(input_context=None)` is the one-pass
@@ -366,6 +368,7 @@ class Datasets:
   eval_fn: Optional[Callable[..., tf.data.Dataset]]
   train_stats: SplitStats
   eval_stats: Optional[SplitStats]
+  target_vocab_size: int = 0
 
 
 def make_datasets(config: DataConfig) -> Datasets:
@@ -405,4 +408,5 @@ def make_datasets(config: DataConfig) -> Datasets:
   return Datasets(
       tokenizer=tokenizer, vocab_size=tokenizer.vocab_size,
       train_fn=train_fn,
-      eval_fn=eval_fn, train_stats=train_stats, eval_stats=eval_stats)
+      eval_fn=eval_fn, train_stats=train_stats, eval_stats=eval_stats,
+      target_vocab_size=getattr(tokenizer, "target_vocab_size", 0))

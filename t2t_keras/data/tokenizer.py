@@ -11,6 +11,13 @@ a bounded reservoir sample of both sides of the training pairs, with the reserve
 of `t2t_keras` (PAD 0, EOS 1, UNK 2, BOS 3) so ids agree everywhere. It is written
 once to data_dir (or --vocab_file) and reused by every later run and tool.
 
+With --separate_vocabularies (pairs in different scripts: EN-ZH, EN-RU) each side gets
+its own model, trained on that side alone (`build_vocab(config, side)`), and a
+`PairTokenizer` joins them: it tokenizes sources with the source model and
+detokenizes outputs with the target model. Every tokenizer has `.source` and
+`.target` (a single vocabulary's are itself), so code that tokenizes a target (the
+tokenized cache, scoring, target prefixes) says which side it means.
+
 For parsing, SentencePiece may merge across Unicode scripts (split_by_unicode_script
 off): the linearized trees' tokens `(NP`, `-LRB-`, `PRP$` then become one piece each
 (by default "(" and "NP" are separate pieces, making targets 31% longer).
@@ -127,6 +134,14 @@ class SentencePieceTokenizer(tf.Module):
     """Ids (..., T), dense or ragged -> strings (...); stops at EOS, skips PAD/BOS."""
     return _uniform(self._sp.detokenize(strip_special_ids(ids)))
 
+  @property
+  def source(self):
+    return self
+
+  @property
+  def target(self):
+    return self
+
   def tag_id(self, language: str) -> int:
     """The id of a target-language tag piece (language_tags.py).
 
@@ -176,9 +191,53 @@ class IntegerTokenizer(tf.Module):
       words = tf.strings.as_string(ids)
     return _uniform(tf.strings.reduce_join(words, axis=-1, separator=" "))
 
+  @property
+  def source(self):
+    return self
+
+  @property
+  def target(self):
+    return self
+
+
+class PairTokenizer(tf.Module):
+  """Two SentencePiece vocabularies (--separate_vocabularies): sources are tokenized
+  with `source`, outputs detokenized with `target`; target-language tags are source
+  pieces (they are put before the source). `vocab_size` is the source's (the encoder's
+  input), `target_vocab_size` the target's (the softmax's width)."""
+
+  def __init__(self, source: SentencePieceTokenizer, target: SentencePieceTokenizer,
+               name: str = "pair_tokenizer"):
+    super().__init__(name=name)
+    self.source_tokenizer = source
+    self.target_tokenizer = target
+    self.vocab_size = source.vocab_size
+    self.target_vocab_size = target.vocab_size
+    self.vocab_file = None
+    self.model_proto = None  # two models: use .source / .target
+
+  @property
+  def source(self) -> SentencePieceTokenizer:
+    return self.source_tokenizer
+
+  @property
+  def target(self) -> SentencePieceTokenizer:
+    return self.target_tokenizer
+
+  def tokenize(self, strings) -> tf.RaggedTensor:
+    """Source strings -> ids of the source vocabulary."""
+    return self.source_tokenizer.tokenize(strings)
+
+  def detokenize(self, ids) -> tf.Tensor:
+    """Output ids of the target vocabulary -> strings."""
+    return self.target_tokenizer.detokenize(ids)
+
+  def tag_id(self, language: str) -> int:
+    return self.source_tokenizer.tag_id(language)
+
 
 def sample_sentences(pairs: Iterable[Tuple[str, str]], max_sentences: int,
-                     seed: int = 1) -> List[str]:
+                     seed: int = 1, side: Optional[str] = None) -> List[str]:
   """Reservoir-samples pairs and returns both sides: a bounded, unbiased sample.
 
   Logs progress (sentences read, rate) every few seconds.
@@ -187,6 +246,7 @@ def sample_sentences(pairs: Iterable[Tuple[str, str]], max_sentences: int,
     pairs: (source, target) strings, e.g. `sources.data_source(config).python_pairs()`.
     max_sentences: at most this many sentences are returned (half per side).
     seed: sampling seed.
+    side: None (both sides), "source" or "target" (that side of the same sample).
 
   Returns:
     Non-empty sentences, sources and targets of the sampled pairs.
@@ -212,7 +272,8 @@ def sample_sentences(pairs: Iterable[Tuple[str, str]], max_sentences: int,
   elapsed = max(time.time() - start, 1e-9)
   logging.info("Vocabulary: read %d sentences in %.1fs (%.0f/s); sampled %d", 2 * seen,
                elapsed, 2 * seen / elapsed, 2 * len(reservoir))
-  return [s for pair in reservoir for s in pair if s.strip()]
+  keep_sides = {None: (0, 1), "source": (0,), "target": (1,)}[side]
+  return [pair[i] for pair in reservoir for i in keep_sides if pair[i].strip()]
 
 
 def train_sentencepiece(sentences: List[str], vocab_file: str, vocab_size: int,
@@ -315,20 +376,32 @@ def load_tokenizer(vocab_file: str) -> SentencePieceTokenizer:
     return SentencePieceTokenizer(f.read(), vocab_file=vocab_file)
 
 
-def vocab_path(config: DataConfig) -> str:
+SIDES = ("source", "target")  # the vocabularies of --separate_vocabularies
+
+
+def side_vocab_size(config: DataConfig, side: Optional[str]) -> int:
+  """The requested size of one side's vocabulary (--target_vocab_size, 0 = --vocab_size)."""
+  return (config.target_vocab_size or config.vocab_size) if side == "target" else \
+      config.vocab_size
+
+
+def vocab_path(config: DataConfig, side: Optional[str] = None) -> str:
   """config.vocab_file, or a data_dir file named after the data, type and size.
 
   The name carries a content fingerprint of the training data (not its mtime), so a
   shared data_dir never hands a vocabulary of other data to a run. Where the training
   files are gone (decoding or exporting on another machine), the one vocabulary of
   this type and size in data_dir is used; pass vocab_file when there are several.
+  `side` ("source" or "target", --separate_vocabularies) names one side's vocabulary,
+  `vocab.<side>.<type><size>.<fingerprint>.model`.
   """
-  if config.vocab_file:
+  if config.vocab_file and side is None:
     return config.vocab_file
   if not config.data_dir:
     raise sources.DataError(f"source={config.source!r} needs --data_dir (or "
                             "--vocab_file) to store the vocabulary.")
-  prefix = f"vocab.{config.vocab_type}{config.vocab_size}."
+  prefix = (f"vocab.{side + '.' if side else ''}{config.vocab_type}"
+            f"{side_vocab_size(config, side)}.")
   try:
     fingerprint = sources.data_source(config).fingerprint("train", shared_vocab=True)
   except sources.DataError:
@@ -342,11 +415,15 @@ def vocab_path(config: DataConfig) -> str:
 
 def build_vocab(config: DataConfig,
                 pairs: Optional[Callable[[], Iterator[Tuple[str, str]]]] = None,
-                overwrite: bool = False, verbose: bool = False) -> str:
+                overwrite: bool = False, verbose: bool = False,
+                side: Optional[str] = None) -> str:
   """Builds the shared vocabulary of config's training data, unless it exists.
 
   Args:
     config: data configuration (source, vocab_type, vocab_size, sample size, seed).
+    side: None (the shared vocabulary of both sides), or "source" / "target": that
+      side's own vocabulary (--separate_vocabularies); target-language tags, which
+      are source pieces, go into the source's.
     pairs: returns an iterator of training (source, target) strings; default: the
       configured training split.
     overwrite: rebuild even when the file exists.
@@ -355,7 +432,7 @@ def build_vocab(config: DataConfig,
   Returns:
     The vocabulary path.
   """
-  path = vocab_path(config)
+  path = vocab_path(config, side)
   if tf.io.gfile.exists(path) and not overwrite:
     logging.info("Reusing vocabulary %s", path)
     return path
@@ -366,12 +443,13 @@ def build_vocab(config: DataConfig,
   if pairs is None:
     cache.validated_files(config, "train")  # Clear errors before reading.
     pairs = lambda: source.python_pairs("train")  # noqa: E731
-  sample = sample_sentences(pairs(), config.vocab_sample_sentences, config.seed)
-  return train_sentencepiece(sample, path, config.vocab_size, config.vocab_type,
-                             verbose=verbose,
+  sample = sample_sentences(pairs(), config.vocab_sample_sentences, config.seed, side)
+  tags = [] if side == "target" else [language_tags.tag(language) for language
+                                      in language_tags.languages(config)]
+  return train_sentencepiece(sample, path, side_vocab_size(config, side),
+                             config.vocab_type, verbose=verbose,
                              split_by_unicode_script=source.split_by_unicode_script,
-                             user_defined_symbols=[language_tags.tag(language) for language
-                                                   in language_tags.languages(config)])
+                             user_defined_symbols=tags)
 
 
 def load_or_build_tokenizer(config: DataConfig, **build_kwargs):
@@ -388,11 +466,18 @@ def load_or_build_tokenizer(config: DataConfig, **build_kwargs):
   source = sources.data_source(config)
   if not source.is_text:
     return IntegerTokenizer(source.vocab_size)
+  if config.separate_vocabularies:
+    return PairTokenizer(*(load_tokenizer(build_vocab(config, side=side, **build_kwargs))
+                           for side in SIDES))
   return load_tokenizer(build_vocab(config, **build_kwargs))
 
 
 def tokenizer_digest(tokenizer) -> str:
-  """Identifies a tokenizer's vocabulary (part of the tokenized-cache key)."""
+  """Identifies a tokenizer's vocabulary (part of the tokenized-cache key): a pair's
+  covers both models, so each side's ids are cached under its own vocabulary."""
+  if isinstance(tokenizer, PairTokenizer):
+    return hashlib.sha256(tokenizer.source.model_proto + b"\0" +
+                          tokenizer.target.model_proto).hexdigest()[:16]
   if tokenizer.model_proto is not None:
     return hashlib.sha256(tokenizer.model_proto).hexdigest()[:16]
   return f"{type(tokenizer).__name__}-{tokenizer.vocab_size}"

@@ -147,13 +147,15 @@ def _positions(model, config: ModelConfig, encoder: bool) -> np.ndarray:
                     dtype=np.float32)
 
 
-def build_spec(model, config: ModelConfig, tokens: List[str]):
+def build_spec(model, config: ModelConfig, tokens: List[str],
+               target_tokens: Optional[List[str]] = None):
   """A `ctranslate2.specs.TransformerSpec` holding the model's weights.
 
   Args:
     model: a built, restored `Transformer`.
     config: its ModelConfig.
-    tokens: the vocabulary (see `vocabulary`).
+    tokens: the vocabulary (see `vocabulary`), the source's with separate vocabularies.
+    target_tokens: the target's vocabulary when it has its own; None = `tokens`.
   """
   ct2 = _ctranslate2()
   specs = ct2.specs
@@ -171,7 +173,7 @@ def build_spec(model, config: ModelConfig, tokens: List[str]):
   spec.config.decoder_start_token = RESERVED_TOKENS[BOS_ID]
   spec.config.add_source_eos = True
   spec.register_source_vocabulary(tokens)
-  spec.register_target_vocabulary(tokens)
+  spec.register_target_vocabulary(tokens if target_tokens is None else target_tokens)
 
   encoder.embeddings[0].weight = _numpy(model.source_embedding.embeddings)
   if not relative:
@@ -197,10 +199,12 @@ def build_spec(model, config: ModelConfig, tokens: List[str]):
 
 
 def export(model, config: ModelConfig, tokenizer, export_dir: str,
-           quantization: Optional[str] = None, vocab_file: Optional[str] = None,
+           quantization: Optional[str] = None, vocab_file=None,
            force: bool = False) -> str:
   """Writes a CTranslate2 model directory: model.bin, the vocabulary, and the run's
-  SentencePiece model (`vocab_file`, copied as `sentencepiece.model`) if it has one.
+  SentencePiece model (`vocab_file`, copied as `sentencepiece.model`) if it has one;
+  with separate vocabularies (`vocab_file` the source's and the target's) both
+  vocabularies and both models, as `source.model` and `target.model`.
 
   Args:
     model, config, tokenizer: the restored model, its ModelConfig and its tokenizer.
@@ -208,7 +212,8 @@ def export(model, config: ModelConfig, tokenizer, export_dir: str,
       any tf.io.gfile file system (gs://). It appears complete or not at all.
     quantization: None (float32 weights) or one of QUANTIZATIONS; CTranslate2 can also
       quantize when it loads (`compute_type`).
-    vocab_file: the SentencePiece model to copy for clients.
+    vocab_file: the SentencePiece model to copy for clients, or a list of the
+      source's and the target's.
     force: overwrite an existing directory.
 
   Returns:
@@ -222,7 +227,8 @@ def export(model, config: ModelConfig, tokenizer, export_dir: str,
     if not tf.io.gfile.exists(os.path.join(export_dir, MODEL_FILE)):
       publish.prepare(export_dir, MODEL_FILE, "")  # raises: an interrupted export
     raise ExportError(f"{export_dir} is not empty: pick a new --export_dir (or remove it)")
-  spec = build_spec(model, config, vocabulary(tokenizer))
+  spec = build_spec(model, config, vocabulary(tokenizer.source),
+                    vocabulary(tokenizer.target))
   spec.validate()
   spec.optimize(quantization=quantization)
   if force and tf.io.gfile.exists(export_dir):
@@ -234,7 +240,10 @@ def export(model, config: ModelConfig, tokenizer, export_dir: str,
   tf.io.gfile.makedirs(tmp)
   with tempfile.TemporaryDirectory() as local:  # CTranslate2 writes local files only
     spec.save(local)
-    if vocab_file:
+    if isinstance(vocab_file, (list, tuple)):
+      for path, name in zip(vocab_file, ("source.model", "target.model")):
+        tf.io.gfile.copy(path, os.path.join(local, name))
+    elif vocab_file:
       tf.io.gfile.copy(vocab_file, os.path.join(local, "sentencepiece.model"))
     for name in os.listdir(local):
       tf.io.gfile.copy(os.path.join(local, name), os.path.join(tmp, name), overwrite=True)
@@ -254,10 +263,9 @@ def export_from_settings(settings: ExportSettings) -> str:
   from t2t_keras.inference import loading  # pylint: disable=import-outside-toplevel
   loaded = loading.load(settings.model_dir, settings.weights.checkpoint_path,
                         settings.weights.average_last_n, "float32")
-  vocab = modeldir.vocab_path(settings.model_dir)
   return export(loaded.model, loaded.model_config, loaded.tokenizer, settings.export_dir,
                 quantization=settings.quantization,
-                vocab_file=vocab if loaded.tokenizer.model_proto is not None else None)
+                vocab_file=modeldir.vocab_file_of(loaded.tokenizer, settings.model_dir))
 
 
 def describe(path: str, settings: ExportSettings) -> str:

@@ -12,7 +12,9 @@ Signatures:
   translate_ids: input_ids int32 [B, S] (ids + EOS, then any padding) -> output_ids
     int32 [B, K, T] (PAD after EOS), scores float32 [B, K], K the beam size with
     return_beams and 1 without (the search's final results only); for clients that tokenize
-    themselves with assets/vocab.model (the vocabulary travels as an asset). A row
+    themselves with assets/vocab.model (the vocabulary travels as an asset; with
+    separate vocabularies assets/vocab.source.model tokenizes the inputs and
+    assets/vocab.target.model detokenizes the outputs). A row
     ends at its first EOS: whatever follows is ignored, so TF Serving's batching may
     pad rows with any value (it pads with the tensor's first element).
   translate_with_prefix: inputs string [B] and target_prefix string [B] -> the outputs
@@ -117,14 +119,17 @@ class Translator(tf.Module):
   """The exported module: model weights, tokenizer and decoding functions."""
 
   def __init__(self, model, tokenizer, config: DecodeConfig, *,
-               vocab_file: Optional[str] = None, tree_constraint=None,
+               vocab_file=None, tree_constraint=None,
                jit_compile: bool = False, limits: Optional[RequestLimits] = None,
                data_config=None):
     """Args: `config` the inference settings the export carries (`Format.carries`:
     sources cut to `config.max_input_length`, serving_default translating into
     `config.target_language`, default the dev files'); `jit_compile` the XLA beam
     search (`--export_jit_compile`; `config.jit_compile` is the decode command's);
-    `tree_constraint` the `TreeConstraint` of `config.constrain_trees`."""
+    `tree_constraint` the `TreeConstraint` of `config.constrain_trees`; `vocab_file`
+    the SentencePiece model carried as an asset, or the source's and the target's
+    (a pair, separate vocabularies: `tokenizer` is then a `PairTokenizer`, which
+    tokenizes with the source's and detokenizes with the target's)."""
     super().__init__(name="translator")
     # A multilingual model's target languages: name -> tag id (language_tags.py).
     self.languages = [] if data_config is None else language_tags.languages(data_config)
@@ -164,7 +169,9 @@ class Translator(tf.Module):
       # tokenizer); XLA compiles once per input shape, so batches are padded to a
       # power of two rows and `decoding.padded_width` columns.
       self.decode_xla = tf.function(self._decode_padded, jit_compile=True, autograph=False)
-    if vocab_file:
+    if isinstance(vocab_file, (list, tuple)):
+      self.vocab_source, self.vocab_target = (tf.saved_model.Asset(f) for f in vocab_file)
+    elif vocab_file:
       self.vocab = tf.saved_model.Asset(vocab_file)
     self.serve = tf.function(self._serve, input_signature=[
         tf.TensorSpec([None], tf.string, name="inputs")], autograph=False)
@@ -365,7 +372,8 @@ class Translator(tf.Module):
     ids = ids[:, :self.max_input_length]
     strings = tf.strings.unicode_transcode(target_prefix, "UTF-8", "UTF-8", errors="replace",
                                            replacement_char=0xFFFD)
-    prefix = tf.cast(self.tokenizer.tokenize(strings), tf.int32)[:, :self.max_input_length]
+    prefix = tf.cast(self.tokenizer.target.tokenize(strings),
+                     tf.int32)[:, :self.max_input_length]
     output_ids, scores = decoding.decode_ids(self.model, ids, self.graph_config,
                                              self.tree_constraint,
                                              target_prefix=prefix.to_tensor(PAD_ID))
@@ -448,7 +456,7 @@ def xla_buckets(max_input_length: int, limits: RequestLimits) -> list:
 def warmup_requests(translator: Translator) -> list:
   """One request (a list of strings) per reachable XLA bucket (`xla_buckets`): rows of
   a word the vocabulary holds whole, repeated to the bucket's smallest width."""
-  word = _one_piece_word(translator.tokenizer)
+  word = _one_piece_word(translator.tokenizer.source)
   return [[" ".join([word] * (width - 1))] * rows for _, _, rows, width in
           xla_buckets(translator.max_input_length, translator.limits)]
 
@@ -520,10 +528,9 @@ def translator_of(settings: ExportSettings) -> tuple:
           loaded.tokenizer, loaded.data_config.parsing_linearization)
     except ValueError as error:
       raise ExportError(f"--constrain_trees with --model_dir={model_dir}: {error}") from None
-  vocab = modeldir.vocab_path(model_dir)
   translator = Translator(
       loaded.model, loaded.tokenizer, config,
-      vocab_file=vocab if getattr(loaded.tokenizer, "model_proto", None) else None,
+      vocab_file=modeldir.vocab_file_of(loaded.tokenizer, model_dir),
       tree_constraint=constraint, jit_compile=settings.jit_compile,
       limits=limits_of(settings), data_config=loaded.data_config)
   return translator, loaded.checkpoints

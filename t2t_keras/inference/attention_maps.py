@@ -59,7 +59,8 @@ def attention_maps(model, tokenizer, sentence: str, config: DecodeConfig) -> Att
   translation = tokenizer.detokenize(tf.constant([target], tf.int32)).numpy()[0].decode(
       "utf-8", "replace")
   return AttentionMaps(
-      source_tokens=pieces(tokenizer, ids), target_tokens=pieces(tokenizer, target),
+      source_tokens=pieces(tokenizer.source, ids),
+      target_tokens=pieces(tokenizer.target, target),
       translation=translation,
       encoder=[np.asarray(m[0], np.float32) for m in encoder_maps],
       decoder=[np.asarray(self_map[0], np.float32) for self_map, _ in decoder_maps],

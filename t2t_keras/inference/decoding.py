@@ -130,7 +130,7 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
   options = processors.for_config(config, tree_constraint, target_prefix is not None)
   rows = processors.Rows(inputs=per_row(inputs, k), limits=per_row(limits, k),
                          prefix=None if target_prefix is None else per_row(target_prefix, k),
-                         vocab_size=model.model_config.vocab_size)
+                         vocab_size=model.model_config.output_vocab_size)
 
   layout = cache_layout(model, k, decode_length, config.jit_compile,
                         xla_halvings(config, max_rows))

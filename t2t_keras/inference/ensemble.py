@@ -22,7 +22,8 @@ class Ensemble:
   def __init__(self, models: Sequence):
     if not models:
       raise ValueError("an ensemble needs at least one model")
-    vocab_sizes = {m.model_config.vocab_size for m in models}
+    vocab_sizes = {(m.model_config.vocab_size, m.model_config.output_vocab_size)
+                   for m in models}
     if len(vocab_sizes) > 1:
       raise ValueError(f"ensemble members have vocabularies of different sizes "
                        f"{sorted(vocab_sizes)}: they must share one vocabulary")

@@ -23,21 +23,25 @@ from t2t_keras.inference.ensemble import Ensemble
 from t2t_keras.errors import ModelDirError
 from t2t_keras.model import create_model
 from t2t_keras.modeldir import (VOCAB_FILE, data_config_of, load_model_config,
-                                vocab_path)
+                                vocab_paths)
 
 
 def load_tokenizer(model_dir: str, data_config: Optional[DataConfig] = None):
-  """The tokenizer the model in model_dir was trained with."""
+  """The tokenizer the model in model_dir was trained with: its vocab.model, or with
+  --separate_vocabularies (config.json's data section) vocab.source.model and
+  vocab.target.model joined in a `PairTokenizer`."""
   data_config = data_config or data_config_of(model_dir)
   source = sources.data_source(data_config)
   if not source.is_text:
     return tokenizer_lib.IntegerTokenizer(source.vocab_size)
-  path = vocab_path(model_dir)
-  if not tf.io.gfile.exists(path):
-    raise ModelDirError(
-        f"{path} not found: model directories written by t2t_keras.train hold a copy of "
-        "their vocabulary. Copy the vocabulary the model was trained with there.")
-  return tokenizer_lib.load_tokenizer(path)
+  paths = vocab_paths(model_dir, data_config)
+  for path in paths:
+    if not tf.io.gfile.exists(path):
+      raise ModelDirError(
+          f"{path} not found: model directories written by t2t_keras.train hold a copy "
+          "of their vocabulary. Copy the vocabulary the model was trained with there.")
+  tokenizers = [tokenizer_lib.load_tokenizer(path) for path in paths]
+  return tokenizers[0] if len(tokenizers) == 1 else tokenizer_lib.PairTokenizer(*tokenizers)
 
 
 @dataclasses.dataclass
@@ -103,10 +107,10 @@ def load_ensemble(model_dirs: Sequence[str], checkpoint_path: Optional[str] = No
   loaded = [load(d, checkpoint_path, average_last_n, dtype) for d in model_dirs]
   first = loaded[0]
   for model_dir, other in zip(model_dirs[1:], loaded[1:]):
-    same = (getattr(first.tokenizer, "model_proto", None)
-            == getattr(other.tokenizer, "model_proto", None)
-            and first.tokenizer.vocab_size == other.tokenizer.vocab_size
-            and first.model_config.vocab_size == other.model_config.vocab_size)
+    same = (tokenizer_lib.tokenizer_digest(first.tokenizer)
+            == tokenizer_lib.tokenizer_digest(other.tokenizer)
+            and first.model_config.vocab_size == other.model_config.vocab_size
+            and first.model_config.output_vocab_size == other.model_config.output_vocab_size)
     if not same:
       raise ModelDirError(
           f"--model_dir {model_dir} was trained with another vocabulary than "

@@ -83,7 +83,10 @@ def _pad(seqs) -> np.ndarray:
 
 def word_starts(tokenizer) -> Optional[np.ndarray]:
   """Per id, whether its piece starts a whitespace-separated word (SentencePiece's
-  "▁"); None when every token is a word (the synthetic tasks' integer tokens)."""
+  "▁"); None when every token is a word (the synthetic tasks' integer tokens); a
+  tuple of the source's and the target's for two vocabularies (`PairTokenizer`)."""
+  if tokenizer.source is not tokenizer:
+    return word_starts(tokenizer.source), word_starts(tokenizer.target)
   proto = getattr(tokenizer, "model_proto", None)
   if proto is None:
     return None
@@ -114,7 +117,8 @@ def align(attention: np.ndarray, source_ids: Sequence[int], target_ids: Sequence
   Args:
     attention: (H, T, S) cross-attention of the pair (T, S with EOS).
     source_ids, target_ids: the pair's ids, each ending with EOS.
-    starts: `word_starts` of the vocabulary.
+    starts: `word_starts` of the vocabulary, or (the source's, the target's) with
+      separate vocabularies (`word_starts` of a `PairTokenizer`).
     head: -1 averages the heads; otherwise that head only.
   """
   matrix = attention.mean(axis=0) if head < 0 else attention[head]
@@ -122,7 +126,8 @@ def align(attention: np.ndarray, source_ids: Sequence[int], target_ids: Sequence
   tgt = [i for i in target_ids if i not in (EOS_ID, PAD_ID)]
   if not src or not tgt:
     return []
-  src_words, tgt_words = word_index(src, starts), word_index(tgt, starts)
+  source_starts, target_starts = starts if isinstance(starts, tuple) else (starts, starts)
+  src_words, tgt_words = word_index(src, source_starts), word_index(tgt, target_starts)
   best = np.argmax(matrix[:len(tgt), :len(src)], axis=1)
   return sorted({(src_words[s], tgt_words[t]) for t, s in enumerate(best)})
 

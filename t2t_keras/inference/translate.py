@@ -96,7 +96,7 @@ def translate(decode_fn: Callable, tokenizer, sentences: Sequence[str],
                      "sentences: give one per sentence (an empty one decodes freely)")
   prefixes = None
   if target_prefixes is not None:
-    prefixes = [list(p) for p in tokenizer.tokenize(tf.constant(list(target_prefixes),
+    prefixes = [list(p) for p in tokenizer.target.tokenize(tf.constant(list(target_prefixes),
                                                                 tf.string)).to_list()]
   sources, truncated = _sources(tokenizer, sentences, config)
   results: List[Optional[Translation]] = [None] * len(sources)

@@ -42,11 +42,16 @@ def _build(config):
   if not sources.data_source(config).is_text:
     print(f"--data_source={config.source} needs no vocabulary (ids are the symbols).")
     return
-  path = build_vocab(config, overwrite=FLAGS.overwrite_vocab, verbose=FLAGS.spm_verbose)
-  print(f"Vocabulary: {path}")
+  sides = ("source", "target") if config.separate_vocabularies else (None,)
+  for side in sides:  # --separate_vocabularies: one per side
+    path = build_vocab(config, overwrite=FLAGS.overwrite_vocab, verbose=FLAGS.spm_verbose,
+                       side=side)
+    print(f"Vocabulary{f' ({side})' if side else ''}: {path}")
   if FLAGS.prepare_data:
     data = make_datasets(config)
-    print(f"Vocabulary size: {data.vocab_size}")
+    print(f"Vocabulary size: {data.vocab_size}"
+          + (f" (source), {data.target_vocab_size} (target)" if data.target_vocab_size
+             else ""))
     print(data.train_stats.summary("train", config.max_length))
     if data.eval_stats is not None:
       print(data.eval_stats.summary("dev", config.max_length))

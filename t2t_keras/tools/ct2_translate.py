@@ -5,10 +5,11 @@ r"""Translates a file with a CTranslate2 export of a t2t_keras model.
   python tools/ct2_translate.py --model=ct2 --input_file=src.txt [--output_file=out.txt]
 
 Tokenizes with the exported `sentencepiece.model` exactly as training did (synthetic
-models: whitespace-separated ids), translates in batches with beam search, detokenizes,
-and writes one translation per line, in input order (stdout by default). CTranslate2's
-`length_penalty` is not the GNMT penalty of `--alpha`; the default here, 0, ranks by
-log-probability as `--alpha=0` does.
+models: whitespace-separated ids; with separate vocabularies the export holds
+`source.model`, which tokenizes, and `target.model`, which detokenizes), translates in
+batches with beam search, detokenizes, and writes one translation per line, in input
+order (stdout by default). CTranslate2's `length_penalty` is not the GNMT penalty of
+`--alpha`; the default here, 0, ranks by log-probability as `--alpha=0` does.
 
 Lengths as the project's decoder (`python -m t2t_keras.decode`): sources longer than
 `--max_input_length` subwords (EOS included) are cut to it, and each translation may
@@ -137,9 +138,14 @@ def main(argv):
   with tempfile.TemporaryDirectory() as local:
     model = _local_model(FLAGS.model, local)
     spm_path = os.path.join(model, "sentencepiece.model")
+    if not os.path.exists(spm_path):  # separate vocabularies: the source's tokenizes
+      spm_path = os.path.join(model, "source.model")
+    target_path = os.path.join(model, "target.model")
     if os.path.exists(spm_path):
       import sentencepiece  # pylint: disable=import-outside-toplevel
       processor = sentencepiece.SentencePieceProcessor(model_file=spm_path)
+      target = (sentencepiece.SentencePieceProcessor(model_file=target_path)
+                if os.path.exists(target_path) else processor)
       tag = []
       if settings.target_language:
         tag = [f"<2{settings.target_language}>"]
@@ -148,7 +154,7 @@ def main(argv):
                    f"vocabulary has no piece {tag[0]} (it was trained without that "
                    "target-language tag)")
       encode = lambda line: tag + processor.encode(line, out_type=str)  # noqa: E731
-      decode = processor.decode_pieces
+      decode = target.decode_pieces
     else:  # the synthetic tasks: ids as words
       encode = str.split
       decode = " ".join

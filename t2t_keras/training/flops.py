@@ -30,7 +30,7 @@ def forward_flops(config: ModelConfig, batch, source_length, target_length):
   encoder = config.encoder_layers * (projections(s, s) + scores(s, s) + s * ffn)
   decoder = config.decoder_layers * (projections(t, t) + scores(t, t) + projections(t, s)
                                      + scores(t, s) + t * ffn)
-  softmax = 2 * t * d * config.vocab_size
+  softmax = 2 * t * d * config.output_vocab_size
   return batch * (encoder + decoder + softmax)
 
 

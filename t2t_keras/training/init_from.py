@@ -120,6 +120,14 @@ def check_vocabularies(init_from: str, source: DataConfig, run: DataConfig,
     ModelDirError: text and symbol ids on either side, or another number of symbols,
       saying what to pass.
   """
+  separate = [name for name, config in (("the source model", source), ("this run", run))
+              if getattr(config, "separate_vocabularies", False)]
+  if separate:
+    raise ModelDirError(
+        f"--init_from={init_from}: {' and '.join(separate)} use"
+        f"{'s' if len(separate) == 1 else ''} --separate_vocabularies, which --init_from "
+        "does not map yet (it knows one vocabulary per model): train from scratch, or "
+        "fine-tune between models of one shared vocabulary.")
   if vocab != "source" or not (_symbols(source) or _symbols(run)):
     return  # text and text: the source's pieces tokenize the run's text
   new = "pass --init_from_vocab=new to train on this run's own"
