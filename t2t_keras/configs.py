@@ -138,8 +138,8 @@ class ModelConfig:
       "shared vocabulary only: --noshared_embeddings with --separate_vocabularies).")
   shared_decoder_embeddings: bool = setting(
       False, "Without --shared_embeddings: one matrix for the target embeddings and the "
-      "pre-softmax layer (the decoder's input and output; fairseq's "
-      "--share-decoder-input-output-embed), the sharing two vocabularies still allow.")
+      "pre-softmax layer (the decoder's input and output; as fairseq's "
+      "share-decoder-input-output-embed option), the sharing two vocabularies still allow.")
   source_pointer: bool = setting(
       False, "Add to each decoder input the encoder output at the source position the "
       "target has copied up to (a pointer that moves on whenever the target writes the "
