@@ -93,10 +93,11 @@ def _dynamic_batches(ds: tf.data.Dataset, lengths: List[int], batch_size: int
   content (dynamic shapes)."""
   sizes = pipeline_lib.bucket_batch_sizes(lengths, batch_size)
   ds = ds.bucket_by_sequence_length(
-      _length, bucket_boundaries=[n + 1 for n in lengths],
+      tf.autograph.experimental.do_not_convert(_length), bucket_boundaries=[n + 1 for n in lengths],
       bucket_batch_sizes=sizes + [1],  # Last bucket stays empty.
       padding_values={"inputs": PAD_ID, "targets": PAD_ID})
-  return ds.map(_trim, num_parallel_calls=tf.data.AUTOTUNE)
+  return ds.map(tf.autograph.experimental.do_not_convert(_trim),
+                num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def eval_lengths(config: DataConfig, longest: int) -> List[int]:

@@ -136,7 +136,12 @@ def loaded(load: Callable[[], tuple], inner: Callable[..., tf.data.Dataset]
     return inner(*(tf.RaggedTensor.from_row_splits(*p, validate=False) if len(p) == 2
                    else p[0] for p in parts))
 
-  return tf.data.Dataset.from_tensors(0).map(lambda _: components()).flat_map(unpack)
+  # Without autograph (its conversion of these functions took about a second at every
+  # start): they use no tensor-dependent Python control flow, and the datasets `inner`
+  # builds inherit the setting.
+  plain = tf.autograph.experimental.do_not_convert
+  return tf.data.Dataset.from_tensors(0).map(plain(lambda _: components())).flat_map(
+      plain(unpack))
 
 
 def with_eos(ragged: tf.RaggedTensor) -> tf.RaggedTensor:

@@ -210,7 +210,7 @@ class Agreement:
           return tf.where(first, values, tf.zeros_like(values))
         per_replica = strategy.run(contribution)
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-      self._sum = tf.function(total)
+      self._sum = tf.function(total, autograph=False)
     with self.collective(bounded=traced):
       return list(self._sum(tf.constant(values, tf.float32)).numpy())
 

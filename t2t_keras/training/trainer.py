@@ -4,7 +4,7 @@ The host loop logs progress, writes TensorBoard summaries, evaluates and checkpo
 what it decides between calls lives beside it, so that `Trainer.train` reads as a short
 loop: `loop_state` (its clock, the progress log, when to save and when to stop) and
 `evaluator` (dev evaluation, the best checkpoint, early stopping). The device function
-runs `steps_per_loop` steps per call (a `tf.range` loop, as TPUs need) with
+runs `steps_per_loop` steps per call (a `tf.while_loop`, as TPUs need) with
 `strategy.run`. Each replica returns SUMS (loss, target tokens) and divides its loss by
 the GLOBAL token count, so 1 and N replicas make the same update for the same global
 batch; Keras' optimizer then sums the replicas' gradients (with --clip_grad_norm the
@@ -43,6 +43,16 @@ from t2t_keras.training.schedules import TransformerSchedule
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 SUM = tf.distribute.ReduceOp.SUM
+
+
+def _steps(num_steps, step):
+  """`num_steps` calls of `step(i, totals)` in one `tf.while_loop`; returns the four
+  summed totals. Written out rather than autograph's `for _ in tf.range`: the trainer's
+  functions trace without autograph, whose conversion of them cost about 2 s at every
+  start of a training process."""
+  zeros = (tf.constant(0.0),) * 4
+  _, totals = tf.while_loop(lambda i, _: i < num_steps, step, (tf.constant(0), zeros))
+  return totals
 
 
 # Exit code of a run that saved a checkpoint and stopped on SIGTERM (preemption): the
@@ -94,15 +104,15 @@ class Trainer:
         optimizer = _LossScaleOptimizer(optimizer)
       self.optimizer = optimizer
       self.optimizer.build(self.model.trainable_variables)
-    self._compute_gradients = tf.function(self._gradients,
+    self._compute_gradients = tf.function(self._gradients, autograph=False,
                                           jit_compile=train_config.jit_compile or None)
     # Dynamic shapes: dev batches come in many shapes; relax shapes instead of one
     # trace each. Static shapes: one compiled loop per dev bucket (`_evaluate_static`),
     # kept on the trainer so that later evaluations reuse its traces.
-    self._eval_fn = tf.function(self._eval_step, reduce_retracing=True)
-    self._eval_replica_fn = tf.function(self._eval_replica,
+    self._eval_fn = tf.function(self._eval_step, reduce_retracing=True, autograph=False)
+    self._eval_replica_fn = tf.function(self._eval_replica, autograph=False,
                                         jit_compile=train_config.jit_compile or None)
-    self.eval_loop_fn = tf.function(self._eval_loop)
+    self.eval_loop_fn = tf.function(self._eval_loop, autograph=False)
     self._eval_programs = []  # the static dev buckets evaluated so far, in order
     self._weights_finite_fn = None  # see _weights_finite
     # Called on the chief after each checkpoint (train.py records the batch plan's key
@@ -201,13 +211,12 @@ class Trainer:
   def _train_loop(self, iterator, num_steps):
     """Runs `num_steps` updates; returns global (loss_sum, target_tokens, flops,
     replicas with non-finite gradients, summed over the steps)."""
-    totals = (tf.constant(0.0), tf.constant(0.0), tf.constant(0.0), tf.constant(0.0))
-    for _ in tf.range(num_steps):
+    def step(i, totals):
       batches = tuple(next(iterator) for _ in range(self.config.accum_steps))
       per_replica = self.strategy.run(self._replica_step, args=batches)
-      totals = tuple(t + self.strategy.reduce(SUM, v, axis=None)
-                     for t, v in zip(totals, per_replica))
-    return totals
+      return i + 1, tuple(t + self.strategy.reduce(SUM, v, axis=None)
+                          for t, v in zip(totals, per_replica))
+    return _steps(num_steps, step)
 
   def _eval_replica(self, batch):
     logits = self.model(batch, training=False)
@@ -220,16 +229,15 @@ class Trainer:
   def _eval_loop(self, iterator, num_steps):
     """`num_steps` steps of one static dev bucket; returns the global sums (as
     `losses.loss_sums`). Traced once per bucket: the iterator's shape is static."""
-    totals = (tf.constant(0.0),) * 4
-    for _ in tf.range(num_steps):
+    def step(i, totals):
       # Through a Python function, as in training: a jit-compiled tf.function handed
       # to strategy.run directly ran with one replica's variables on the other
       # replica's device (an error).
       per_replica = self.strategy.run(lambda batch: self._eval_replica_fn(batch),
                                       args=(next(iterator),))
-      totals = tuple(t + self.strategy.reduce(SUM, v, axis=None)
-                     for t, v in zip(totals, per_replica))
-    return totals
+      return i + 1, tuple(t + self.strategy.reduce(SUM, v, axis=None)
+                          for t, v in zip(totals, per_replica))
+    return _steps(num_steps, step)
 
   # ------------------------------------------------------------------ host side
   def agree(self, any_worker=(), chief_decides=()) -> list:
@@ -359,7 +367,7 @@ class Trainer:
                                             progress)
     # One host call: --steps_per_loop steps. Kept on the trainer so that its traces can
     # be counted (one program per bucket shape, tests/trainer_test.py).
-    self.train_fn = tf.function(self._train_loop)
+    self.train_fn = tf.function(self._train_loop, autograph=False)
     writer, eval_writer = self._summary_writers()
     evaluator = Evaluator(self, eval_dataset_fn, eval_hook, saver.save_dir, eval_writer, progress)
     step = start_step = self.current_step()
@@ -458,7 +466,8 @@ class Trainer:
   def _weights_finite(self) -> bool:
     if self._weights_finite_fn is None:  # one trace per trainer, not per save
       self._weights_finite_fn = tf.function(lambda: tf.reduce_all(
-          [tf.reduce_all(tf.math.is_finite(v)) for v in self.model.trainable_variables]))
+          [tf.reduce_all(tf.math.is_finite(v)) for v in self.model.trainable_variables]),
+                                            autograph=False)
     return bool(self._weights_finite_fn())
 
 
