@@ -304,3 +304,25 @@ def test_packed_training_resume_equals_uninterrupted(tmp_path):
   assert result.steps == 14 and resumed.current_step() == 14
   for a, b in zip(weights_of(straight), weights_of(resumed)):
     np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_packed_two_replicas_equal_one_with_accumulation(tmp_path):
+  """Through the trainer: packed rows on 2 replicas (the CPU split in two) make the
+  updates of 1 replica accumulating 2 micro-batches, over steps that span several
+  buckets: the two runs read the same pairs, packed the same, and normalise by the
+  same global token count (2 workers read what 2 replicas read: the 2-host test)."""
+  assert len(tf.config.list_logical_devices("CPU")) >= 2, "conftest splits the CPU"
+  runs = {}
+  for name, strategy, accum in (("one", "default", 2), ("two", "mirrored", 1)):
+    data = _synthetic(accum_steps=accum)
+    model = dataclasses.replace(MODEL, vocab_size=data.vocab_size)
+    runs[name] = train(tmp_path, name, 5, strategy=strategy, model=model,
+                       dataset_fn=data.train_fn, accum_steps=accum, learning_rate=0.05,
+                       adam_epsilon=1e-4)
+  (one, r1), (two, r2) = runs["one"], runs["two"]
+  assert two.strategy.num_replicas_in_sync == 2
+  assert r1.target_tokens == r2.target_tokens > 0
+  assert r1.final_loss == pytest.approx(r2.final_loss, abs=1e-5)
+  for a, b in zip(weights_of(one), weights_of(two)):
+    np.testing.assert_allclose(a, b, atol=1e-6)
