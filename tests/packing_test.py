@@ -266,6 +266,7 @@ def test_the_train_command_refuses_packing_with_a_source_pointer_and_records_pac
   # A restart that packs differently is a changed batch plan (modeldir.check_plan).
   from t2t_keras import modeldir  # pylint: disable=import-outside-toplevel
   assert modeldir.plan_key(_config(), TrainConfig(), 1)["packed_length"] == L
+  assert modeldir.plan_key(_config(), TrainConfig(), 1)["packing"] == "length strata"
   # Packed steps mix buckets whatever --static_run_steps says (one shape for all).
   runs = TrainConfig(steps_per_loop=10, static_run_steps=10)
   assert modeldir.plan_key(_config(), runs, 1)["steps_per_loop"] == 1

@@ -28,7 +28,7 @@ batches (zero loss weight) so that every replica of a step gets the bucket's sha
 
 Elements: {"inputs": int32 [B, S], "targets": int32 [B, T]}, ids + EOS, PAD 0.
 With --packed_length=L, training batches are [R, L] rows of several pairs each, with
-segment ids and positions (packing.py): the plan's batches, packed.
+segment ids and positions, from the packed plan (packing.py), whose rows mix lengths.
 """
 
 from __future__ import annotations

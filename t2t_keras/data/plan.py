@@ -108,7 +108,7 @@ class BatchPlan:
     multiplicity: copies of each corpus's pairs an epoch (`corpora.Mixture`; default
       1 each).
     rows: pairs per batch of each bucket (default batch_size // its length, as in t2t;
-      packing.pairs_per_batch with --packed_length).
+      packing.PackedPlan's strata with --packed_length).
   """
 
   def __init__(self, lengths: np.ndarray, boundaries: Sequence[int], batch_size: int,
