@@ -366,3 +366,33 @@ def test_rows_that_mix_lengths_leave_much_less_padding_on_multi30k(shared_data,
   # Measured: 11.0% against 19.3% at L = 64, 9.6% against 13.6% at 128; what is left
   # is mostly each pair's shorter side (5.9% of the tokens).
   assert padding["mixed"] < 0.75 * padding["one bucket"], padding
+
+
+def test_packed_dev_loss_equals_the_unpacked_dev_loss():
+  """With --static_shapes, evaluation packs the dev pairs as training does, in one
+  program: every dev pair once, and the loss, tokens and accuracy of the unpacked
+  (dynamic) evaluation, to 1e-5."""
+  from t2t_keras.data import dev_batches  # pylint: disable=import-outside-toplevel
+  packed = _synthetic(synthetic_eval_size=90)
+  plain = _synthetic(synthetic_eval_size=90, packed_length=0, static_shapes=False)
+  eval_data = packed.eval_fn
+  rows = 128 // 32
+  assert eval_data.buckets() == [dev_batches.PACKED]
+  assert rows < eval_data.packed_rows < 90 // 2  # several batches, several pairs a row
+  keras.utils.set_random_seed(0)
+  trainer = Trainer(dataclasses.replace(MODEL, vocab_size=packed.vocab_size),
+                    TrainConfig(label_smoothing=0.1))
+  lines = []
+  got = trainer.evaluate(eval_data, progress=lines.append)
+  want = trainer.evaluate(plain.eval_fn)
+  assert [line for line in lines if "eval program" in line] == [
+      f"static shapes: eval program 1 of 1, dev bucket [{rows}, 32] (evaluation is traced "
+      "and compiled once per dev bucket)"]
+  assert got["tokens"] == want["tokens"]
+  for name in ("loss", "perplexity", "accuracy"):
+    assert got[name] == pytest.approx(want[name], abs=1e-5), name
+  pairs = [p for b in eval_data(bucket=dev_batches.PACKED)
+           for p in unpack({k: v.numpy() for k, v in b.items()})]
+  alone = [(s[s > 0].tolist(), t[t > 0].tolist()) for b in plain.eval_fn()
+           for s, t in zip(b["inputs"].numpy(), b["targets"].numpy())]
+  assert sorted(pairs) == sorted(alone) and len(pairs) == 90
