@@ -78,34 +78,40 @@ def first_fit_decreasing(bounds: np.ndarray, num_rows: int, length: int
   return row_of
 
 
-def _stratum_bounds(padded: np.ndarray, group: int, strata: int) -> Tuple[int, np.ndarray]:
+def _stratum_bounds(per_length: np.ndarray, group: int, strata: int
+                    ) -> Tuple[int, np.ndarray]:
   """(U, b): units per epoch and each stratum's longest padded length, for q = `strata`
-  strata of shares of the pool whose padded lengths in rank order are `padded`."""
-  pairs = len(padded)
+  strata of shares of the pool that has per_length[n] pairs (copies) of padded length
+  n. Counts, not a pair's length each: a weighted corpus may have 10^8 copies."""
+  ends = np.cumsum(per_length)  # pairs (copies) of padded length up to n
+  pairs = int(ends[-1])
   tiny = pairs < group  # every share is the whole pool (plan.BatchPlan.tiny)
   share = pairs if tiny else -(-pairs // group)  # the largest share
   units = -(-share // strata)
   last = (np.arange(1, strata + 1) * units - 1)  # each stratum's last share position
   rank = last if tiny else group - 1 + group * last  # its largest rank in any share
-  return units, padded[np.minimum(rank, pairs - 1)]
+  return units, np.searchsorted(ends, np.minimum(rank, pairs - 1), side="right")
 
 
-def template(padded: np.ndarray, group: int, num_rows: int, length: int
+def template(per_length: np.ndarray, group: int, num_rows: int, length: int
              ) -> Tuple[int, np.ndarray]:
   """(q, row of each stratum): the most strata whose bounds fit the rows (module
-  docstring). `padded`: the pool's padded lengths in rank order (sorted)."""
-  share = len(padded) if len(padded) < group else -(-len(padded) // group)
-  # The rows cannot take more than num_rows x length / mean pairs; few more strata
-  # than a share has pairs would only add empty slots.
-  strata = int(min(share, num_rows * length // max(1.0, float(np.mean(padded))) + 1))
+  docstring). per_length[n]: the pool's pairs (copies) of padded length n."""
+  pairs = int(per_length.sum())
+  share = pairs if pairs < group else -(-pairs // group)
+  mean = float(np.arange(len(per_length)) @ per_length) / pairs
+  # The rows cannot take more than num_rows x length / mean pairs; more strata than a
+  # share has pairs would only add empty slots.
+  strata = int(min(share, num_rows * length // max(1.0, mean) + 1))
   # A pool smaller than the group of batch slots is whole in every share, which then
   # needs a stratum per pair.
-  lowest = len(padded) if len(padded) < group else 1
+  lowest = pairs if pairs < group else 1
   for q in range(max(strata, 1), lowest - 1, -1):
-    row_of = first_fit_decreasing(_stratum_bounds(padded, group, q)[1], num_rows, length)
+    row_of = first_fit_decreasing(_stratum_bounds(per_length, group, q)[1], num_rows,
+                                  length)
     if row_of is not None:
       return q, row_of
-  raise ValueError(f"{len(padded)} training pairs, fewer than the {group} batches of a "
+  raise ValueError(f"{pairs} training pairs, fewer than the {group} batches of a "
                    f"step, do not fit one step's {num_rows} packed rows of {length}: use "
                    "more training data, fewer replicas or a larger --batch_size")
 
@@ -133,10 +139,11 @@ class PackedPlan(plan.BatchPlan):
     if len(multiplicity) != len(sizes) or sum(sizes) != len(lengths):
       multiplicity, sizes = np.ones([1], np.int64), [len(lengths)]  # BatchPlan refuses
     copies = multiplicity[np.repeat(np.arange(len(sizes)), sizes)]
-    ranked = np.sort(np.repeat(padded[keep], copies[keep]))  # rank order: by length
+    per_length = np.bincount(padded[keep], weights=copies[keep],
+                             minlength=max_length + 1).astype(np.int64)
     self.num_rows, self.packed_length = rows(batch_size, packed_length), packed_length
-    if len(ranked):
-      self.strata, self.row_of_stratum = template(ranked, group, self.num_rows,
+    if per_length.sum():
+      self.strata, self.row_of_stratum = template(per_length, group, self.num_rows,
                                                   packed_length)
     else:  # no pair left: plan.BatchPlan says so
       self.strata, self.row_of_stratum = 1, np.zeros([1], np.int64)
@@ -144,7 +151,8 @@ class PackedPlan(plan.BatchPlan):
     super().__init__(lengths, [max_length], batch_size, group, options["seed"],
                      corpus_sizes=options.get("corpus_sizes"),
                      multiplicity=options.get("multiplicity"), rows=[self.strata])
-    self.bounds = _stratum_bounds(ranked, group, self.strata)[1] if len(ranked) else []
+    self.bounds = _stratum_bounds(per_length, group, self.strata)[1] if len(
+        self.pool_pairs) else []
     self.order = np.argsort(self.row_of_stratum, kind="stable")  # strata row by row
 
   def share_positions(self, epoch, pool, k, share) -> tf.Tensor:
