@@ -147,7 +147,8 @@ class TrainData:
   """The training split as the trainer reads it: batches of any step, at once.
 
   The pairs of every step come from a `plan.BatchPlan` (seeded, whole-corpus shuffle,
-  one bucket per step, rare buckets merged into wider ones) and are read by position,
+  one bucket per step, rare buckets merged into wider ones; with --packed_length a
+  `packing.PackedPlan`, whose steps mix lengths) and are read by position,
   so starting at any step costs the same. The dataset is a TensorFlow graph only: its
   first op reads this pipeline's share of the ids (of the buckets it serves) from the
   cache files (or constants, for synthetic data) into memory, once per iterator; each
