@@ -397,3 +397,40 @@ def test_packed_dev_loss_equals_the_unpacked_dev_loss():
   alone = [(s[s > 0].tolist(), t[t > 0].tolist()) for b in plain.eval_fn()
            for s, t in zip(b["inputs"].numpy(), b["targets"].numpy())]
   assert sorted(pairs) == sorted(alone) and len(pairs) == 97
+
+
+@pytest.mark.slow
+def test_packed_evaluation_keeps_longer_pairs_apart_and_runs_on_two_replicas(tmp_path):
+  """Dev pairs longer than L (kept in evaluation) stay in buckets of their own after
+  the packed rows; every dev pair, empty sides included, comes once; and the dev loss
+  on 2 replicas (the CPU split in two) and on 1 equals the unpacked (dynamic) one."""
+  from t2t_keras.data import dev_batches  # pylint: disable=import-outside-toplevel
+  from t2t_keras.training import distribute  # pylint: disable=import-outside-toplevel
+  split = _tokenized(n=120)
+  assert (split.lengths.max(axis=1) + 1 > L).any()
+  packed = dev_batches.EvalData(_config(), split)
+  plain = dev_batches.EvalData(_config(packed_length=0, static_shapes=False), split)
+  buckets = packed.buckets()
+  assert buckets[0] == dev_batches.PACKED and len(buckets) >= 2
+  assert all(packed.lengths[b] > L for b in buckets[1:])
+  real = lambda b: [(s[s > 0].tolist(), t[t > 0].tolist()) for s, t in zip(
+      b["inputs"].numpy(), b["targets"].numpy()) if (s > 0).any() or (t > 0).any()]
+  pairs = []
+  for bucket in buckets:
+    for batch in packed(bucket=bucket):
+      pairs += (unpack({k: v.numpy() for k, v in batch.items()})
+                if bucket == dev_batches.PACKED else real(batch))
+  assert sorted(pairs) == sorted(p for b in plain() for p in real(b)) and len(pairs) == 120
+  model = dataclasses.replace(MODEL, vocab_size=160)
+  results = []
+  for strategy in ("default", "mirrored"):
+    config = TrainConfig(model_dir=str(tmp_path / strategy), strategy=strategy)
+    keras.utils.set_random_seed(0)
+    trainer = Trainer(model, config, distribute.create_strategy(config))
+    assert trainer.strategy.num_replicas_in_sync == (2 if strategy == "mirrored" else 1)
+    results.append(trainer.evaluate(packed, progress=lambda line: None))
+  want = trainer.evaluate(plain)
+  for got in results:
+    assert got["tokens"] == want["tokens"]
+    for name in ("loss", "accuracy"):
+      assert got[name] == pytest.approx(want[name], abs=1e-5), name

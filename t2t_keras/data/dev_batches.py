@@ -142,8 +142,10 @@ class EvalData:
       fits = padded[padded <= self.packed_length]
       row_of = packing.first_fit_decreasing(fits, len(fits), self.packed_length)
       self.packed_rows = int(row_of.max()) + 1 if len(fits) else 0
-      # Buckets of pairs of at most L tokens hold none: they are packed.
-      self.pairs[np.asarray(self.lengths) <= self.packed_length] = 0
+      # The buckets keep the pairs longer than L only (L need not be a boundary).
+      self.pairs = np.bincount(
+          np.searchsorted(self.lengths, padded[padded > self.packed_length]),
+          minlength=len(self.lengths))
 
   def buckets(self) -> List[int]:
     """The buckets that hold a dev pair, ascending (PACKED first): one compiled
@@ -205,7 +207,7 @@ class EvalData:
             + np.arange(replicas)[None, :]).reshape([-1])
     if bucket == PACKED:
       return self._packed(mine, rows).prefetch(replicas)
-    low = self.lengths[bucket - 1] if bucket else 0
+    low = max(self.lengths[bucket - 1] if bucket else 0, self.packed_length)
     files = [n for n in self.split.present if low < n <= width]
     split = self.split
 
