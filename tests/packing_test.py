@@ -141,13 +141,16 @@ N = 400
 L = 24
 
 
-def _tokenized(n=N, seed=0):
+def _tokenized(n=N, seed=0, longer=()):
   """Pairs whose first ids (10 + i on both sides) name them, of unequal random lengths
-  on the two sides, some longer than max_length (dropped) and some empty (dropped)."""
+  on the two sides, some longer than max_length (dropped) and some empty (dropped);
+  `longer`: more target lengths over max_length, one every 40 pairs each."""
   rng = np.random.default_rng(seed)
   lengths = rng.integers(1, 22, size=(n, 2)).astype(np.int32)
   lengths[::50, 1] = 0  # empty targets
   lengths[7::60, 0] = 30  # over max_length
+  for i, length in enumerate(longer):
+    lengths[3 + i::40, 1] = length
   src = np.concatenate([[10 + i] + [4] * (k - 1) for i, k in enumerate(lengths[:, 0]) if k])
   tgt = np.concatenate([[10 + i] + [5] * (k - 1) for i, k in enumerate(lengths[:, 1]) if k])
   return cache.TokenizedSplit(path=None, lengths=lengths, invalid_utf8=0,
@@ -406,13 +409,14 @@ def test_packed_evaluation_keeps_longer_pairs_apart_and_runs_on_two_replicas(tmp
   on 2 replicas (the CPU split in two) and on 1 equals the unpacked (dynamic) one."""
   from t2t_keras.data import dev_batches  # pylint: disable=import-outside-toplevel
   from t2t_keras.training import distribute  # pylint: disable=import-outside-toplevel
-  split = _tokenized(n=120)
-  assert (split.lengths.max(axis=1) + 1 > L).any()
+  # Padded lengths 23 (packed) and 25 (not) share the dev bucket (20, 26]: L = 24
+  # is no bucket boundary.
+  split = _tokenized(n=120, longer=(22, 24))
   packed = dev_batches.EvalData(_config(), split)
   plain = dev_batches.EvalData(_config(packed_length=0, static_shapes=False), split)
   buckets = packed.buckets()
   assert buckets[0] == dev_batches.PACKED and len(buckets) >= 2
-  assert all(packed.lengths[b] > L for b in buckets[1:])
+  assert [packed.lengths[b] for b in buckets[1:]] == [26, 31]
   real = lambda b: [(s[s > 0].tolist(), t[t > 0].tolist()) for s, t in zip(
       b["inputs"].numpy(), b["targets"].numpy()) if (s > 0).any() or (t > 0).any()]
   pairs = []
