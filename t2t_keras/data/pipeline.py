@@ -289,8 +289,7 @@ class TrainData:
 
     def batches(src, tgt, table):  # table: held copy -> row of src and tgt
       def batch(epoch, pool, k, slot):
-        positions = batch_plan.positions(epoch, pool, k, slot, per_step, pipelines,
-                                         pipeline_id)
+        positions = batch_plan.positions(epoch, pool, k, slot, per_step, pipelines, pipeline_id)
         if packed_shape:
           positions, per_row = batch_plan.in_rows(positions)
         rows = tf.gather(table, tf.gather(starts, pool) + positions)
