@@ -296,8 +296,13 @@ def test_static_packed_training_traces_one_program(tmp_path):
   padded = data.train_fn.split.lengths[pairs[pairs >= 0]].max(axis=1) + 1
   assert len(set(np.searchsorted(data.train_fn.lengths, padded))) >= 2
   model = dataclasses.replace(MODEL, vocab_size=data.vocab_size)
-  trainer, result = train(tmp_path, "packed", steps, model=model, dataset_fn=data.train_fn,
-                          jit_compile=True, steps_per_loop=4)
+  keras.utils.set_random_seed(0)
+  trainer, lines = Trainer(model, TrainConfig(
+      model_dir=str(tmp_path / "packed"), train_steps=steps, jit_compile=True,
+      steps_per_loop=4, log_every=4, save_checkpoint_steps=4)), []
+  result = trainer.train(data.train_fn, progress=lines.append)
+  assert f"packed rows: every batch [4, 32], up to {plan.strata} pairs of mixed lengths" in (
+      "\n".join(lines))
   assert result.steps == steps and np.isfinite(result.final_loss)
   shapes = [tuple(f.structured_input_signature[0][0]["inputs"].shape)
             for f in trainer._compute_gradients._list_all_concrete_functions()]
