@@ -178,6 +178,9 @@ def plan_key(data_config: DataConfig, train_config, replicas: int) -> dict:
            "train_weights_by": data_config.train_weights_by}
   if data_config.packed_length:  # absent when unpacked: older records still compare
     key["packed_length"] = data_config.packed_length
+    # How rows are filled (packing.py); the first packing, one bucket's pairs a row,
+    # recorded none, so a restart of such a run says that its plan changed.
+    key["packing"] = "length strata"
   return {**key, "replicas": replicas, "accum_steps": train_config.accum_steps,
           # The plan's run length (kept under its first name, so that older records
           # still compare): steps kept on one bucket with static shapes (packed rows

@@ -20,6 +20,14 @@ zero loss weight, so the sums (loss, tokens) are those of dynamic evaluation. Th
 trainer runs one compiled program per bucket that holds a dev pair
 (`Trainer.evaluate`), its number of steps known here (`steps`).
 
+Packed rows (--packed_length=L with static shapes): the dev pairs of at most L tokens
+a side are packed into rows of L, first-fit-decreasing by their longer side, batches of
+`batch_size // L` rows, as training packs them (packing.py): one program for all of
+them (`PACKED`, a bucket of its own), with the loss of each pair alone. A dev pair
+longer than L keeps its (extra) bucket. The rows are packed in the dataset graph once
+per pass; the host packs the same lengths to know the number of rows (first fit
+decreasing depends only on the sorted sizes, so both count the same rows).
+
 Like the training data, each dataset is a TensorFlow graph with no Python call; its
 first op reads the bucket's pairs from the cache files (every input pipeline reads the
 whole bucket, a dev set being small, and keeps the batches of its replicas).
@@ -34,10 +42,11 @@ import tensorflow as tf
 
 from t2t_keras import PAD_ID
 from t2t_keras.configs import DataConfig
-from t2t_keras.data import cache
+from t2t_keras.data import cache, packing
 from t2t_keras.data import pipeline as pipeline_lib
 
 _CHUNK_ROWS = 64  # Rows of similar length padded together before unbatching.
+PACKED = -1  # the "bucket" of packed rows (module docstring)
 
 
 def _examples(split: cache.TokenizedSplit, input_context=None) -> tf.data.Dataset:
@@ -128,20 +137,33 @@ class EvalData:
     # Bucket i holds the pairs of padded length in (lengths[i-1], lengths[i]].
     self.pairs = np.bincount(np.searchsorted(self.lengths, padded),
                              minlength=len(self.lengths))
+    self.packed_length = config.packed_length if config.static_shapes else 0
+    self.packed_rows = 0  # rows the packed pairs fill
+    if self.packed_length:
+      fits = padded[padded <= self.packed_length]
+      row_of = packing.first_fit_decreasing(fits, len(fits), self.packed_length)
+      self.packed_rows = int(row_of.max()) + 1 if len(fits) else 0
+      # The buckets keep the pairs longer than L only (L need not be a boundary).
+      self.pairs = np.bincount(
+          np.searchsorted(self.lengths, padded[padded > self.packed_length]),
+          minlength=len(self.lengths))
 
   def buckets(self) -> List[int]:
-    """The buckets that hold a dev pair, ascending: one compiled program each."""
-    return [b for b, n in enumerate(self.pairs.tolist()) if n]
+    """The buckets that hold a dev pair, ascending (PACKED first): one compiled
+    program each."""
+    return [PACKED] * bool(self.packed_rows) + [
+        b for b, n in enumerate(self.pairs.tolist()) if n]
 
   def bucket_shape(self, bucket: int) -> List[int]:
     """[rows, length] of every batch of `bucket` with static shapes."""
-    length = self.lengths[bucket]
+    length = self.packed_length if bucket == PACKED else self.lengths[bucket]
     return [max(1, self.config.batch_size // length), length]
 
   def steps(self, bucket: int, replicas: int) -> int:
     """Steps of `replicas` batches (one each) that cover `bucket` with static shapes."""
     rows = self.bucket_shape(bucket)[0]
-    batches = -(-int(self.pairs[bucket]) // rows)
+    held = self.packed_rows if bucket == PACKED else int(self.pairs[bucket])
+    batches = -(-held // rows)
     return -(-batches // replicas)
 
   def __call__(self, input_context: Optional[tf.distribute.InputContext] = None,
@@ -184,7 +206,9 @@ class EvalData:
     # replicas [pipeline_id * replicas, ...), in order (distribution takes them so).
     mine = (np.arange(steps)[:, None] * everyone + pipeline_id * replicas
             + np.arange(replicas)[None, :]).reshape([-1])
-    low = self.lengths[bucket - 1] if bucket else 0
+    if bucket == PACKED:
+      return self._packed(mine, rows).prefetch(replicas)
+    low = max(self.lengths[bucket - 1] if bucket else 0, self.packed_length)
     files = [n for n in self.split.present if low < n <= width]
     split = self.split
 
@@ -208,3 +232,56 @@ class EvalData:
       return tf.data.Dataset.from_tensor_slices(tf.constant(mine, tf.int64)).map(batch)
 
     return pipeline_lib.loaded(load, batches).prefetch(replicas)
+
+  def _packed(self, mine: np.ndarray, rows: int) -> tf.data.Dataset:
+    """The packed rows' batches `mine` (of `rows` rows each; past the last row, all-PAD
+    rows of zero loss weight)."""
+    length, total = self.packed_length, self.packed_rows
+    files = [n for n in self.split.present if n <= length]
+    split = self.split
+
+    def load():
+      src, tgt, counts = split.read(files)
+      return tuple(pipeline_lib.with_eos(tf.RaggedTensor.from_row_lengths(x, counts[:, i]))
+                   for i, x in enumerate((src, tgt)))
+
+    def batches(src, tgt):
+      pairs, per_row = _first_fit_decreasing(
+          tf.maximum(src.row_lengths(), tgt.row_lengths()), total, length)
+      packed = packing.pack({"inputs": tf.gather(src, pairs),
+                             "targets": tf.gather(tgt, pairs)}, per_row, [total, length])
+
+      def batch(index):
+        taken = index * rows + tf.range(rows, dtype=tf.int64)
+        real = taken < total
+        return {key: tf.ensure_shape(tf.where(real[:, None], tf.gather(
+            value, tf.minimum(taken, total - 1)), PAD_ID), [rows, length])
+                for key, value in packed.items()}
+      return tf.data.Dataset.from_tensor_slices(tf.constant(mine, tf.int64)).map(batch)
+
+    return pipeline_lib.loaded(load, batches)
+
+
+def _first_fit_decreasing(sizes: tf.Tensor, rows: int, length: int):
+  """(the items row after row, int64 [rows] items a row): `sizes` (int64 [N], each at
+  most `length`) packed first fit by decreasing size into `rows` rows, as
+  packing.first_fit_decreasing does on the host (which counted the rows)."""
+  sizes = tf.cast(sizes, tf.int64)
+  order = tf.argsort(-sizes, stable=True)
+
+  def place(i, free, row_of):
+    size = sizes[order[i]]
+    row = tf.argmax(tf.cast(free >= size, tf.int32), output_type=tf.int64)
+    return (i + 1, tf.tensor_scatter_nd_sub(free, [[row]], [size]),
+            row_of.write(i, row))
+
+  _, free, row_of = tf.while_loop(
+      lambda i, free, row_of: i < tf.size(sizes), place,
+      (tf.constant(0), tf.fill([rows], tf.cast(length, tf.int64)),
+       tf.TensorArray(tf.int64, size=tf.size(sizes))))
+  row_of = row_of.stack()
+  fits = tf.debugging.assert_non_negative(free, message="dev rows overfilled (a bug)")
+  with tf.control_dependencies([fits]):
+    by_row = tf.argsort(row_of, stable=True)
+  return (tf.gather(order, by_row),
+          tf.math.bincount(row_of, minlength=rows, maxlength=rows, dtype=tf.int64))

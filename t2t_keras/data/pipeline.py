@@ -28,7 +28,7 @@ batches (zero loss weight) so that every replica of a step gets the bucket's sha
 
 Elements: {"inputs": int32 [B, S], "targets": int32 [B, T]}, ids + EOS, PAD 0.
 With --packed_length=L, training batches are [R, L] rows of several pairs each, with
-segment ids and positions (packing.py): the plan's batches, packed.
+segment ids and positions, from the packed plan (packing.py), whose rows mix lengths.
 """
 
 from __future__ import annotations
@@ -152,7 +152,8 @@ class TrainData:
   """The training split as the trainer reads it: batches of any step, at once.
 
   The pairs of every step come from a `plan.BatchPlan` (seeded, whole-corpus shuffle,
-  one bucket per step, rare buckets merged into wider ones) and are read by position,
+  one bucket per step, rare buckets merged into wider ones; with --packed_length a
+  `packing.PackedPlan`, whose steps mix lengths) and are read by position,
   so starting at any step costs the same. The dataset is a TensorFlow graph only: its
   first op reads this pipeline's share of the ids (of the buckets it serves) from the
   cache files (or constants, for synthetic data) into memory, once per iterator; each
@@ -199,12 +200,16 @@ class TrainData:
     with self._lock:
       key = (group, steps_per_run)
       if key not in self._plans:
-        self._plans[key] = plan.BatchPlan(
-            self.split.lengths, self.lengths, self.config.batch_size, group=group,
-            seed=self.config.seed, run=steps_per_run, corpus_sizes=self.split.corpus_sizes,
-            multiplicity=self.mixture and self.mixture.multiplicity,
-            rows=self.packed_length and packing.pairs_per_batch(
-                self.lengths, self.config.batch_size, self.packed_length))
+        options = dict(seed=self.config.seed, corpus_sizes=self.split.corpus_sizes,
+                       multiplicity=self.mixture and self.mixture.multiplicity)
+        if self.packed_length:  # one shape: no runs of a bucket
+          self._plans[key] = packing.PackedPlan(
+              self.split.lengths, self.config.max_length, self.config.batch_size,
+              self.packed_length, group, options)
+        else:
+          self._plans[key] = plan.BatchPlan(
+              self.split.lengths, self.lengths, self.config.batch_size, group=group,
+              run=steps_per_run, **options)
       return self._plans[key]
 
   def bucket_shape(self, bucket: int) -> List[int]:
@@ -272,8 +277,6 @@ class TrainData:
     static, widths = self.static_shapes, tf.constant(self.lengths, tf.int64)
     shape = self.bucket_shape(bucket) if bucket is not None else [None, None]
     packed_shape = self.bucket_shape(0) if self.packed_length else None
-    per_row = tf.constant(packing.pairs_per_row(self.lengths, self.packed_length or 1),
-                          tf.int64)
 
     def units(epoch):  # this epoch's (epoch, pool, k) from start_step on
       pool, k, _ = batch_plan.epoch_order(epoch)
@@ -291,13 +294,14 @@ class TrainData:
 
     def batches(src, tgt, table):  # table: held copy -> row of src and tgt
       def batch(epoch, pool, k, slot):
-        rows = tf.gather(table, tf.gather(starts, pool) + batch_plan.positions(
-            epoch, pool, k, slot, per_step, pipelines, pipeline_id))
+        positions = batch_plan.positions(epoch, pool, k, slot, per_step, pipelines, pipeline_id)
         if packed_shape:
-          bucket_of_pool = tf.gather(batch_plan.pool_bucket, pool)
+          positions, per_row = batch_plan.in_rows(positions)
+        rows = tf.gather(table, tf.gather(starts, pool) + positions)
+        if packed_shape:
           return packing.pack({"inputs": with_eos(tf.gather(src, rows)),
                                "targets": with_eos(tf.gather(tgt, rows))},
-                              tf.gather(per_row, bucket_of_pool), packed_shape)
+                              per_row, packed_shape)
         out = {}
         for key, ids in (("inputs", src), ("targets", tgt)):
           padded = with_eos(tf.gather(ids, rows))

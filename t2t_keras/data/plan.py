@@ -68,7 +68,7 @@ import tensorflow as tf
 EPOCHS_KEPT = 8  # epochs of the unit order the host keeps (bucket_of_step)
 
 
-def _seed(seed: int, *keys) -> tf.Tensor:
+def stateless_seed(seed: int, *keys) -> tf.Tensor:
   """A stateless seed [2] for (seed, *keys): each key folded in."""
   out = tf.constant([seed, 0], tf.int64)
   for key in keys:
@@ -108,7 +108,7 @@ class BatchPlan:
     multiplicity: copies of each corpus's pairs an epoch (`corpora.Mixture`; default
       1 each).
     rows: pairs per batch of each bucket (default batch_size // its length, as in t2t;
-      packing.pairs_per_batch with --packed_length).
+      packing.PackedPlan's strata with --packed_length).
   """
 
   def __init__(self, lengths: np.ndarray, boundaries: Sequence[int], batch_size: int,
@@ -188,7 +188,7 @@ class BatchPlan:
     runs = tf.constant(self._runs)
     count = tf.shape(runs, out_type=tf.int64)[0]
     order = tf.random.experimental.index_shuffle(
-        tf.range(count), _seed(self.seed, epoch, 0), count - 1)  # position -> run
+        tf.range(count), stateless_seed(self.seed, epoch, 0), count - 1)  # position -> run
     sizes = tf.gather(runs[:, 2], order)
     ends = tf.cumsum(sizes)
     run_of_unit = tf.repeat(order, sizes)
@@ -206,7 +206,7 @@ class BatchPlan:
     first = tf.cast(k, tf.int64) * rows
     wrapped = (first + tf.range(rows)) % size  # a share's last unit: from its start
     return tf.random.experimental.index_shuffle(
-        wrapped, _seed(self.seed, epoch, pool + 1, share), size - 1)
+        wrapped, stateless_seed(self.seed, epoch, pool + 1, share), size - 1)
 
   def positions(self, epoch, pool, k, slot, per_step: int, pipelines: int,
                 pipeline_id: int) -> tf.Tensor:

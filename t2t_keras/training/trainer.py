@@ -574,8 +574,9 @@ class _Batches:
           trainer._resuming(dataset_fn, step)))  # pylint: disable=protected-access
       if getattr(dataset_fn, "packed_length", 0):
         rows, length = dataset_fn.bucket_shape(0)
-        progress(f"packed rows: every batch [{rows}, {length}], several pairs a row "
-                 "(--packed_length): one training program for every bucket")
+        pairs = dataset_fn.plan(self.strategy.num_replicas_in_sync * cfg.accum_steps).strata
+        progress(f"packed rows: every batch [{rows}, {length}], up to {pairs} pairs of "
+                 "mixed lengths (--packed_length): one training program for all lengths")
 
   def release(self) -> None:
     """Drops the iterators once the loop is done: their background threads (prefetch,
