@@ -26,7 +26,9 @@ pair appears exactly once, in the training buckets plus extra ones for pairs lon
 than max_length; in static mode one dataset per bucket, padded with all-PAD rows and
 batches (zero loss weight) so that every replica of a step gets the bucket's shape.
 
-Elements: {"inputs": int32 [B, S], "targets": int32 [B, T]}, ids + EOS, PAD 0.
+Elements: {"inputs": int32 [B, S], "targets": int32 [B, T]}, ids + EOS, PAD 0; with
+--train_alignments, training batches also carry "alignment": float32 [B, T, S], 1 at
+each (target piece, source piece) link of the pair (alignments.py).
 With --packed_length=L, training batches are [R, L] rows of several pairs each, with
 segment ids and positions (packing.py): the plan's batches, packed.
 """
@@ -43,7 +45,7 @@ from absl import logging
 
 from t2t_keras import EOS_ID, PAD_ID
 from t2t_keras.configs import DataConfig
-from t2t_keras.data import cache, corpora, packing, plan, sources
+from t2t_keras.data import alignments, cache, corpora, packing, plan, sources
 from t2t_keras.data import tokenizer as tokenizer_lib
 
 
@@ -117,7 +119,10 @@ side (`corpora.CorpusSplits`)."""
   key = tokenizer_lib.tokenizer_digest(tokenizer)
   parts = source.corpora(split) if source.has_split(split) else []
   if len(parts) < 2:
-    return cache.tokenized_split(config, split, tokenizer, key)
+    tokenized = cache.tokenized_split(config, split, tokenizer, key)
+    if split != "train":
+      return tokenized
+    return alignments.load_links(config, tokenized, tokenizer)  # --train_alignments
   return corpora.CorpusSplits(
       [cache.tokenized_split(part, split, tokenizer, key) for _, part in parts],
       [name for name, _ in parts])
@@ -284,7 +289,9 @@ class TrainData:
           (tf.fill([per_step], epoch), tf.fill([per_step], pool), tf.fill([per_step], k),
            tf.range(per_step, dtype=tf.int64)))
 
-    def batches(src, tgt, table):  # table: held copy -> row of src and tgt
+    def batches(src, tgt, *rest):  # rest: [links,] table: held copy -> row of src, tgt
+      links, table = rest if len(rest) == 2 else (None, rest[0])
+
       def batch(epoch, pool, k, slot):
         rows = tf.gather(table, tf.gather(starts, pool) + batch_plan.positions(
             epoch, pool, k, slot, per_step, pipelines, pipeline_id))
@@ -302,6 +309,11 @@ class TrainData:
           else:
             out[key] = padded.to_tensor(PAD_ID)
           out[key] = tf.ensure_shape(out[key], shape)
+        if links is not None:  # --train_alignments: [B, T, S] links of the pieces
+          out["alignment"] = alignments.reference_matrix(
+              tf.gather(links, rows), [tf.size(rows), tf.shape(out["targets"])[1],
+                                       tf.shape(out["inputs"])[1]])
+          out["alignment"] = tf.ensure_shape(out["alignment"], shape[:1] + shape[1:] * 2)
         return out
 
       ds = tf.data.Dataset.range(first_epoch, last_epoch).flat_map(units).flat_map(slots)

@@ -1,0 +1,230 @@
+"""Guided alignment (--train_alignments): the Pharaoh reader and its errors, words to
+pieces, the loss against numpy, the data pipeline carrying each pair's links through
+its batches, and a tiny model on a task whose alignment is known (target word i is
+source word n-1-i, each word re-spelled in a cipher) aligning far better with the
+guided head than an unguided model's averaged heads.
+"""
+
+import os
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from t2t_keras.configs import DataConfig, ModelConfig, TrainConfig
+from t2t_keras.data import alignments, pipeline
+from t2t_keras.data import tokenizer as tokenizer_lib
+from t2t_keras.errors import ConfigError, DataError
+from t2t_keras.inference import scoring
+from t2t_keras.training import losses
+from tests import inprocess
+
+# Source words, and their target-side spellings (a cipher: no word is on both sides,
+# so a head cannot align by copying identical pieces).
+WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi "
+         "omicron pi rho sigma tau upsilon").split()
+CIPHER = str.maketrans("abcdefghijklmnopqrstuvwxyz", "qwertyuiopasdfghjklzxcvbnm")
+
+
+def reverse_pairs(count, seed, lengths=(3, 9)):
+  """(source, target, Pharaoh) lines: the target is the source's words reversed and
+  ciphered, so source word i aligns to target word n-1-i."""
+  rng = np.random.default_rng(seed)
+  out = []
+  for _ in range(count):
+    words = list(rng.choice(WORDS, rng.integers(*lengths)))
+    n = len(words)
+    out.append((" ".join(words), " ".join(w.translate(CIPHER) for w in reversed(words)),
+                " ".join(f"{i}-{n - 1 - i}" for i in range(n))))
+  return out
+
+
+def write_task(directory, train=3000, dev=40):
+  os.makedirs(directory, exist_ok=True)
+  files = {}
+  for split, count, seed in (("train", train, 1), ("dev", dev, 2)):
+    pairs = reverse_pairs(count, seed)
+    for k, ext in enumerate(("src", "tgt", "align")):
+      path = os.path.join(directory, f"{split}.{ext}")
+      with open(path, "w", encoding="utf-8") as f:
+        f.writelines(p[k] + "\n" for p in pairs)
+      files[f"{split}_{ext}"] = path
+  return files
+
+
+def aer(hypotheses, references):
+  """Alignment error rate with sure links only: 1 - 2|A & S| / (|A| + |S|)."""
+  hits = sum(len(set(h) & set(r)) for h, r in zip(hypotheses, references))
+  total = sum(len(h) + len(r) for h, r in zip(hypotheses, references))
+  return 1.0 - 2.0 * hits / max(total, 1)
+
+
+# ------------------------------------------------------------------ Pharaoh reader
+def test_pharaoh_lines_parse_to_sorted_unique_links():
+  links = alignments.parse_pharaoh("2-0 0-1  0-1 1-2", "f:1")
+  np.testing.assert_array_equal(links, [[0, 1], [1, 2], [2, 0]])
+  assert alignments.parse_pharaoh("", "f:2").shape == (0, 2)
+
+
+@pytest.mark.parametrize("token", ["1:2", "1-", "a-1", "1?2", "-1-2"])
+def test_a_malformed_link_names_file_line_and_token(token):
+  with pytest.raises(DataError, match=rf"f\.txt:7: '{re.escape(token)}'.*not a Pharaoh link"):
+    alignments.parse_pharaoh(f"0-0 {token}", "f.txt:7")
+
+
+def test_links_beyond_the_sentence_name_file_line_and_side(tmp_path):
+  path = tmp_path / "a.txt"
+  path.write_text("0-0 1-1\n0-0 2-1\n0-3\n")
+  counts = np.array([[2, 2], [2, 2], [1, 4]])
+  with pytest.raises(DataError, match=r"a\.txt:2: link 2-1 names source word 2 but the "
+                     r"pair's source has 2 whitespace-separated words"):
+    alignments.read_alignments(str(path), counts)
+  path.write_text("0-0 1-1\n0-0 1-2\n0-3\n")
+  with pytest.raises(DataError, match=r"a\.txt:2: link 1-2 names target word 2"):
+    alignments.read_alignments(str(path), counts)
+  path.write_text("0-0 1-1\n\n0-3\n")
+  links = alignments.read_alignments(str(path), counts)
+  assert [len(x) for x in links] == [2, 0, 1]
+
+
+def test_a_line_count_other_than_the_pairs_is_refused(tmp_path):
+  path = tmp_path / "a.txt"
+  path.write_text("0-0\n")
+  with pytest.raises(DataError, match=r"a\.txt has 1 lines but the training files have "
+                     r"2 pairs: one Pharaoh line per training pair"):
+    alignments.read_alignments(str(path), np.array([[1, 1], [1, 1]]))
+  with pytest.raises(DataError, match="does not exist"):
+    alignments.read_alignments(str(tmp_path / "missing"), np.array([[1, 1]]))
+
+
+# ------------------------------------------------------------------ words -> pieces
+def test_word_links_become_links_of_every_piece_pair():
+  # Source words: 0 = pieces 0,1; 1 = piece 2. Target: 0 = piece 0; 1 = pieces 1,2,3.
+  pieces, dropped = alignments.piece_links(np.array([[0, 1], [1, 0], [5, 0]]),
+                                           [0, 0, 1], [0, 1, 1, 1])
+  assert dropped == 1  # source word 5 is beyond the pieces' words
+  assert sorted(map(tuple, pieces.tolist())) == [
+      (0, 1), (0, 2), (0, 3), (1, 1), (1, 2), (1, 3), (2, 0)]
+
+
+def test_pieces_map_back_to_the_words_the_aligner_saw(tmp_path):
+  """Words -> pieces (what training learns) and pieces -> words (scoring.align, what
+  --output_alignments writes) are inverse: a one-hot attention that follows the
+  piece links gives back the word links."""
+  files = write_task(str(tmp_path / "task"), train=300)
+  vocab = tokenizer_lib.train_sentencepiece(
+      [line for p in reverse_pairs(300, 1) for line in p[:2]], str(tmp_path / "v.model"), 60)
+  tokenizer = tokenizer_lib.load_tokenizer(vocab)
+  starts = scoring.word_starts(tokenizer)
+  for source, target, line in reverse_pairs(20, 5):
+    src = [int(i) for i in tokenizer.tokenize(source).numpy()]
+    tgt = [int(i) for i in tokenizer.tokenize(target).numpy()]
+    assert len(src) > len(source.split())  # several pieces to some words
+    word_links = alignments.parse_pharaoh(line, "x")
+    pieces, dropped = alignments.piece_links(
+        word_links, scoring.word_index(src, starts), scoring.word_index(tgt, starts))
+    assert dropped == 0
+    attention = np.zeros([1, len(tgt) + 1, len(src) + 1])
+    for s, t in pieces:  # each target piece attends to one linked source piece
+      attention[0, t, :] = 0
+      attention[0, t, s] = 1
+    back = scoring.align(attention, scoring.with_eos(src), scoring.with_eos(tgt), starts)
+    assert back == sorted(map(tuple, word_links.tolist()))
+  del files
+
+
+# ------------------------------------------------------------------ the loss
+def test_the_loss_is_the_cross_entropy_against_row_normalised_links():
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=[2, 4, 5])
+  attention = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+  reference = (rng.random([2, 4, 5]) < 0.3).astype(np.float32)
+  reference[0, 1] = 0  # a target position without links adds nothing
+  expected = 0.0
+  for b in range(2):
+    for t in range(4):
+      links = reference[b, t]
+      if links.sum():
+        expected -= np.sum(links / links.sum() * np.log(attention[b, t] + 1e-6))
+  got = losses.guided_alignment_sum(tf.constant(attention, tf.float32),
+                                    tf.constant(reference))
+  np.testing.assert_allclose(float(got), expected, rtol=1e-5)
+
+
+# ------------------------------------------------------------------ flags
+def test_packed_rows_and_skipped_lines_are_refused_naming_both_flags():
+  with pytest.raises(ConfigError, match=r"--train_alignments=a.txt cannot be used with "
+                     r"--packed_length=64"):
+    DataConfig(train_alignments="a.txt", packed_length=64, max_length=64).validate()
+  with pytest.raises(ConfigError, match=r"--train_alignments=a.txt cannot be used with "
+                     r"--skip_invalid_utf8"):
+    DataConfig(train_alignments="a.txt", skip_invalid_utf8=True).validate()
+
+
+def test_the_guided_head_must_exist():
+  from t2t_keras.configs import guided_alignment_problems
+  model = ModelConfig(num_hidden_layers=2, num_heads=4)
+  assert not guided_alignment_problems(model, TrainConfig())
+  problems = guided_alignment_problems(
+      model, TrainConfig(guided_alignment_layer=2, guided_alignment_head=4))
+  assert "--guided_alignment_layer=2 but the model has 2 decoder layers" in problems[0]
+  assert "--guided_alignment_head=4 but the model has 4 heads" in problems[1]
+
+
+def test_train_refuses_guided_flags_without_alignments_and_other_sources(tmp_path):
+  result = inprocess.run("train", f"--model_dir={tmp_path}/m", "--data_source=synthetic",
+                         "--guided_alignment_weight=0.5", "--train_steps=1")
+  assert result.returncode != 0
+  assert "--guided_alignment_weight=0.5 is set but only guided alignment reads it: add " \
+         "--train_alignments" in result.stderr
+  result = inprocess.run("train", f"--model_dir={tmp_path}/m", "--data_source=synthetic",
+                         f"--train_alignments={tmp_path}/a.txt", "--train_steps=1")
+  assert result.returncode != 0
+  assert "--train_alignments=" in result.stderr and "--data_source=synthetic does not " \
+         "read it" in result.stderr
+
+
+# ------------------------------------------------------------------ the pipeline
+def _task_config(tmp_path, **overrides):
+  files = write_task(str(tmp_path / "task"), train=400, dev=20)
+  values = dict(source="files", train_src=files["train_src"], train_tgt=files["train_tgt"],
+                dev_src=files["dev_src"], dev_tgt=files["dev_tgt"],
+                train_alignments=files["train_align"], data_dir=str(tmp_path / "data"),
+                vocab_size=60, max_length=40, batch_size=200, bucket_min=4)
+  values.update(overrides)
+  return DataConfig(**values)
+
+
+@pytest.mark.parametrize("static_shapes", [False, True])
+def test_every_batch_carries_its_pairs_links(tmp_path, static_shapes):
+  """Whatever bucket, shape or step a pair lands in, its batch row's reference matrix
+  is the pair's own word links mapped to its pieces (checked through the pieces'
+  words, independently of the mapping code)."""
+  config = _task_config(tmp_path, static_shapes=static_shapes)
+  data = pipeline.make_datasets(config)
+  starts = scoring.word_starts(data.tokenizer)
+  reference = {}
+  for source, target, line in reverse_pairs(400, 1):
+    reference[source] = (target, {tuple(x) for x in alignments.parse_pharaoh(line, "")})
+  seen = 0
+  for batch in data.train_fn(start_step=3).take(6):
+    inputs, targets = batch["inputs"].numpy(), batch["targets"].numpy()
+    matrix = batch["alignment"].numpy()
+    assert matrix.shape == inputs.shape[:1] + targets.shape[1:] + inputs.shape[1:]
+    for row in range(len(inputs)):
+      src = [int(i) for i in inputs[row] if i > 1]
+      tgt = [int(i) for i in targets[row] if i > 1]
+      if not src:
+        continue
+      text = data.tokenizer.detokenize(tf.constant(src)).numpy().decode()
+      words = reference[text][1]
+      src_words = scoring.word_index(src, starts)
+      tgt_words = scoring.word_index(tgt, starts)
+      expected = np.zeros(matrix.shape[1:])
+      for t, tw in enumerate(tgt_words):
+        for s, sw in enumerate(src_words):
+          expected[t, s] = (sw, tw) in words
+      np.testing.assert_array_equal(matrix[row], expected)
+      seen += 1
+  assert seen > 20
