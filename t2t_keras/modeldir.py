@@ -47,7 +47,7 @@ from typing import List, Optional
 import tensorflow as tf
 from absl import logging
 
-from t2t_keras.configs import DataConfig, ModelConfig
+from t2t_keras.configs import DataConfig, ModelConfig, TrainConfig
 from t2t_keras.errors import ModelDirError
 
 CONFIG_FILE = "config.json"
@@ -276,6 +276,21 @@ def load_model_config(model_dir: str) -> ModelConfig:
 def data_config_of(model_dir: str) -> DataConfig:
   """The DataConfig recorded in model_dir/config.json."""
   return _section(DataConfig, load_run_config(model_dir).get("data", {}))
+
+
+def guided_alignment_of(model_dir: str) -> Optional[dict]:
+  """How a model trained with guided alignment (--train_alignments) was guided:
+  {"alignments": file, "layer": decoder layer, "head": head, "weight": weight}; None
+  for a model trained without (or a model directory older than the flags)."""
+  run = load_run_config(model_dir)
+  data, train = run.get("data") or {}, run.get("train") or {}
+  if not data.get("train_alignments"):
+    return None
+  defaults = TrainConfig()
+  return {"alignments": data["train_alignments"],
+          "layer": train.get("guided_alignment_layer", defaults.guided_alignment_layer),
+          "head": train.get("guided_alignment_head", defaults.guided_alignment_head),
+          "weight": train.get("guided_alignment_weight", defaults.guided_alignment_weight)}
 
 
 def write_or_check_config(model_dir: str, model_config: ModelConfig, **sections) -> None:

@@ -27,24 +27,25 @@ WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu 
 CIPHER = str.maketrans("abcdefghijklmnopqrstuvwxyz", "qwertyuiopasdfghjklzxcvbnm")
 
 
-def reverse_pairs(count, seed, lengths=(3, 9)):
-  """(source, target, Pharaoh) lines: the target is the source's words reversed and
-  ciphered, so source word i aligns to target word n-1-i."""
+def reverse_pairs(count, seed, lengths=(2, 7), reverse=True):
+  """(source, target, Pharaoh) lines: the target is the source's words ciphered and
+  reversed (or in order), so source word i aligns to target word n-1-i (or i)."""
   rng = np.random.default_rng(seed)
   out = []
   for _ in range(count):
     words = list(rng.choice(WORDS, rng.integers(*lengths)))
     n = len(words)
-    out.append((" ".join(words), " ".join(w.translate(CIPHER) for w in reversed(words)),
-                " ".join(f"{i}-{n - 1 - i}" for i in range(n))))
+    order = range(n - 1, -1, -1) if reverse else range(n)
+    out.append((" ".join(words), " ".join(words[i].translate(CIPHER) for i in order),
+                " ".join(f"{i}-{n - 1 - i if reverse else i}" for i in range(n))))
   return out
 
 
-def write_task(directory, train=3000, dev=40):
+def write_task(directory, train=3000, dev=40, reverse=True):
   os.makedirs(directory, exist_ok=True)
   files = {}
   for split, count, seed in (("train", train, 1), ("dev", dev, 2)):
-    pairs = reverse_pairs(count, seed)
+    pairs = reverse_pairs(count, seed, reverse=reverse)
     for k, ext in enumerate(("src", "tgt", "align")):
       path = os.path.join(directory, f"{split}.{ext}")
       with open(path, "w", encoding="utf-8") as f:
@@ -228,3 +229,106 @@ def test_every_batch_carries_its_pairs_links(tmp_path, static_shapes):
       np.testing.assert_array_equal(matrix[row], expected)
       seen += 1
   assert seen > 20
+
+
+# ------------------------------------------------------------------ the trainer
+def test_the_trainer_adds_the_weighted_loss_of_the_chosen_head(tmp_path):
+  """One step's loss with the batch's reference alignment minus the same batch's
+  without it is the weight times the cross-entropy of layer 0, head 2's attention,
+  computed here in numpy from a separate teacher-forced pass (dropout off, so the
+  training pass is that pass)."""
+  from t2t_keras.training.trainer import Trainer
+  config = _task_config(tmp_path)
+  data = pipeline.make_datasets(config)
+  model_config = ModelConfig(vocab_size=data.vocab_size, hidden_size=16, filter_size=32,
+                             num_heads=4, num_hidden_layers=2,
+                             layer_prepostprocess_dropout=0.0)
+  trainer = Trainer(model_config, TrainConfig(
+      model_dir=str(tmp_path / "m"), guided_alignment_weight=0.3,
+      guided_alignment_layer=0, guided_alignment_head=2))
+  batch = next(iter(data.train_fn()))
+  tokens = tf.constant(1.0)
+  with_links = float(trainer._gradients(batch, tokens)[1])  # pylint: disable=protected-access
+  plain = {k: v for k, v in batch.items() if k != "alignment"}
+  without = float(trainer._gradients(plain, tokens)[1])  # pylint: disable=protected-access
+  encoded, mask = trainer.model.encode(batch["inputs"], training=False)
+  _, maps = trainer.model.decode(batch["targets"], encoded, mask, return_attention=True,
+                                 inputs=batch["inputs"])
+  attention = maps[0][1].numpy()[:, 2]  # (B, T, S)
+  links = batch["alignment"].numpy()
+  rows = links.sum(-1, keepdims=True)
+  expected = -np.sum(np.where(rows > 0, links / np.maximum(rows, 1), 0)
+                     * np.log(attention + 1e-6))
+  assert expected > 1.0
+  np.testing.assert_allclose(with_links - without, 0.3 * expected, rtol=1e-4)
+
+
+# ------------------------------------------------------------------ end to end
+TINY = ("--data_source=files", "--hidden_size=32", "--filter_size=64", "--num_heads=4",
+        "--num_hidden_layers=2", "--layer_prepostprocess_dropout=0", "--vocab_size=60",
+        "--max_length=40", "--batch_size=400", "--min_length_bucket=4",
+        "--learning_rate_warmup_steps=100", "--learning_rate=2", "--save_checkpoint_steps=1000",
+        "--log_every=100", "--eval_every=1000", "--eval_bleu_sentences=0",
+        "--show_examples=0", "--seed=1")
+
+
+def train_tiny(tmp_path, files, name, steps, *extra):
+  model_dir = str(tmp_path / name)
+  result = inprocess.run(
+      "train", *TINY, f"--model_dir={model_dir}", f"--data_dir={tmp_path}/data",
+      f"--train_src={files['train_src']}", f"--train_tgt={files['train_tgt']}",
+      f"--dev_src={files['dev_src']}", f"--dev_tgt={files['dev_tgt']}",
+      f"--train_steps={steps}", *extra)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return model_dir
+
+
+def decoded_aer(tmp_path, files, model_dir):
+  """AER of decode --output_alignments on the dev lines decoded right (the dev targets
+  are given as target prefixes)."""
+  out, links = tmp_path / f"{os.path.basename(model_dir)}.out", tmp_path / "links"
+  result = inprocess.run("decode", f"--model_dir={model_dir}", "--beam_size=1",
+                         f"--input_file={files['dev_src']}", f"--output_file={out}",
+                         f"--target_prefix_file={files['dev_tgt']}",
+                         f"--output_alignments={links}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  with open(files["dev_tgt"], encoding="utf-8") as f:
+    references = [line.split() for line in f]
+  outputs = out.read_text(encoding="utf-8").splitlines()
+  hypotheses = [sorted(alignments.parse_pharaoh(line, "").tolist())
+                for line in links.read_text().splitlines()]
+  # Scored where the output is the reference (not longer), so its alignment applies.
+  right = [k for k, (o, r) in enumerate(zip(outputs, references)) if o.split() == r]
+  assert len(right) > 0.6 * len(references), outputs[:5]
+  gold = [[[i, i] for i in range(len(references[k]))] for k in right]
+  return aer([list(map(tuple, hypotheses[k])) for k in right],
+             [list(map(tuple, g)) for g in gold]), result.stderr
+
+
+@pytest.mark.slow
+def test_guided_head_aligns_far_better_than_unguided_heads(tmp_path):
+  """The same tiny model, data and steps, with and without --train_alignments: decode
+  --output_alignments of the guided model (its guided head, chosen by decode) comes
+  far closer to the known alignment than the unguided model's averaged heads.
+
+  The task copies the words in order, ciphered (several pieces to some words on either
+  side). Each target line is also given as the target prefix, so that the outputs are
+  the references and the reference alignment applies to every line. (On the reversed
+  order the guided head of a model this small was still at AER 0.46 after 1,000 steps,
+  unguided 0.63: finding the source word before the previous target word's is more
+  than it learns in a few hundred steps.)
+  """
+  files = write_task(str(tmp_path / "task"), reverse=False)
+  unguided = train_tiny(tmp_path, files, "unguided", 500)
+  guided = train_tiny(tmp_path, files, "guided", 500,
+                      f"--train_alignments={files['train_align']}",
+                      "--guided_alignment_weight=1", "--guided_alignment_head=1")
+  with open(os.path.join(guided, "config.json"), encoding="utf-8") as f:
+    config = f.read()
+  assert files["train_align"] in config and '"guided_alignment_head": 1' in config
+  guided_aer, stderr = decoded_aer(tmp_path, files, guided)
+  assert "guided head (decoder layer -1, head 1)" in stderr
+  unguided_aer, _ = decoded_aer(tmp_path, files, unguided)
+  print(f"AER guided {guided_aer:.3f}, unguided {unguided_aer:.3f}")  # 0.22, 0.63
+  assert guided_aer < 0.35
+  assert unguided_aer > guided_aer + 0.25
