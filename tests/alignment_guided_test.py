@@ -186,6 +186,29 @@ def test_train_refuses_guided_flags_without_alignments_and_other_sources(tmp_pat
          "read it" in result.stderr
 
 
+def test_config_json_and_the_model_card_record_the_guidance(tmp_path):
+  from t2t_keras import model_card, modeldir
+  from tests.model_card_test import fake_translator
+  path = str(tmp_path / "m")
+  model = ModelConfig(vocab_size=60, hidden_size=16, num_heads=4, num_hidden_layers=2)
+  modeldir.write_or_check_config(
+      path, model, data=DataConfig(source="files", train_src="a.en", train_tgt="a.de",
+                                   train_alignments="a.align"),
+      train=TrainConfig(guided_alignment_head=3, guided_alignment_weight=0.5))
+  assert modeldir.guided_alignment_of(path) == {"alignments": "a.align", "layer": -1,
+                                                "head": 3, "weight": 0.5}
+  card = model_card.build(fake_translator(path), path)
+  assert card["training_data"]["train_alignments"] == "a.align"
+  assert card["training"]["guided_alignment"] == {"layer": -1, "head": 3, "weight": 0.5}
+  assert "guided_alignment={'layer': -1, 'head': 3, 'weight': 0.5}" in model_card.describe(
+      card)
+  unguided = str(tmp_path / "u")
+  modeldir.write_or_check_config(unguided, model, data=DataConfig(), train=TrainConfig())
+  assert modeldir.guided_alignment_of(unguided) is None
+  assert "guided_alignment" not in model_card.build(fake_translator(unguided),
+                                                    unguided)["training"]
+
+
 # ------------------------------------------------------------------ the pipeline
 def _task_config(tmp_path, **overrides):
   files = write_task(str(tmp_path / "task"), train=400, dev=20)
