@@ -10,7 +10,8 @@ seed and steps are trained twice (flags/small_cpu.cfg without and with
 translations as `decode --output_alignments` aligns its outputs (teacher-forced
 attention, `scoring.align`; the guided model's guided head, the other's heads
 averaged, and, for comparison, the unguided model's same layer and head as the
-guided one). AER against the references: 1 - 2|A & S| / (|A| + |S|), all links sure.
+guided one; and the diagonal, no model at all). AER against the references:
+1 - 2|A & S| / (|A| + |S|), all links sure.
 
     python bench/guided_alignment.py [--steps=600] [--held_out=500] \\
         [--data=../shared/data/multi30k] [--work_dir=/tmp/guided_alignment_bench]
@@ -151,7 +152,11 @@ def main(argv):
       texts[lang] = [line.rstrip("\n") for _, line in zip(range(FLAGS.held_out), f)]
   with open(test_align) as f:
     gold = [sorted(read_links(line)) for _, line in zip(range(FLAGS.held_out), f)]
-  rows = []
+  # No model: target word j linked to source word round(j (n - 1) / (m - 1)).
+  diagonal = [[(round(j * (len(s.split()) - 1) / max(len(t.split()) - 1, 1)), j)
+               for j in range(len(t.split()))] for s, t in zip(texts["en"], texts["de"])]
+  rows = [["none", "the diagonal", f"{aer(diagonal, gold):.3f}",
+           f"{sum(map(len, diagonal)) / len(diagonal):.1f}"]]
   for name, heads in (("unguided", [(-1, -1), (-1, 0)]), ("guided", [(-1, 0), (-1, -1)])):
     found = alignments_of(runs[name], texts["en"], texts["de"], heads)
     for (layer, head), hyp in found.items():
