@@ -220,19 +220,14 @@ def _task_config(tmp_path, **overrides):
   return DataConfig(**values)
 
 
-@pytest.mark.parametrize("static_shapes", [False, True])
-def test_every_batch_carries_its_pairs_links(tmp_path, static_shapes):
-  """Whatever bucket, shape or step a pair lands in, its batch row's reference matrix
-  is the pair's own word links mapped to its pieces (checked through the pieces'
-  words, independently of the mapping code)."""
-  config = _task_config(tmp_path, static_shapes=static_shapes)
-  data = pipeline.make_datasets(config)
+def _check_links(data, batches, pairs):
+  """Rows checked: each row's reference matrix is its pair's word links mapped to its
+  pieces, found here through the pieces' words (independently of the mapping code)."""
   starts = scoring.word_starts(data.tokenizer)
-  reference = {}
-  for source, target, line in reverse_pairs(400, 1):
-    reference[source] = (target, {tuple(x) for x in alignments.parse_pharaoh(line, "")})
+  reference = {source: {tuple(x) for x in alignments.parse_pharaoh(line, "")}
+               for source, _, line in pairs}
   seen = 0
-  for batch in data.train_fn(start_step=3).take(6):
+  for batch in batches:
     inputs, targets = batch["inputs"].numpy(), batch["targets"].numpy()
     matrix = batch["alignment"].numpy()
     assert matrix.shape == inputs.shape[:1] + targets.shape[1:] + inputs.shape[1:]
@@ -241,16 +236,35 @@ def test_every_batch_carries_its_pairs_links(tmp_path, static_shapes):
       tgt = [int(i) for i in targets[row] if i > 1]
       if not src:
         continue
-      text = data.tokenizer.detokenize(tf.constant(src)).numpy().decode()
-      words = reference[text][1]
-      src_words = scoring.word_index(src, starts)
-      tgt_words = scoring.word_index(tgt, starts)
+      words = reference[data.tokenizer.detokenize(tf.constant(src)).numpy().decode()]
       expected = np.zeros(matrix.shape[1:])
-      for t, tw in enumerate(tgt_words):
-        for s, sw in enumerate(src_words):
+      for t, tw in enumerate(scoring.word_index(tgt, starts)):
+        for s, sw in enumerate(scoring.word_index(src, starts)):
           expected[t, s] = (sw, tw) in words
       np.testing.assert_array_equal(matrix[row], expected)
       seen += 1
+  return seen
+
+
+@pytest.mark.parametrize("static_shapes", [False, True])
+def test_every_batch_carries_its_pairs_links(tmp_path, static_shapes):
+  """Whatever bucket, shape or step a pair lands in (a resume at step 3), its batch
+  row's reference matrix is its own."""
+  data = pipeline.make_datasets(_task_config(tmp_path, static_shapes=static_shapes))
+  batches = list(data.train_fn(start_step=3).take(6))
+  assert _check_links(data, batches, reverse_pairs(400, 1)) > 20
+
+
+def test_two_hosts_each_carry_their_pairs_links(tmp_path):
+  """Two input pipelines (hosts), each holding its share of the pairs: the links
+  travel with the share."""
+  data = pipeline.make_datasets(_task_config(tmp_path, static_shapes=True))
+  seen = 0
+  for host in range(2):
+    context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=host,
+                                         num_replicas_in_sync=2)
+    seen += _check_links(data, list(data.train_fn(context, start_step=1).take(4)),
+                         reverse_pairs(400, 1))
   assert seen > 20
 
 
