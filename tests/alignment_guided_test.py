@@ -300,6 +300,45 @@ def test_the_trainer_adds_the_weighted_loss_of_the_chosen_head(tmp_path):
   np.testing.assert_allclose(with_links - without, 0.3 * expected, rtol=1e-4)
 
 
+# ------------------------------------------------------------------ CTranslate2
+def test_ctranslate2_attention_is_head_0_of_the_guided_layer(tmp_path):
+  """The CTranslate2 export of a model guided on layer 0: CTranslate2's attention
+  (what its alignments read) equals our head 0 of layer 0, not the last layer's."""
+  ctranslate2 = pytest.importorskip("ctranslate2")
+  import keras  # pylint: disable=import-outside-toplevel
+  from t2t_keras import EOS_ID, modeldir
+  from t2t_keras.data.tokenizer import IntegerTokenizer
+  from t2t_keras.export import ctranslate2 as ce
+  from t2t_keras.model import create_model
+  path = str(tmp_path / "m")
+  config = ModelConfig(vocab_size=24, hidden_size=32, filter_size=64, num_heads=4,
+                       num_hidden_layers=2, layer_prepostprocess_dropout=0.0)
+  modeldir.write_or_check_config(path, config, data=DataConfig(
+      source="files", train_src="a", train_tgt="b", train_alignments="c"),
+      train=TrainConfig(guided_alignment_layer=0))
+  assert ce.guided_alignment_layer(path) == 0
+  keras.utils.set_random_seed(3)
+  model = create_model(config)
+  ce.export(model, config, IntegerTokenizer(24), str(tmp_path / "ct2"),
+            alignment_layer=ce.guided_alignment_layer(path))
+  translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
+  sources = [[5, 9, 11, 7, 20], [6, 4, 13]]
+  results = translator.translate_batch([[str(i) for i in s] for s in sources],
+                                       beam_size=1, return_attention=True,
+                                       max_decoding_length=6)
+  for source, result in zip(sources, results):
+    hypothesis = [int(t) for t in result.hypotheses[0]]
+    theirs = np.array(result.attention[0])  # (T, S), EOS columns left out
+    inputs = tf.constant([source + [EOS_ID]])
+    encoded, mask = model.encode(inputs, training=False)
+    _, maps = model.decode(tf.constant([hypothesis + [EOS_ID]]), encoded, mask,
+                           return_attention=True, inputs=inputs)
+    rows, columns = theirs.shape
+    np.testing.assert_allclose(theirs, maps[0][1].numpy()[0, 0, :rows, :columns],
+                               atol=1e-5)
+    assert np.abs(theirs - maps[1][1].numpy()[0, 0, :rows, :columns]).max() > 1e-2
+
+
 # ------------------------------------------------------------------ end to end
 TINY = ("--data_source=files", "--hidden_size=32", "--filter_size=64", "--num_heads=4",
         "--num_hidden_layers=2", "--layer_prepostprocess_dropout=0", "--vocab_size=60",
