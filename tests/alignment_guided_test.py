@@ -319,8 +319,9 @@ def test_ctranslate2_attention_is_head_0_of_the_guided_layer(tmp_path):
   assert ce.guided_alignment_layer(path) == 0
   keras.utils.set_random_seed(3)
   model = create_model(config)
-  ce.export(model, config, IntegerTokenizer(24), str(tmp_path / "ct2"),
-            alignment_layer=ce.guided_alignment_layer(path))
+  tokens = ce.vocabulary(IntegerTokenizer(24))
+  ce.write(ce.build_spec(model, config, tokens, tokens, ce.guided_alignment_layer(path)),
+           str(tmp_path / "ct2"), None, None, False)
   translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
   sources = [[5, 9, 11, 7, 20], [6, 4, 13]]
   results = translator.translate_batch([[str(i) for i in s] for s in sources],

@@ -192,6 +192,15 @@ def reference_matrix(links: tf.RaggedTensor, shape) -> tf.Tensor:
                        tf.cast(shape, tf.int32))
 
 
+def batch_matrix(links: tf.RaggedTensor, batch: dict, shape) -> tf.Tensor:
+  """`reference_matrix` of a padded batch {"inputs": [B, S], "targets": [B, T]};
+  `shape` [B, L] (static shapes) or [None, None] sets its static shape."""
+  matrix = reference_matrix(links, [tf.shape(batch["inputs"])[0],
+                                    tf.shape(batch["targets"])[1],
+                                    tf.shape(batch["inputs"])[1]])
+  return tf.ensure_shape(matrix, list(shape[:1]) + list(shape[1:]) * 2)
+
+
 def load_links(config, split, tokenizer) -> Optional[object]:
   """`split` with --train_alignments attached (`attach`), or as it is without."""
   if not config.train_alignments or split is None:

@@ -148,6 +148,16 @@ def with_eos(ragged: tf.RaggedTensor) -> tf.RaggedTensor:
   return tf.concat([ragged, tf.fill([ragged.nrows(), 1], EOS_ID)], axis=1)
 
 
+def unit_slots(per_step: int) -> Callable[..., tf.data.Dataset]:
+  """(epoch, pool, k) -> the unit's `per_step` batches this pipeline makes, as
+  (epoch, pool, k, slot) elements."""
+  def slots(epoch, pool, k):
+    return tf.data.Dataset.from_tensor_slices(
+        (tf.fill([per_step], epoch), tf.fill([per_step], pool), tf.fill([per_step], k),
+         tf.range(per_step, dtype=tf.int64)))
+  return slots
+
+
 class TrainData:
   """The training split as the trainer reads it: batches of any step, at once.
 
@@ -215,6 +225,13 @@ class TrainData:
     length = self.lengths[bucket]
     return [max(1, self.config.batch_size // length), length]
 
+  def _check_bucket(self, bucket: Optional[int]) -> None:
+    if bucket is not None and not self.static_shapes:
+      raise ValueError("per-bucket datasets need static_shapes")
+    if bucket is not None and self.packed_length:
+      raise ValueError("packed batches have one shape for every bucket: read them "
+                       "with bucket=None")
+
   def __call__(self, input_context: Optional[tf.distribute.InputContext] = None,
                start_step: int = 0, accum_steps: Optional[int] = None,
                bucket: Optional[int] = None, steps_per_run: int = 1,
@@ -236,7 +253,8 @@ class TrainData:
         at least once; see plan.py).
 
     Returns:
-      Dataset of {"inputs": [B, S], "targets": [B, T]} int32: per step, one batch per
+      Dataset of {"inputs": [B, S], "targets": [B, T]} int32 (with --train_alignments
+      also "alignment" float32 [B, T, S]): per step, one batch per
       micro-batch and replica this pipeline feeds (micro-batch-major). With static
       shapes, B and S = T are the bucket's rows and length. With --packed_length every
       batch is [R, L] with segment ids and positions besides (packing.py), whatever
@@ -250,11 +268,7 @@ class TrainData:
       replicas = max(input_context.num_replicas_in_sync // pipelines, 1)
     per_step = replicas * accum_steps  # batches this pipeline yields per step
     batch_plan = self.plan(per_step * pipelines, steps_per_run)
-    if bucket is not None and not self.static_shapes:
-      raise ValueError("per-bucket datasets need static_shapes")
-    if bucket is not None and self.packed_length:
-      raise ValueError("packed batches have one shape for every bucket: read them "
-                       "with bucket=None")
+    self._check_bucket(bucket)
     pools = (range(len(batch_plan.pool_bucket)) if bucket is None
              else [batch_plan.pool_of_bucket(bucket)])
     shares = [batch_plan.share(p, pipelines, pipeline_id) for p in pools]
@@ -284,10 +298,7 @@ class TrainData:
       pool, k = tf.boolean_mask(pool, take), tf.boolean_mask(k, take)
       return tf.data.Dataset.from_tensor_slices((tf.fill(tf.shape(pool), epoch), pool, k))
 
-    def slots(epoch, pool, k):  # the unit's batches this pipeline makes
-      return tf.data.Dataset.from_tensor_slices(
-          (tf.fill([per_step], epoch), tf.fill([per_step], pool), tf.fill([per_step], k),
-           tf.range(per_step, dtype=tf.int64)))
+    slots = unit_slots(per_step)
 
     def batches(src, tgt, *rest):  # rest: [links,] table: held copy -> row of src, tgt
       links, table = rest if len(rest) == 2 else (None, rest[0])
@@ -310,10 +321,7 @@ class TrainData:
             out[key] = padded.to_tensor(PAD_ID)
           out[key] = tf.ensure_shape(out[key], shape)
         if links is not None:  # --train_alignments: [B, T, S] links of the pieces
-          out["alignment"] = alignments.reference_matrix(
-              tf.gather(links, rows), [tf.size(rows), tf.shape(out["targets"])[1],
-                                       tf.shape(out["inputs"])[1]])
-          out["alignment"] = tf.ensure_shape(out["alignment"], shape[:1] + shape[1:] * 2)
+          out["alignment"] = alignments.batch_matrix(tf.gather(links, rows), out, shape)
         return out
 
       ds = tf.data.Dataset.range(first_epoch, last_epoch).flat_map(units).flat_map(slots)

@@ -204,7 +204,7 @@ def build_spec(model, config: ModelConfig, tokens: List[str],
 
 def export(model, config: ModelConfig, tokenizer, export_dir: str,
            quantization: Optional[str] = None, vocab_file=None,
-           force: bool = False, alignment_layer: int = -1) -> str:
+           force: bool = False) -> str:
   """Writes a CTranslate2 model directory: model.bin, the vocabulary, and the run's
   SentencePiece model (`vocab_file`, copied as `sentencepiece.model`) if it has one;
   with separate vocabularies (`vocab_file` the source's and the target's) both
@@ -219,11 +219,18 @@ def export(model, config: ModelConfig, tokenizer, export_dir: str,
     vocab_file: the SentencePiece model to copy for clients, or a list of the
       source's and the target's.
     force: overwrite an existing directory.
-    alignment_layer: see `build_spec`.
 
   Returns:
     export_dir.
   """
+  check_target(export_dir, quantization, force)
+  spec = build_spec(model, config, vocabulary(tokenizer.source),
+                    vocabulary(tokenizer.target))
+  return write(spec, export_dir, quantization, vocab_file, force)
+
+
+def check_target(export_dir: str, quantization: Optional[str], force: bool) -> None:
+  """Refuses an unknown quantization or a non-empty `export_dir`, before any work."""
   if quantization is not None and quantization not in QUANTIZATIONS:
     raise ExportError(f"--quantization={quantization} is not one of "
                       f"{', '.join(QUANTIZATIONS)}")
@@ -232,8 +239,12 @@ def export(model, config: ModelConfig, tokenizer, export_dir: str,
     if not tf.io.gfile.exists(os.path.join(export_dir, MODEL_FILE)):
       publish.prepare(export_dir, MODEL_FILE, "")  # raises: an interrupted export
     raise ExportError(f"{export_dir} is not empty: pick a new --export_dir (or remove it)")
-  spec = build_spec(model, config, vocabulary(tokenizer.source),
-                    vocabulary(tokenizer.target), alignment_layer)
+
+
+def write(spec, export_dir: str, quantization: Optional[str], vocab_file,
+          force: bool) -> str:
+  """Writes `spec` (`build_spec`) as `export` says, after `check_target`."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel  (tf.io.gfile: gs://)
   spec.validate()
   spec.optimize(quantization=quantization)
   if force and tf.io.gfile.exists(export_dir):
@@ -266,12 +277,15 @@ def export_from_settings(settings: ExportSettings) -> str:
   writes it as a CTranslate2 model directory (weights of `settings.quantization`)."""
   from t2t_keras import modeldir  # pylint: disable=import-outside-toplevel
   from t2t_keras.inference import loading  # pylint: disable=import-outside-toplevel
+  check_target(settings.export_dir, settings.quantization, False)
   loaded = loading.load(settings.model_dir, settings.weights.checkpoint_path,
                         settings.weights.average_last_n, "float32")
-  return export(loaded.model, loaded.model_config, loaded.tokenizer, settings.export_dir,
-                quantization=settings.quantization,
-                vocab_file=modeldir.vocab_file_of(loaded.tokenizer, settings.model_dir),
-                alignment_layer=guided_alignment_layer(settings.model_dir))
+  tokenizer = loaded.tokenizer
+  # A guided model aligns with its guided layer (--train_alignments).
+  spec = build_spec(loaded.model, loaded.model_config, vocabulary(tokenizer.source),
+                    vocabulary(tokenizer.target), guided_alignment_layer(settings.model_dir))
+  return write(spec, settings.export_dir, settings.quantization,
+               modeldir.vocab_file_of(tokenizer, settings.model_dir), False)
 
 
 def guided_alignment_layer(model_dir: str) -> int:
