@@ -8,7 +8,10 @@ runs `steps_per_loop` steps per call (a `tf.range` loop, as TPUs need) with
 `strategy.run`. Each replica returns SUMS (loss, target tokens) and divides its loss by
 the GLOBAL token count, so 1 and N replicas make the same update for the same global
 batch; Keras' optimizer then sums the replicas' gradients (with --clip_grad_norm the
-replicas sum them first, to clip the batch's gradient: `_apply`).
+replicas sum them first, to clip the batch's gradient: `_apply`). With reference
+alignments in the batch (--train_alignments), the guided head's alignment loss joins
+the translation loss as a sum over target tokens, normalised the same way (`_forward`,
+`losses.guided_alignment_sum`).
 
 The step counter is `optimizer.iterations`; a `tf.train.CheckpointManager` keeps model
 and optimizer state, and the data position follows from the step count (the data
