@@ -7,6 +7,7 @@ guided head than an unguided model's averaged heads.
 
 import os
 import re
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -202,6 +203,13 @@ def test_config_json_and_the_model_card_record_the_guidance(tmp_path):
   assert card["training"]["guided_alignment"] == {"layer": -1, "head": 3, "weight": 0.5}
   assert "guided_alignment={'layer': -1, 'head': 3, 'weight': 0.5}" in model_card.describe(
       card)
+  with mock.patch.object(modeldir.logging, "warning") as warning:  # a restart
+    modeldir.write_or_check_config(
+        path, model, data=DataConfig(source="files", train_src="a.en", train_tgt="a.de",
+                                     train_alignments="a.align"),
+        train=TrainConfig(guided_alignment_head=1, guided_alignment_weight=0.5))
+  assert "guided alignment changed" in warning.call_args[0][0]
+  assert modeldir.guided_alignment_of(path)["head"] == 1
   unguided = str(tmp_path / "u")
   modeldir.write_or_check_config(unguided, model, data=DataConfig(), train=TrainConfig())
   assert modeldir.guided_alignment_of(unguided) is None
