@@ -164,6 +164,18 @@ def test_packed_rows_and_skipped_lines_are_refused_naming_both_flags():
     DataConfig(train_alignments="a.txt", skip_invalid_utf8=True).validate()
 
 
+def test_several_corpora_and_language_tags_are_refused_naming_the_flags():
+  from t2t_keras.data import sources
+  several = DataConfig(source="files", train_src="a.en,b.en", train_tgt="a.de,b.de",
+                       train_alignments="x.align")
+  assert any("--train_alignments=x.align with several corpora (--train_src=a.en,b.en)"
+             in p for p in sources.data_source(several).problems())
+  tagged = DataConfig(source="files", train_src="a.en", train_tgt="a.de",
+                      target_language_tags="de", train_alignments="x.align")
+  assert any("--train_alignments=x.align cannot be used with --target_language_tags=de"
+             in p for p in sources.data_source(tagged).problems())
+
+
 def test_the_guided_head_must_exist():
   from t2t_keras.configs import guided_alignment_problems
   model = ModelConfig(num_hidden_layers=2, num_heads=4)
