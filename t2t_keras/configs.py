@@ -239,6 +239,13 @@ class DataConfig:
       None, "With --target_language_tags: the target language of --dev_src/--dev_tgt "
       "(default: the first corpus's), also the language an export translates into by "
       "default.")
+  train_alignments: Optional[str] = setting(
+      None, "Guided alignment (Garg et al. 2019; Marian, OpenNMT-tf): word alignments "
+      "of the training pairs from an external aligner (eflomal, fast_align), one "
+      "Pharaoh line 'i-j ...' per --train_src/--train_tgt pair (0-based whitespace-"
+      "separated source word i, target word j). One encoder-decoder attention head "
+      "(--guided_alignment_layer, --guided_alignment_head) learns them, weighted by "
+      "--guided_alignment_weight; decode --output_alignments then reads that head.")
   dev_src: Optional[str] = setting(
       None, "Dev source file (evaluation during training; parsing: a .mrg file).")
   dev_tgt: Optional[str] = setting(None, "Dev target file.")
@@ -334,6 +341,17 @@ class DataConfig:
           f"--batch_size={self.batch_size} tokens cannot hold one packed row of "
           f"--packed_length={self.packed_length}; raise --batch_size or lower "
           "--packed_length")
+    if self.train_alignments and self.packed_length:
+      problems.append(
+          f"--train_alignments={self.train_alignments} cannot be used with "
+          f"--packed_length={self.packed_length} yet: packed rows do not carry the "
+          "alignment matrices; drop --packed_length (bucketed batches, with or without "
+          "--static_shapes, carry them)")
+    if self.train_alignments and self.skip_invalid_utf8:
+      problems.append(
+          f"--train_alignments={self.train_alignments} cannot be used with "
+          "--skip_invalid_utf8: skipped pairs would shift every later alignment line; "
+          "fix the files' encoding (or drop those pairs and their alignment lines)")
     if self.separate_vocabularies and self.vocab_file:
       problems.append(
           f"--vocab_file={self.vocab_file} names one vocabulary but "
@@ -387,6 +405,17 @@ class TrainConfig:
   adam_beta2: float = setting(0.98, "Adam beta2 (paper 0.98, t2t 0.997).")
   adam_epsilon: float = setting(1e-9, "Adam epsilon.")
   label_smoothing: float = setting(0.1, "eps_ls.", check=DROPOUT)
+  guided_alignment_weight: float = setting(
+      0.1, "With --train_alignments: weight of the guided-alignment loss (the cross-"
+      "entropy of one head's attention against the row-normalised reference "
+      "alignment, per target token) added to the translation loss; Marian's default "
+      "0.1.", check=AT_LEAST_0)
+  guided_alignment_layer: int = setting(
+      -1, "With --train_alignments: the decoder layer whose encoder-decoder attention "
+      "is guided; -1 = the last (Marian, OpenNMT-tf).")
+  guided_alignment_head: int = setting(
+      0, "With --train_alignments: the head of that layer that is guided (0-based).",
+      check=AT_LEAST_0)
   strategy: str = setting("default", "tf.distribute strategy.", choices=_STRATEGIES)
   tpu: Optional[str] = setting(None, "Cloud TPU name or address (--strategy=tpu).")
   tpu_zone: Optional[str] = setting(
@@ -472,6 +501,21 @@ class TrainConfig:
           "t2t_keras.tools.data_service --dispatcher --worker --port=PORT`")
     raise_problems(problems, "training settings")
     return self
+
+
+def guided_alignment_problems(model: ModelConfig, train: TrainConfig) -> List[str]:
+  """The guided head (--guided_alignment_layer/--guided_alignment_head) against the
+  model's decoder layers and heads."""
+  layers, heads = model.decoder_layers, model.num_heads
+  problems = []
+  if not -layers <= train.guided_alignment_layer < layers:
+    problems.append(f"--guided_alignment_layer={train.guided_alignment_layer} but the "
+                    f"model has {layers} decoder layers: use 0..{layers - 1} or -1 (the "
+                    "last)")
+  if not 0 <= train.guided_alignment_head < heads:
+    problems.append(f"--guided_alignment_head={train.guided_alignment_head} but the model "
+                    f"has {heads} heads: use 0..{heads - 1}")
+  return problems
 
 
 @dataclasses.dataclass(frozen=True)

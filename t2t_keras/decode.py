@@ -29,7 +29,8 @@ probability).
 probabilities; the models must share a vocabulary). `--output_alignments=FILE` writes,
 for every output line, its word alignment to the source in Pharaoh format (`i-j`,
 0-based source and target word indices) from the encoder-decoder attention of
-`--alignment_layer` (default the last), heads averaged or `--alignment_head`.
+`--alignment_layer` (default the last), heads averaged or `--alignment_head`; for a
+model trained with `--train_alignments`, from its guided head unless those are given.
 
 Paper settings: beam 4, alpha 0.6, input length + 50, average of the last 5 (base)
 or 20 (big) checkpoints: `--beam_size=4 --alpha=0.6 --extra_decode_length=50
@@ -69,7 +70,9 @@ flags.DEFINE_string("output_alignments", None,
 flags.DEFINE_integer("alignment_layer", -1,
                      "Decoder layer whose encoder-decoder attention aligns (-1 = last).")
 flags.DEFINE_integer("alignment_head", -1,
-                     "Attention head that aligns; -1 = the average of all heads.")
+                     "Attention head that aligns; -1 = the average of all heads. "
+                     "Neither flag given: a model trained with --train_alignments "
+                     "aligns with its guided head (--guided_alignment_layer/_head).")
 
 # Greedy search and sampling (one row per hypothesis) use XLA from this many input
 # sentences on, unless --decode_jit_compile says otherwise: each source-width bucket
@@ -157,11 +160,31 @@ def check_alignment_flags(model_config) -> None:
                                 f"heads: use 0..{heads - 1} or -1 (their average).")
 
 
-def write_alignments(model, tokenizer, results, multiple: bool, out) -> None:
-  """--output_alignments: one Pharaoh line per output line (blank lines as well)."""
+def alignment_attention(model_dirs) -> tuple:
+  """(decoder layer, head) --output_alignments reads: the flags' when either is typed;
+  else, for one model trained with guided alignment (--train_alignments), the head
+  it was trained to align with (the average of the heads aligns worse: the other
+  heads were never told to); else the flags' defaults (last layer, heads averaged)."""
+  from t2t_keras import modeldir  # pylint: disable=import-outside-toplevel
+  layer, head = FLAGS.alignment_layer, FLAGS.alignment_head
+  if FLAGS["alignment_layer"].present or FLAGS["alignment_head"].present:
+    return layer, head
+  guided = modeldir.guided_alignment_of(model_dirs[0]) if len(model_dirs) == 1 else None
+  if guided is None:
+    return layer, head
+  print(f"alignments from the guided head (decoder layer {guided['layer']}, head "
+        f"{guided['head']}) the model was trained with (--train_alignments)",
+        file=sys.stderr, flush=True)
+  return guided["layer"], guided["head"]
+
+
+def write_alignments(model, tokenizer, results, multiple: bool, out,
+                     attention: tuple = (-1, -1)) -> None:
+  """--output_alignments: one Pharaoh line per output line (blank lines as well), from
+  `attention`'s (decoder layer, head; -1 = heads averaged)."""
   # pylint: disable=import-outside-toplevel
   from t2t_keras.inference import scoring
-  layer, head = FLAGS.alignment_layer, FLAGS.alignment_head
+  layer, head = attention
   pairs = [(r.source_ids, ids) for r in results for ids in (r.ids if multiple else r.ids[:1])]
   meter = console.Progress(len(pairs), unit="pairs", verb="aligned")
   forced = scoring.force(model, [s for s, _ in pairs], [scoring.with_eos(t) for _, t in pairs],
@@ -239,7 +262,7 @@ def tree_constraint(decode_config: DecodeConfig, loaded):
                     f"{error}") from None
 
 
-def write_outputs(results, multiple: bool, model, tokenizer) -> None:
+def write_outputs(results, multiple: bool, model, tokenizer, attention=(-1, -1)) -> None:
   """The translations (and --output_alignments), under temporary names renamed once
   all are complete."""
   with outputs.PendingOutputs() as pending:
@@ -253,7 +276,7 @@ def write_outputs(results, multiple: bool, model, tokenizer) -> None:
         out.write(result.texts[0] + "\n")
     if FLAGS.output_alignments:
       write_alignments(model, tokenizer, results, multiple,
-                       pending.open(FLAGS.output_alignments))
+                       pending.open(FLAGS.output_alignments), attention)
     pending.commit()
 
 
@@ -294,8 +317,9 @@ def run() -> None:
                                    decode_config.max_input_length)
   if note:
     print(note, file=sys.stderr, flush=True)
+  attention = alignment_attention(model_dirs) if FLAGS.output_alignments else (-1, -1)
   write_outputs(results, decode_config.return_beams or decode_config.num_samples > 1,
-                model, tokenizer)
+                model, tokenizer, attention)
   if "reference_file" in aligned:
     from t2t_keras import metrics
     report = metrics.bleu_report([r.texts[0] for r in results], [aligned["reference_file"]])

@@ -35,7 +35,8 @@ from absl import flags
 
 from t2t_keras import errors
 from t2t_keras.configs import (SHARED_EMBEDDINGS_PROBLEM, DataConfig, DecodeConfig,
-                               ModelConfig, TrainConfig, WeightsConfig, flag_name)
+                               ModelConfig, TrainConfig, WeightsConfig, flag_name,
+                               guided_alignment_problems)
 from t2t_keras.data import sources
 
 FLAGS = flags.FLAGS
@@ -377,11 +378,25 @@ def check_train_flags(argv, fv=FLAGS) -> list:
         "--source_pointer reads one source per row: drop one of them")
   if fv.separate_vocabularies and fv.shared_embeddings:
     problems.append(SHARED_EMBEDDINGS_PROBLEM)
+  problems += _alignment_flag_problems(argv, fv)
   problems += sources.data_source(data_config(fv)).check_model(
       settings_from_flags(ModelConfig, fv))
   if problems:
     raise flags.ValidationError("; ".join(problems) + ".")
   return warnings
+
+
+def _alignment_flag_problems(argv, fv) -> list:
+  """The --guided_alignment_* flags: typed without --train_alignments they do nothing;
+  with it, the guided head must exist."""
+  guided = [name for name in command_line_flags(argv, fv)
+            if name.startswith("guided_alignment_")]
+  if not fv.train_alignments:
+    return [f"--{name}={_value(fv, name)} is set but only guided alignment reads it: add "
+            f"--train_alignments=FILE (word alignments of the training pairs), or drop "
+            f"--{name}" for name in guided]
+  return guided_alignment_problems(settings_from_flags(ModelConfig, fv),
+                                   settings_from_flags(TrainConfig, fv))
 
 
 def _fix_for(name: str) -> str:

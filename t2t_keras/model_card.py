@@ -13,7 +13,10 @@ export can tell, without the model directory:
                     synthetic task or treebank, with the dev set
   training          how the weights were optimised: --optimizer (and Adam's betas and
                     epsilon), --clip_grad_norm, the learning-rate schedule, label
-                    smoothing, --accum_steps (None when config.json has no "train")
+                    smoothing, --accum_steps, and with --train_alignments the
+                    guided head and weight (`guided_alignment`: layer, head, weight;
+                    the alignments file is in training_data) (None when config.json
+                    has no "train")
   checkpoints       the checkpoint(s) the weights come from (several: an average),
                     and `step`, the newest one's step
   dev_bleu          the last dev BLEU the run recorded (`--eval_bleu_sentences`), with
@@ -155,6 +158,10 @@ def build(translator, model_dir: str | None = None,
     data = run.get("data", {})
     card["training_data"] = training_data(data)
     card["training"] = training(run.get("train"))
+    guided = modeldir.guided_alignment_of(model_dir)
+    if guided and card["training"] is not None:  # one head trained to align
+      card["training"]["guided_alignment"] = {k: guided[k] for k in ("layer", "head",
+                                                                      "weight")}
     if data.get("source") != "synthetic":
       card["vocab_type"] = data.get("vocab_type")
     card["dev_bleu"] = dev_bleu(model_dir)

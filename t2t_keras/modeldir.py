@@ -47,7 +47,7 @@ from typing import List, Optional
 import tensorflow as tf
 from absl import logging
 
-from t2t_keras.configs import DataConfig, ModelConfig
+from t2t_keras.configs import DataConfig, ModelConfig, TrainConfig
 from t2t_keras.errors import ModelDirError
 
 CONFIG_FILE = "config.json"
@@ -281,6 +281,28 @@ def data_config_of(model_dir: str) -> DataConfig:
   return _section(DataConfig, load_run_config(model_dir).get("data", {}))
 
 
+def guided_alignment_of(model_dir: str) -> Optional[dict]:
+  """How a model trained with guided alignment (--train_alignments) was guided:
+  {"alignments": file, "layer": decoder layer, "head": head, "weight": weight}; None
+  for a model trained without (or a model directory older than the flags)."""
+  run = load_run_config(model_dir)
+  return _guidance(run.get("data") or {}, run.get("train") or {})
+
+
+def _guidance(data, train) -> Optional[dict]:
+  """`guided_alignment_of` from config.json's "data" and "train" sections (dicts or
+  the configs)."""
+  data, train = ({} if x is None else dataclasses.asdict(x) if dataclasses.is_dataclass(x)
+                 else x for x in (data, train))
+  if not data.get("train_alignments"):
+    return None
+  defaults = TrainConfig()
+  return {"alignments": data["train_alignments"],
+          "layer": train.get("guided_alignment_layer", defaults.guided_alignment_layer),
+          "head": train.get("guided_alignment_head", defaults.guided_alignment_head),
+          "weight": train.get("guided_alignment_weight", defaults.guided_alignment_weight)}
+
+
 def write_or_check_config(model_dir: str, model_config: ModelConfig, **sections) -> None:
   """Writes config.json on the first run; on a restart refuses a different model shape
   or optimizer.
@@ -312,6 +334,12 @@ def write_or_check_config(model_dir: str, model_config: ModelConfig, **sections)
       if getattr(saved, key) != value:
         logging.warning("%s changed since the last run: %r -> %r", key,
                         getattr(saved, key), value)
+    if "data" in sections and "train" in sections:  # decode reads the latest
+      old_guide = guided_alignment_of(model_dir)
+      new_guide = _guidance(sections["data"], sections["train"])
+      if old_guide != new_guide:
+        logging.warning("guided alignment changed since the last run: %s -> %s; decode "
+                        "--output_alignments reads the new setting", old_guide, new_guide)
   record = {"model": dataclasses.asdict(model_config)}
   for name, section in sections.items():
     record[name] = dataclasses.asdict(section) if dataclasses.is_dataclass(section) else section

@@ -135,12 +135,16 @@ class TokenizedSplit:
     invalid_utf8: pairs skipped because a side was not valid UTF-8.
     groups: in-memory data (synthetic): {padded length: (source ids, target ids,
       lengths)} as `group_by_length` makes them; None when `path` holds them.
+    alignments: --train_alignments mapped to pieces (`alignments.attach`): {padded
+      length: (flat int32 (source piece, target piece) links, int32 links per pair)},
+      each length's pairs in corpus order as the id files hold them; None without.
   """
 
   path: Optional[str]
   lengths: np.ndarray
   invalid_utf8: int
   groups: Optional[dict] = None
+  alignments: Optional[dict] = None
 
   @property
   def corpus_sizes(self) -> Tuple[int, ...]:
@@ -172,6 +176,16 @@ class TokenizedSplit:
       return tf.zeros([0], tf.int32), tf.zeros([0], tf.int32), tf.zeros([0, 2], tf.int32)
     src, tgt, counts = (tf.concat([p[i] for p in parts], 0) for i in range(3))
     return src, tgt, tf.reshape(counts, [-1, 2])
+
+  def group_arrays(self, length: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Host-side numpy (source ids, target ids, [n, 2] token counts) of the pairs of
+    one padded length, in corpus order (what `read` gives for that length)."""
+    if self.groups is not None:
+      return self.groups[length]
+    counts = _read_ids(_file(self.path, length, "lengths"), -1).reshape([-1, 2])
+    total = counts.sum(axis=0, dtype=np.int64)
+    return (_read_ids(_file(self.path, length, "source"), int(total[0])),
+            _read_ids(_file(self.path, length, "target"), int(total[1])), counts)
 
   def reader(self, lengths: Sequence[int]) -> Callable[[tf.Tensor], Tuple[tf.Tensor, ...]]:
     """As `read`, one length at a time by its index in `lengths` (present ones, a
@@ -335,6 +349,8 @@ def _read_ids(path: str, count: int) -> np.ndarray:
   into memory from other file systems (gs://)."""
   if count == 0:
     return np.zeros([0], np.int32)
+  if count < 0:  # the whole file
+    count = tf.io.gfile.stat(path).length // 4
   if "://" not in path:
     return np.memmap(path, dtype="<i4", mode="r", shape=(count,))
   with tf.io.gfile.GFile(path, "rb") as f:

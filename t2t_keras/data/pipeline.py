@@ -26,7 +26,9 @@ pair appears exactly once, in the training buckets plus extra ones for pairs lon
 than max_length; in static mode one dataset per bucket, padded with all-PAD rows and
 batches (zero loss weight) so that every replica of a step gets the bucket's shape.
 
-Elements: {"inputs": int32 [B, S], "targets": int32 [B, T]}, ids + EOS, PAD 0.
+Elements: {"inputs": int32 [B, S], "targets": int32 [B, T]}, ids + EOS, PAD 0; with
+--train_alignments, training batches also carry "alignment": float32 [B, T, S], 1 at
+each (target piece, source piece) link of the pair (alignments.py).
 With --packed_length=L, training batches are [R, L] rows of several pairs each, with
 segment ids and positions, from the packed plan (packing.py), whose rows mix lengths.
 """
@@ -43,7 +45,7 @@ from absl import logging
 
 from t2t_keras import EOS_ID, PAD_ID
 from t2t_keras.configs import DataConfig
-from t2t_keras.data import cache, corpora, packing, plan, sources
+from t2t_keras.data import alignments, cache, corpora, packing, plan, sources
 from t2t_keras.data import tokenizer as tokenizer_lib
 
 
@@ -117,7 +119,10 @@ side (`corpora.CorpusSplits`)."""
   key = tokenizer_lib.tokenizer_digest(tokenizer)
   parts = source.corpora(split) if source.has_split(split) else []
   if len(parts) < 2:
-    return cache.tokenized_split(config, split, tokenizer, key)
+    tokenized = cache.tokenized_split(config, split, tokenizer, key)
+    if split != "train":
+      return tokenized
+    return alignments.load_links(config, tokenized, tokenizer)  # --train_alignments
   return corpora.CorpusSplits(
       [cache.tokenized_split(part, split, tokenizer, key) for _, part in parts],
       [name for name, _ in parts])
@@ -146,6 +151,16 @@ def loaded(load: Callable[[], tuple], inner: Callable[..., tf.data.Dataset]
 
 def with_eos(ragged: tf.RaggedTensor) -> tf.RaggedTensor:
   return tf.concat([ragged, tf.fill([ragged.nrows(), 1], EOS_ID)], axis=1)
+
+
+def unit_slots(per_step: int) -> Callable[..., tf.data.Dataset]:
+  """(epoch, pool, k) -> the unit's `per_step` batches this pipeline makes, as
+  (epoch, pool, k, slot) elements."""
+  def slots(epoch, pool, k):
+    return tf.data.Dataset.from_tensor_slices(
+        (tf.fill([per_step], epoch), tf.fill([per_step], pool), tf.fill([per_step], k),
+         tf.range(per_step, dtype=tf.int64)))
+  return slots
 
 
 class TrainData:
@@ -220,6 +235,13 @@ class TrainData:
     length = self.lengths[bucket]
     return [max(1, self.config.batch_size // length), length]
 
+  def _check_bucket(self, bucket: Optional[int]) -> None:
+    if bucket is not None and not self.static_shapes:
+      raise ValueError("per-bucket datasets need static_shapes")
+    if bucket is not None and self.packed_length:
+      raise ValueError("packed batches have one shape for every bucket: read them "
+                       "with bucket=None")
+
   def __call__(self, input_context: Optional[tf.distribute.InputContext] = None,
                start_step: int = 0, accum_steps: Optional[int] = None,
                bucket: Optional[int] = None, steps_per_run: int = 1,
@@ -241,7 +263,8 @@ class TrainData:
         at least once; see plan.py).
 
     Returns:
-      Dataset of {"inputs": [B, S], "targets": [B, T]} int32: per step, one batch per
+      Dataset of {"inputs": [B, S], "targets": [B, T]} int32 (with --train_alignments
+      also "alignment" float32 [B, T, S]): per step, one batch per
       micro-batch and replica this pipeline feeds (micro-batch-major). With static
       shapes, B and S = T are the bucket's rows and length. With --packed_length every
       batch is [R, L] with segment ids and positions besides (packing.py), whatever
@@ -255,11 +278,7 @@ class TrainData:
       replicas = max(input_context.num_replicas_in_sync // pipelines, 1)
     per_step = replicas * accum_steps  # batches this pipeline yields per step
     batch_plan = self.plan(per_step * pipelines, steps_per_run)
-    if bucket is not None and not self.static_shapes:
-      raise ValueError("per-bucket datasets need static_shapes")
-    if bucket is not None and self.packed_length:
-      raise ValueError("packed batches have one shape for every bucket: read them "
-                       "with bucket=None")
+    self._check_bucket(bucket)
     pools = (range(len(batch_plan.pool_bucket)) if bucket is None
              else [batch_plan.pool_of_bucket(bucket)])
     shares = [batch_plan.share(p, pipelines, pipeline_id) for p in pools]
@@ -287,12 +306,11 @@ class TrainData:
       pool, k = tf.boolean_mask(pool, take), tf.boolean_mask(k, take)
       return tf.data.Dataset.from_tensor_slices((tf.fill(tf.shape(pool), epoch), pool, k))
 
-    def slots(epoch, pool, k):  # the unit's batches this pipeline makes
-      return tf.data.Dataset.from_tensor_slices(
-          (tf.fill([per_step], epoch), tf.fill([per_step], pool), tf.fill([per_step], k),
-           tf.range(per_step, dtype=tf.int64)))
+    slots = unit_slots(per_step)
 
-    def batches(src, tgt, table):  # table: held copy -> row of src and tgt
+    def batches(src, tgt, *rest):  # rest: [links,] table: held copy -> row of src, tgt
+      links, table = rest if len(rest) == 2 else (None, rest[0])
+
       def batch(epoch, pool, k, slot):
         positions = batch_plan.positions(epoch, pool, k, slot, per_step, pipelines, pipeline_id)
         if packed_shape:
@@ -311,6 +329,8 @@ class TrainData:
           else:
             out[key] = padded.to_tensor(PAD_ID)
           out[key] = tf.ensure_shape(out[key], shape)
+        if links is not None:  # --train_alignments: [B, T, S] links of the pieces
+          out["alignment"] = alignments.batch_matrix(tf.gather(links, rows), out, shape)
         return out
 
       ds = tf.data.Dataset.range(first_epoch, last_epoch).flat_map(units).flat_map(slots)

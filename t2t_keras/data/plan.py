@@ -65,6 +65,8 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
+from t2t_keras.data import alignments
+
 EPOCHS_KEPT = 8  # epochs of the unit order the host keeps (bucket_of_step)
 
 
@@ -227,7 +229,8 @@ class BatchPlan:
   def share_loader(self, split, pools: Sequence[int], pipelines: int,
                    pipeline_id: int) -> Callable[[], Tuple[tf.RaggedTensor, ...]]:
     """TF ops holding input pipeline `pipeline_id`'s share of `pools` (see Hosts):
-    (source, target) ragged ids [pairs, None] and the int64 [copies] rows of them in
+    (source, target) ragged ids [pairs, None], with --train_alignments each pair's
+    ragged flat piece links after them, and the int64 [copies] rows of them in
     the order `positions` indexes (pool after pool); they read only the files of the
     pools' lengths. Each pair's ids are held once, however many copies of it the
     pipeline trains on (several corpora); with one corpus the rows are 0, 1, ...
@@ -249,6 +252,7 @@ class BatchPlan:
       offsets += (np.cumsum(copies[present]) - copies[present]).tolist()
       whole += [self.tiny(p)] * len(present)  # held by every pipeline
     path, multiplicity = split.path, self.multiplicity.tolist()
+    linked = getattr(split, "alignments", None) is not None
     per_step = self.group // pipelines
 
     def ranked(kept, counts):  # kept pairs of a length -> their copies in rank order
@@ -266,8 +270,9 @@ class BatchPlan:
       if not files:
         empty = tf.RaggedTensor.from_row_lengths(tf.zeros([0], tf.int32),
                                                  tf.zeros([0], tf.int64))
-        return empty, empty, tf.zeros([0], tf.int64)
+        return (empty, empty) + ((empty,) if linked else ()) + (tf.zeros([0], tf.int64),)
       read_at = split.reader(files)
+      read_links = linked and alignments.reader(split.alignments, files)
       lengths = tf.constant(files, tf.int64)
       expected = tf.constant(kept_per_length[files], tf.int64)
       counts_of = tf.constant(per_corpus[files], tf.int64)
@@ -293,20 +298,23 @@ class BatchPlan:
         for side, ids in enumerate((src, tgt)):
           chosen = tf.gather(tf.RaggedTensor.from_row_lengths(ids, counts[:, side]), rows)
           values += [chosen.flat_values, tf.cast(chosen.row_lengths(), tf.int64)]
+        if linked:  # --train_alignments: each pair's flat piece links, with its ids
+          links, per_pair = read_links(i)
+          chosen = tf.gather(tf.RaggedTensor.from_row_lengths(links, 2 * per_pair), rows)
+          values += [chosen.flat_values, tf.cast(chosen.row_lengths(), tf.int64)]
         values.append(held + table)
         arrays = [a.write(i, v) for a, v in zip(arrays, values)]
         return i + 1, held + tf.size(rows, tf.int64), arrays
 
       arrays = [tf.TensorArray(dtype, size=len(files), infer_shape=False,
                                element_shape=tf.TensorShape([None]))
-                for dtype in (tf.int32, tf.int64, tf.int32, tf.int64, tf.int64)]
+                for dtype in (tf.int32, tf.int64) * (3 if linked else 2) + (tf.int64,)]
       _, _, arrays = tf.while_loop(
           lambda i, held, arrays: i < len(files), body,
           (tf.constant(0), tf.constant(0, tf.int64), arrays), parallel_iterations=1)
-      src_ids, src_lengths, tgt_ids, tgt_lengths, table = [a.concat() for a in arrays]
-      return (tf.RaggedTensor.from_row_lengths(src_ids, src_lengths, validate=False),
-              tf.RaggedTensor.from_row_lengths(tgt_ids, tgt_lengths, validate=False),
-              table)
+      flat = [a.concat() for a in arrays]
+      return tuple(tf.RaggedTensor.from_row_lengths(flat[k], flat[k + 1], validate=False)
+                   for k in range(0, len(flat) - 1, 2)) + (flat[-1],)
 
     return load
 

@@ -251,7 +251,8 @@ class FileSource(Source):
   summary = ("line-aligned text files (--train_src/--train_tgt, several comma-separated "
              "with --train_weights; --dev_src/--dev_tgt)")
   reads = ("train_src", "train_tgt", "dev_src", "dev_tgt", "train_weights",
-           "train_weights_by", "target_language_tags", "dev_target_language")
+           "train_weights_by", "target_language_tags", "dev_target_language",
+           "train_alignments")
   dev_help = "set --dev_src and --dev_tgt"
   scanned_before_reading = True
 
@@ -279,6 +280,23 @@ class FileSource(Source):
       problems += corpora.weight_problems(config.train_weights, len(src),
                                           "--train_src/--train_tgt")
       problems += language_tags.problems(config, len(src))
+      problems += self._alignment_problems(len(src))
+    return problems
+
+  def _alignment_problems(self, corpora_count: int) -> List[str]:
+    """--train_alignments needs what its lines can be matched to: one corpus, words
+    counted from the text alone."""
+    config, problems = self.config, []
+    if not config.train_alignments:
+      return problems
+    if corpora_count > 1:
+      problems.append(f"--train_alignments={config.train_alignments} with several "
+                      f"corpora (--train_src={config.train_src}) is not supported yet: "
+                      "train on one corpus (concatenate the files and their alignments)")
+    if config.target_language_tags:
+      problems.append(f"--train_alignments={config.train_alignments} cannot be used with "
+                      f"--target_language_tags={config.target_language_tags} yet: the "
+                      "tag added to each source is not one of its words; drop one")
     return problems
 
   def corpus_paths(self, split: str) -> List[Tuple[str, str]]:

@@ -34,6 +34,7 @@ import tempfile
 from typing import List, Optional
 
 import numpy as np
+from absl import logging
 
 from t2t_keras import BOS_ID, EOS_ID, NUM_RESERVED_IDS, PAD_ID, UNK_ID
 from t2t_keras.configs import ModelConfig
@@ -148,7 +149,7 @@ def _positions(model, config: ModelConfig, encoder: bool) -> np.ndarray:
 
 
 def build_spec(model, config: ModelConfig, tokens: List[str],
-               target_tokens: Optional[List[str]] = None):
+               target_tokens: Optional[List[str]] = None, alignment_layer: int = -1):
   """A `ctranslate2.specs.TransformerSpec` holding the model's weights.
 
   Args:
@@ -156,6 +157,8 @@ def build_spec(model, config: ModelConfig, tokens: List[str],
     config: its ModelConfig.
     tokens: the vocabulary (see `vocabulary`), the source's with separate vocabularies.
     target_tokens: the target's vocabulary when it has its own; None = `tokens`.
+    alignment_layer: the decoder layer CTranslate2's alignments (`return_alignment`)
+      read, head 0 of it (its `alignment_heads` = 1): a guided model's guided layer.
   """
   ct2 = _ctranslate2()
   specs = ct2.specs
@@ -164,7 +167,8 @@ def build_spec(model, config: ModelConfig, tokens: List[str],
   common = dict(pre_norm=config.pre_norm, head_dim=config.head_key_size,
                 relative_position=relative)
   encoder = specs.TransformerEncoderSpec(config.encoder_layers, config.num_heads, **common)
-  decoder = specs.TransformerDecoderSpec(config.decoder_layers, config.num_heads, **common)
+  decoder = specs.TransformerDecoderSpec(config.decoder_layers, config.num_heads,
+                                         alignment_layer=alignment_layer, **common)
   spec = specs.TransformerSpec(encoder, decoder)
   spec.config.layer_norm_epsilon = float(config.norm_epsilon)
   spec.config.unk_token = RESERVED_TOKENS[UNK_ID]
@@ -219,6 +223,14 @@ def export(model, config: ModelConfig, tokenizer, export_dir: str,
   Returns:
     export_dir.
   """
+  check_target(export_dir, quantization, force)
+  spec = build_spec(model, config, vocabulary(tokenizer.source),
+                    vocabulary(tokenizer.target))
+  return write(spec, export_dir, quantization, vocab_file, force)
+
+
+def check_target(export_dir: str, quantization: Optional[str], force: bool) -> None:
+  """Refuses an unknown quantization or a non-empty `export_dir`, before any work."""
   if quantization is not None and quantization not in QUANTIZATIONS:
     raise ExportError(f"--quantization={quantization} is not one of "
                       f"{', '.join(QUANTIZATIONS)}")
@@ -227,8 +239,12 @@ def export(model, config: ModelConfig, tokenizer, export_dir: str,
     if not tf.io.gfile.exists(os.path.join(export_dir, MODEL_FILE)):
       publish.prepare(export_dir, MODEL_FILE, "")  # raises: an interrupted export
     raise ExportError(f"{export_dir} is not empty: pick a new --export_dir (or remove it)")
-  spec = build_spec(model, config, vocabulary(tokenizer.source),
-                    vocabulary(tokenizer.target))
+
+
+def write(spec, export_dir: str, quantization: Optional[str], vocab_file,
+          force: bool) -> str:
+  """Writes `spec` (`build_spec`) as `export` says, after `check_target`."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel  (tf.io.gfile: gs://)
   spec.validate()
   spec.optimize(quantization=quantization)
   if force and tf.io.gfile.exists(export_dir):
@@ -261,11 +277,33 @@ def export_from_settings(settings: ExportSettings) -> str:
   writes it as a CTranslate2 model directory (weights of `settings.quantization`)."""
   from t2t_keras import modeldir  # pylint: disable=import-outside-toplevel
   from t2t_keras.inference import loading  # pylint: disable=import-outside-toplevel
+  check_target(settings.export_dir, settings.quantization, False)
   loaded = loading.load(settings.model_dir, settings.weights.checkpoint_path,
                         settings.weights.average_last_n, "float32")
-  return export(loaded.model, loaded.model_config, loaded.tokenizer, settings.export_dir,
-                quantization=settings.quantization,
-                vocab_file=modeldir.vocab_file_of(loaded.tokenizer, settings.model_dir))
+  tokenizer = loaded.tokenizer
+  # A guided model aligns with its guided layer (--train_alignments).
+  spec = build_spec(loaded.model, loaded.model_config, vocabulary(tokenizer.source),
+                    vocabulary(tokenizer.target), guided_alignment_layer(settings.model_dir))
+  return write(spec, settings.export_dir, settings.quantization,
+               modeldir.vocab_file_of(tokenizer, settings.model_dir), False)
+
+
+def guided_alignment_layer(model_dir: str) -> int:
+  """The decoder layer CTranslate2 should align with: a guided model's guided layer
+  (--train_alignments), else the last. CTranslate2 averages the first
+  `alignment_heads` heads of that layer, so only head 0 (the default guided head)
+  can be read alone: another guided head is said, not silently replaced."""
+  from t2t_keras import modeldir  # pylint: disable=import-outside-toplevel
+  guided = modeldir.guided_alignment_of(model_dir)
+  if guided is None:
+    return -1
+  if guided["head"] != 0:
+    logging.warning("the model's guided head is head %d of decoder layer %d, but "
+                    "CTranslate2 aligns with head 0 of a layer: its alignments "
+                    "(return_alignment) read head 0 of layer %d; train with "
+                    "--guided_alignment_head=0 to align with CTranslate2", guided["head"],
+                    guided["layer"], guided["layer"])
+  return guided["layer"]
 
 
 def describe(path: str, settings: ExportSettings) -> str:

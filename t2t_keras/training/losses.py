@@ -77,3 +77,32 @@ def loss_sums(logits, targets, label_smoothing=0.1):
   predictions = ops.cast(ops.argmax(logits, axis=-1), targets.dtype)
   correct = ops.sum(ops.cast(ops.equal(predictions, targets), "float32") * weights)
   return loss, nll, correct, ops.sum(weights)
+
+
+# Added to the attention probabilities before the log, as Marian does: a reference link
+# to a position the head gives (almost) zero costs a large, finite amount.
+ALIGNMENT_EPSILON = 1e-6
+
+
+def guided_alignment_sum(attention, alignment):
+  """Guided alignment's cross-entropy, summed over target positions (Garg et al. 2019;
+  Marian's and OpenNMT-tf's "ce" cost).
+
+  Each target position's reference row is normalised to a distribution over the source
+  positions it is linked to; the loss is -sum_s ref(t, s) log(p(t, s) + eps) of the
+  guided head's attention p. Positions without links (unaligned words, EOS, padding)
+  contribute nothing. The trainer divides the sum by the global target tokens, as the
+  translation loss's, so the weight means the same whatever the batch (Marian
+  normalises by target words too).
+
+  Args:
+    attention: float (B, T, S) the guided head's encoder-decoder attention.
+    alignment: float (B, T, S) 1 at each (target, source) reference link, else 0.
+
+  Returns:
+    float32 scalar.
+  """
+  alignment = ops.cast(alignment, "float32")
+  reference = alignment / ops.maximum(ops.sum(alignment, axis=-1, keepdims=True), 1.0)
+  log_p = ops.log(ops.cast(attention, "float32") + ALIGNMENT_EPSILON)
+  return -ops.sum(reference * log_p)

@@ -8,7 +8,10 @@ runs `steps_per_loop` steps per call (a `tf.while_loop`, as TPUs need) with
 `strategy.run`. Each replica returns SUMS (loss, target tokens) and divides its loss by
 the GLOBAL token count, so 1 and N replicas make the same update for the same global
 batch; Keras' optimizer then sums the replicas' gradients (with --clip_grad_norm the
-replicas sum them first, to clip the batch's gradient: `_apply`).
+replicas sum them first, to clip the batch's gradient: `_apply`). With reference
+alignments in the batch (--train_alignments), the guided head's alignment loss joins
+the translation loss as a sum over target tokens, normalised the same way (`_forward`,
+`losses.guided_alignment_sum`).
 
 The step counter is `optimizer.iterations`; a `tf.train.CheckpointManager` keeps model
 and optimizer state, and the data position follows from the step count (the data
@@ -31,7 +34,8 @@ import tensorflow as tf
 from absl import logging
 
 from t2t_keras import PAD_ID, modeldir
-from t2t_keras.configs import ModelConfig, TrainConfig
+from t2t_keras.configs import (ModelConfig, TrainConfig, guided_alignment_problems,
+                               raise_problems)
 from t2t_keras.errors import TrainingError
 from t2t_keras.model import create_model
 from t2t_keras import checkpoints
@@ -90,6 +94,8 @@ class Trainer:
   def __init__(self, model_config: ModelConfig, train_config: TrainConfig,
                strategy: Optional[tf.distribute.Strategy] = None):
     train_config.validate()
+    raise_problems(guided_alignment_problems(model_config, train_config),
+                   "guided alignment settings")
     self.model_config = model_config
     self.config = train_config
     self.strategy = strategy or tf.distribute.get_strategy()
@@ -131,9 +137,12 @@ class Trainer:
     """Gradients of this replica's share of the globally normalised loss."""
     variables = self.model.trainable_variables
     with tf.GradientTape() as tape:
-      logits = self.model(batch, training=True)
+      logits, attention = self._forward(batch)
       loss_sum = tf.reduce_sum(losses.smoothed_cross_entropy(
           logits, batch["targets"], self.config.label_smoothing))
+      if attention is not None:  # --train_alignments: the guided head's loss joins it
+        loss_sum += self.config.guided_alignment_weight * losses.guided_alignment_sum(
+            attention, batch["alignment"])
       tokens = tf.reduce_sum(tf.cast(tf.not_equal(batch["targets"], PAD_ID), tf.float32))
       loss = loss_sum / tf.maximum(global_tokens, 1.0)
       if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
@@ -150,6 +159,17 @@ class Trainer:
                                        tf.shape(batch["inputs"])[1],
                                        tf.shape(batch["targets"])[1])])
     return grads, loss_sum, tokens, step_flops
+
+  def _forward(self, batch):
+    """Logits (B, T, V), and with reference alignments in the batch the guided head's
+    encoder-decoder attention (B, T, S) (--guided_alignment_layer/_head), else None."""
+    if "alignment" not in batch:
+      return self.model(batch, training=True), None
+    encoded, mask = self.model.encode(batch["inputs"], training=True)
+    logits, maps = self.model.decode(batch["targets"], encoded, mask, training=True,
+                                     return_attention=True, inputs=batch["inputs"])
+    _, cross = maps[self.config.guided_alignment_layer]  # (B, H, T, S)
+    return logits, cross[:, self.config.guided_alignment_head]
 
   def _replica_step(self, *batches):
     """One update from `accum_steps` micro-batches (usually one).
