@@ -411,4 +411,35 @@ def test_a_request_decodes_its_own_rows_only(tiny_model_dir, monkeypatch):
     prefixes = tf.constant([""] * len(sentences), tf.string)
     out = translator._serve_with_prefix(tf.constant(sentences, tf.string), prefixes)  # pylint: disable=protected-access
     assert out["outputs"].shape == (len(sentences),)
-  assert rows == [2, 2, 2, 1, 1, 1, 1, 1, 1], rows
+  # Graph mode searches a request as two halves (`_decode_in_halves`): their rows add up
+  # to the request's, or to the one stand-in row of an empty request.
+  assert [rows[i] + rows[i + 1] for i in range(0, len(rows), 2)] == [2, 2, 2, 1, 1, 1, 1, 1,
+                                                                      1], rows
+  assert rows[:2] == [1, 1] and rows[6:8] == [1, 0], rows
+
+
+def test_the_two_halves_of_a_request_translate_as_one_search(tiny_model_dir):
+  """A request's rows, in no particular length order, searched as two halves in length
+  order (graph mode) and put back in request order: ids and scores those of one search
+  over all rows."""
+  from t2t_keras import modeldir  # pylint: disable=import-outside-toplevel
+  from t2t_keras.export import saved_model  # pylint: disable=import-outside-toplevel
+  loaded = loading.load(tiny_model_dir)
+  config = DecodeConfig(beam_size=3, extra_decode_length=4, max_input_length=24)
+  translator = saved_model.Translator(loaded.model, loaded.tokenizer, config,
+                                      vocab_file=modeldir.vocab_path(tiny_model_dir))
+  rng = np.random.default_rng(5)
+  lengths = [7, 2, 9, 4, 1, 6, 3]
+  ids = np.zeros([len(lengths), 10], np.int32)
+  for row, n in enumerate(lengths):
+    ids[row, :n] = rng.integers(3, loaded.model_config.vocab_size, n)
+    ids[row, n] = EOS_ID
+  out = translator._translate_ids(tf.constant(ids))  # pylint: disable=protected-access
+  expected_ids, expected_scores = decoding.decode_ids(loaded.model, tf.constant(ids), config)
+  got = out["output_ids"].numpy()[:, 0]
+  want = expected_ids.numpy()[:, 0]
+  width = max(got.shape[1], want.shape[1])
+  np.testing.assert_array_equal(np.pad(got, [[0, 0], [0, width - got.shape[1]]]),
+                                np.pad(want, [[0, 0], [0, width - want.shape[1]]]))
+  np.testing.assert_allclose(out["scores"].numpy()[:, 0], expected_scores.numpy()[:, 0],
+                             atol=1e-5)
