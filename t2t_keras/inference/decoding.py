@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from t2t_keras import BOS_ID, PAD_ID
 from t2t_keras.inference import beam_search as beam_search_lib
-from t2t_keras.inference import processors
+from t2t_keras.inference import processors, sampling
 from t2t_keras.configs import DecodeConfig
 from t2t_keras.model import advance_pointer
 
@@ -139,9 +139,9 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
   context = (cross_key_values, memory_mask, (encoded, inputs) if layout.pointing else ())
   step, state = processors.compose(layout.step, layout.init(batch), options, rows)
   if config.sampling:
-    ids, scores = beam_search_lib.sample_search(
+    ids, scores = sampling.sample_search(
         lambda ids, index, state: step(ids, index, state, context), start, state,
-        decode_length, keys, beam_search_lib.Sampling(
+        decode_length, keys, sampling.Sampling(
             config.seed, topk=config.sampling_topk, topp=config.sampling_topp,
             temperature=config.sampling_temperature))
     return (tf.reshape(ids, [-1, samples, tf.shape(ids)[-1]]),
@@ -213,8 +213,9 @@ class RowCache(beam_search_lib.StateRows):
     # Models with a source pointer (Transformer.decode_step) also read the encoder
     # output and carry each hypothesis' pointer in the search state.
     self.pointing = getattr(model, "uses_source_pointer", False)
-    # The pre-softmax projection, transposed once here rather than in every step.
-    self.output_kernel = model.output_kernel()
+    # The decoder's weights in the step's form (fused, reshaped, cast), taken once here,
+    # outside the search loop, rather than in every step.
+    self.weights = model.step_weights(decode_length, beams=k)
 
   def init(self, sentences):
     """The model's state for the K hypotheses of each of `sentences`."""
@@ -227,13 +228,13 @@ class RowCache(beam_search_lib.StateRows):
     cross, mask, source = context
     if not self.pointing:
       return self.model.decode_step(ids, index, state, cross, mask, grow=self.grow,
-                                    output_kernel=self.output_kernel)
+                                    weights=self.weights)
     cache, pointer = state
     encoded_rows, source_ids = source
     pointer = advance_pointer(pointer, ids, per_row(source_ids, self.k))
     logits, cache = self.model.decode_step(ids, index, cache, cross, mask,
                                            source_pointer=(encoded_rows, pointer),
-                                           grow=self.grow, output_kernel=self.output_kernel)
+                                           grow=self.grow, weights=self.weights)
     return logits, (cache, pointer)
 
 
@@ -271,7 +272,7 @@ class SlottedCache(RowCache):
       pointer = advance_pointer(pointer, ids, per_row(source_ids, self.k))  # per hypothesis
       extra["source_pointer"] = (encoded_rows, pointer)
     logits, cache = self.model.decode_step(ids, index, cache, cross, mask, slots=slots,
-                                           output_kernel=self.output_kernel, **extra)
+                                           weights=self.weights, **extra)
     return logits, (cache, slots, pointer)
 
   def _by_hypothesis(self, rows, pick):
