@@ -85,7 +85,8 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
 
   Args:
     model: a built `Transformer`, or an `ensemble.Ensemble` of them.
-    inputs: int32 (B, S) source ids ending with EOS, PAD after.
+    inputs: int32 (B, S) source ids ending with EOS, PAD after; a row of PAD alone
+      fills a static-shape batch: it ends at once, its output EOS alone.
     config: the settings: the search (beam size, alpha, sampling), the output length
       (extra decode length; `decode_length`, a fixed width, default S + the extra
       length), the options (minimum length) and the cache layout: with `jit_compile`
@@ -190,6 +191,10 @@ def _output_lengths(config: DecodeConfig, inputs,
                                    axis=1)
     limits = tf.maximum(limits, prefix_lengths + config.extra_decode_length)
     decode_length += tf.shape(target_prefix)[1]
+  # A row without a token, not even EOS, fills a static-shape batch (XLA's padded
+  # batches, static-shape dev sets): EOS at position 0 makes it final at once, where
+  # it would otherwise, in a weak model, run to its length limit and hold the batch.
+  limits = tf.where(tf.equal(source_lengths, 0), 1, limits)
   return decode_length, limits
 
 
