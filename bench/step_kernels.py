@@ -8,9 +8,10 @@ are counted, the step's own ops and those of the loops and conditionals nested i
 (their bodies counted once each), before Grappler. Every node is a kernel TensorFlow
 dispatches each step (constants too), so the count is the per-step dispatch work.
 
-Speed: batches of random sources (a fixed seed; lengths 1 .. --max_length, or the
-model's synthetic task lengths) are decoded with beam --beam_size and greedily in graph
-mode, after an untimed pass; the best of --passes timed passes counts. With --out the
+Speed: batches of random sources (a fixed seed; lengths 1 .. --max_length) are decoded
+with beam --beam_size and greedily in graph mode (the decode command's path), after an
+untimed pass; printed: the best and the median of --passes timed passes, and the
+median CPU time (all threads) per sentence, steadier on a shared host. With --out the
 ids and scores are saved, so two checkouts can be compared for equal translations.
 """
 
@@ -110,15 +111,19 @@ def main(argv):
     outputs = [decode(tf.constant(b)) for b in batches]  # untimed: traces
     for i, (ids, scores) in enumerate(outputs):
       saved[f"{name}_ids_{i}"], saved[f"{name}_scores_{i}"] = ids.numpy(), scores.numpy()
-    times = []
+    times, cpu = [], []
     for _ in range(FLAGS.passes):
-      start = time.perf_counter()
+      start, start_cpu = time.perf_counter(), time.process_time()
       for b in batches:
         decode(tf.constant(b))[0].numpy()
       times.append(time.perf_counter() - start)
+      cpu.append(time.process_time() - start_cpu)
     sentences = FLAGS.batches * FLAGS.batch_size
+    # On a shared host the CPU time (all threads) a pass takes varies less than its
+    # wall time, which counts the cores other jobs took.
     print(f"{name}: best {sentences / min(times):.0f} sentences/s, median "
-          f"{sentences / sorted(times)[len(times) // 2]:.0f}")
+          f"{sentences / sorted(times)[len(times) // 2]:.0f}; CPU ms per sentence: median "
+          f"{1000 * sorted(cpu)[len(cpu) // 2] / sentences:.2f}")
   if FLAGS.out:
     np.savez(FLAGS.out, **saved)
 

@@ -18,14 +18,14 @@ from t2t_keras.model import create_model
 V = 40
 
 
-def make_model(position, pre_norm=False):
+def make_model(position, pre_norm=False, dtype="float32"):
   keras.utils.set_random_seed(7)
   # Unequal key and value sizes (Table 3 row A), 1 / sqrt(Dk) not a power of two: a
   # wrong split of the fused kernel or a wrongly applied scale shows.
   model = create_model(ModelConfig(
       vocab_size=V, hidden_size=16, filter_size=32, num_heads=2, num_hidden_layers=2,
       key_size=6, value_size=10, layer_prepostprocess_dropout=0.0, pre_norm=pre_norm,
-      position_embedding=position, max_relative_position=3))
+      position_embedding=position, max_relative_position=3, dtype=dtype))
   # Noise on every weight: the initial query and key kernels of a layer are equal
   # (one initializer instance draws them), and norms start at gamma 1, beta 0; a step
   # that mixed them up would pass.
@@ -76,6 +76,19 @@ def test_step_logits_equal_teacher_forcing(position, layout):
     targets = np.concatenate([targets, targets[::-1]])[:4]
   full = model({"inputs": inputs, "targets": targets}).numpy()
   weights = model.step_weights(targets.shape[1] + 2)  # as decoding takes them
+  np.testing.assert_allclose(step_logits(model, inputs, targets, layout, weights), full,
+                             atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "mixed_float16"])
+@pytest.mark.parametrize("layout", ["growing", "fixed"])
+def test_step_under_mixed_precision(dtype, layout):
+  """Half-precision compute, float32 variables and LayerNorm statistics: the step's
+  logits are still the teacher-forced pass's."""
+  model = make_model("sinusoid", dtype=dtype)
+  inputs, targets = sources_and_targets(np.random.default_rng(2))
+  full = model({"inputs": inputs, "targets": targets}).numpy()
+  weights = model.step_weights(targets.shape[1] + 2)
   np.testing.assert_allclose(step_logits(model, inputs, targets, layout, weights), full,
                              atol=1e-5)
 
