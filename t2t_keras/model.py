@@ -33,7 +33,8 @@ from keras import ops
 from t2t_keras import BOS_ID, PAD_ID
 from t2t_keras.configs import ModelConfig
 from t2t_keras.layers import (DecoderLayer, Dropout, EncoderLayer, LearnedPosition,
-                              SharedEmbedding, SinusoidalPosition)
+                              SharedEmbedding, SinusoidalPosition, decoder_step)
+from t2t_keras.layers.position import sinusoid
 
 _POLICIES = {"float32": "float32", "bfloat16": "mixed_bfloat16",
              "mixed_bfloat16": "mixed_bfloat16", "mixed_float16": "mixed_float16"}
@@ -299,15 +300,17 @@ class Transformer(keras.Model):
     return self.softmax_embedding.logits(x, output_kernel)
 
   def output_kernel(self):
-    """The (D, V) pre-softmax projection that `decode_step(..., output_kernel=)` takes:
+    """The (D, V) pre-softmax projection that `step_weights` hands the decoding step:
     computed once per decoded batch, not once per step (see
     `SharedEmbedding.output_kernel`)."""
     return self.softmax_embedding.output_kernel()
 
   # ---------------------------------------------------------------- incremental decoding
   def cross_key_values(self, encoded):
-    """Projects the encoder output once per source: a (key, value) pair per layer."""
-    return [layer.cross_attention.compute_key_value(encoded) for layer in self.decoder_layers]
+    """Projects the encoder output once per source: a (key, value) pair per layer,
+    keys and values in one matmul (`decoder_step.cross_key_value`)."""
+    return [decoder_step.cross_key_value(layer.cross_attention, encoded)
+            for layer in self.decoder_layers]
 
   def init_cache(self, batch_size, max_length, beam_size=1):
     """Zero self-attention caches, per layer {"key": (B, H, K * L, Dk), "value": ...}
@@ -323,9 +326,31 @@ class Transformer(keras.Model):
              "value": ops.zeros((batch_size, c.num_heads, size, c.head_value_size), dtype)}
             for _ in self.decoder_layers]
 
+  def step_weights(self, max_length=None, beams=None):
+    """The decoder's weights in the form `decode_step(..., weights=)` reads them
+    (`decoder_step.py`): taken once per decoded batch, outside the search loop.
+
+    Args:
+      max_length: the positions the decoding may reach: the sinusoid of positions
+        0 .. max_length - 1 is computed here once (None: in each step).
+      beams: the hypotheses per sentence of the decoding, when known (shapes are then
+        known while tracing); None: read at run time.
+    """
+    c = self.model_config
+    dtype = self.compute_dtype
+    return {
+        "positions": (None if max_length is None else decoder_step.position_table(
+            self.decoder_position, max_length, c.hidden_size, dtype)),
+        "layers": [decoder_step.layer_weights(layer, dtype) for layer in self.decoder_layers],
+        "final_norm": decoder_step.norm_weights(self.decoder_norm) if c.pre_norm else None,
+        "output_kernel": self.output_kernel(),  # (D, V)
+        "beams": beams,
+    }
+
   def decode_step(self, ids, index, cache, cross_key_values, memory_mask, slots=None,
-                  source_pointer=None, grow=False, output_kernel=None):
-    """Decodes one position for every sequence.
+                  source_pointer=None, grow=False, weights=None):
+    """Decodes one position for every sequence (`decoder_step.py`: 2-D rows, fused
+    weights).
 
     Args:
       ids: (B * K,) the previous token of each hypothesis (BOS at index 0), the K
@@ -345,41 +370,67 @@ class Transformer(keras.Model):
         step's, starting from 0).
       grow: the cache grows (`init_cache(B, 0)`, one position appended per step;
         graph mode only: XLA needs the fixed size); not with `slots`.
-      output_kernel: `output_kernel()`, taken once before the loop (faster); None
-        computes it in the step.
+      weights: `step_weights()`, taken once before the loop (faster); None takes
+        them in the step.
 
     Returns:
       (float32 logits (B * K, V) for position `index`, updated cache).
     """
-    x = self.target_embedding(ids[:, None])  # (B*K, 1, D)
-    x = self._add_position(self.decoder_position, x, start=index)
+    weights = self.step_weights() if weights is None else weights
+    x = self.target_embedding(ids)  # (B*K, D)
+    x = self._step_position(x, index, weights["positions"])
     if self.model_config.source_pointer:
       if source_pointer is None:
         raise ValueError("this model has a source pointer (--source_pointer): decode_step "
                          "needs source_pointer=(encoded rows, pointer)")
       encoded, pointer = source_pointer
-      x = x + self.pointed_source(encoded, memory_mask, pointer[:, None])
+      x = x + self.pointed_source(encoded, memory_mask, pointer[:, None])[:, 0]
+    slots_per_row = 1 if slots is None else slots.shape[1]
+    step = decoder_step.StepInputs(
+        index, self._step_mask(index, cache, slots, grow), memory_mask, grow,
+        slots=slots_per_row, beams=weights["beams"] or (None if slots is None else slots_per_row))
+    new_cache = []
+    for layer_weights, layer_cache, key_value in zip(weights["layers"], cache,
+                                                     cross_key_values):
+      x, layer_cache = decoder_step.decoder_layer(x, layer_weights, layer_cache, key_value,
+                                                  step, self.model_config.pre_norm)
+      new_cache.append(layer_cache)
+    if weights["final_norm"] is not None:
+      x = decoder_step.layer_norm(x, weights["final_norm"])
+    return self.softmax_embedding.logits(x, weights["output_kernel"]), new_cache
+
+  def _step_position(self, x, index, table):
+    """Rows x (R, D) plus the position encoding of `index` (a row of the sinusoid
+    `table` when given; x itself with relative positions)."""
+    position = self.decoder_position
+    if position is None:
+      return x
+    if isinstance(position, LearnedPosition):
+      row = ops.take(position.position_embeddings,
+                     ops.minimum(index, position.max_position - 1), axis=0)
+    elif table is not None:
+      row = ops.take(table, index, axis=0)
+    else:
+      row = sinusoid(ops.convert_to_tensor(index)[None], self.model_config.hidden_size)[0]
+    return x + ops.cast(row, x.dtype)[None]
+
+  @staticmethod
+  def _step_mask(index, cache, slots, grow):
+    """The self-attention mask of a step: None for a growing cache (every cached
+    position is an earlier one), the positions up to `index` of a fixed cache, and
+    with `slots` each hypothesis' own slot per position (B, 1, K, K * L)."""
     if grow:
       if slots is not None:
         raise ValueError("decode_step: a growing cache has one slot per row (slots=None)")
-      self_mask = None  # every cached position is an earlier one
-    elif slots is None:
+      return None
+    if slots is None:
       length = ops.shape(cache[0]["key"])[2]
-      self_mask = (ops.arange(length) <= index)[None, None, None, :]  # (1, 1, 1, L)
-    else:
-      beam, length = slots.shape[1], ops.shape(slots)[2]
-      seen = ops.arange(length) <= index  # (L,)
-      # (B, K queries, K slots, L): position t of query j lives in slot slots[b, j, t].
-      own = ops.equal(slots[:, :, None, :], ops.arange(beam, dtype=slots.dtype)[:, None])
-      self_mask = ops.reshape(ops.logical_and(own, seen),
-                              (-1, 1, beam, beam * length))  # (B, 1, K, K * L)
-    new_cache = []
-    for layer, layer_cache, key_value in zip(self.decoder_layers, cache, cross_key_values):
-      x, layer_cache = layer(x, self_mask=self_mask, memory_mask=memory_mask,
-                             cross_key_value=key_value, cache=layer_cache,
-                             cache_index=None if grow else index)
-      new_cache.append(layer_cache)
-    return self._logits(x, output_kernel)[:, 0], new_cache
+      return (ops.arange(length) <= index)[None, None, None, :]  # (1, 1, 1, L)
+    beam, length = slots.shape[1], ops.shape(slots)[2]
+    seen = ops.arange(length) <= index  # (L,)
+    # (B, K queries, K slots, L): position t of query j lives in slot slots[b, j, t].
+    own = ops.equal(slots[:, :, None, :], ops.arange(beam, dtype=slots.dtype)[:, None])
+    return ops.reshape(ops.logical_and(own, seen), (-1, 1, beam, beam * length))
 
   # ---------------------------------------------------------------- config
   def get_config(self):

@@ -702,3 +702,41 @@ print(decode.choose_parallel_batches(config, 5).parallel_batches,
                           timeout=300, check=False)
   assert result.returncode == 0, result.stderr[-2000:]
   assert result.stdout.split() == ["1", "1", "3", "True"], result.stdout
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_filler_rows_end_at_step_0(model, beam_size, monkeypatch):
+  """A row of PAD alone fills a static-shape batch (XLA's padded batches): it is final
+  after step 0, so it does not hold the search when the real sentences end early
+  (here at step 0, their EOS pushed up; the filler's pushed down would otherwise run
+  to its length limit). Run eagerly to count the steps; the real rows' results are
+  those of the batch without the filler."""
+  inputs = sources(np.random.default_rng(9), [5, 3])
+  padded = np.concatenate([inputs, np.full((1, 5), PAD_ID, np.int32)])
+  config = DecodeConfig(beam_size=beam_size, alpha=0.6, extra_decode_length=12,
+                        min_decode_length=0, jit_compile=True, xla_halvings=0)
+  plain = decoding.decode_ids(model, inputs, config)
+  step, steps = model.decode_step, []
+
+  def biased(ids, *args, **kwargs):  # rows stay in place: a full batch (no halving)
+    logits, cache = step(ids, *args, **kwargs)
+    real = tf.range(tf.shape(ids)[0]) < 2 * beam_size  # sentences 0 and 1
+    steps.append(1)
+    return logits + tf.where(real, 50.0, -50.0)[:, None] * tf.one_hot(EOS_ID, V), cache
+  monkeypatch.setattr(model, "decode_step", biased)
+  ids, scores = decoding.decode_ids(model, padded, config)
+  assert len(steps) == 1, len(steps)
+  np.testing.assert_array_equal(ids[2, 0, :2].numpy(), [EOS_ID, PAD_ID])
+  monkeypatch.setattr(model, "decode_step", step)
+  ids, scores = decoding.decode_ids(model, padded, config)
+  np.testing.assert_array_equal(ids[:2].numpy(), plain[0].numpy())
+  np.testing.assert_allclose(scores[:2].numpy(), plain[1].numpy(), atol=1e-6)
+
+
+def test_only_a_row_of_pad_is_a_filler():
+  """An empty real input (EOS alone) keeps its length limit (1 + the extra length);
+  a row of PAD alone gets 1: EOS at position 0."""
+  inputs = tf.constant([[EOS_ID, PAD_ID], [PAD_ID, PAD_ID], [5, EOS_ID]])
+  _, limits = decoding._output_lengths(DecodeConfig(extra_decode_length=7), inputs, None,
+                                       None)
+  np.testing.assert_array_equal(limits.numpy(), [8, 1, 9])

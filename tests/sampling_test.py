@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from t2t_keras import BOS_ID, EOS_ID, PAD_ID
-from t2t_keras.inference import beam_search as bs
+from t2t_keras.inference import sampling
 from t2t_keras.inference import decoding, scoring, translate
 from t2t_keras.configs import DecodeConfig, ModelConfig
 from t2t_keras.model import create_model
@@ -158,25 +158,25 @@ def test_sample_scores_are_the_model_log_probabilities(model):
 
 def test_filter_logits_keeps_top_k_and_nucleus():
   logits = tf.constant([[4.0, 3.0, 2.0, 1.0, 0.0]])
-  top2 = bs.filter_logits(logits, topk=2).numpy()[0]
-  assert list(top2[:2]) == [4.0, 3.0] and np.all(top2[2:] == bs.NEG_INF)
+  top2 = sampling.filter_logits(logits, topk=2).numpy()[0]
+  assert list(top2[:2]) == [4.0, 3.0] and np.all(top2[2:] == sampling.NEG_INF)
   probs = softmax(np.array([4.0, 3.0, 2.0, 1.0, 0.0]))  # 0.64, 0.24, 0.09, ...
-  nucleus = bs.filter_logits(logits, topp=0.7).numpy()[0]  # 0.64 < 0.7: two tokens
+  nucleus = sampling.filter_logits(logits, topp=0.7).numpy()[0]  # 0.64 < 0.7: two tokens
   assert probs[0] < 0.7 < probs[0] + probs[1]
-  assert list(nucleus[:2]) == [4.0, 3.0] and np.all(nucleus[2:] == bs.NEG_INF)
-  single = bs.filter_logits(logits, topp=0.5).numpy()[0]  # the top token alone
-  assert single[0] == 4.0 and np.all(single[1:] == bs.NEG_INF)
+  assert list(nucleus[:2]) == [4.0, 3.0] and np.all(nucleus[2:] == sampling.NEG_INF)
+  single = sampling.filter_logits(logits, topp=0.5).numpy()[0]  # the top token alone
+  assert single[0] == 4.0 and np.all(single[1:] == sampling.NEG_INF)
 
 
 def test_row_uniform_is_uniform_and_keyed():
-  u = bs.row_uniform(7, tf.range(200), 3, 1000).numpy()
+  u = sampling.row_uniform(7, tf.range(200), 3, 1000).numpy()
   assert u.min() > 0.0 and u.max() < 1.0
   counts = np.histogram(u, bins=10, range=(0, 1))[0]
   assert np.all(np.abs(counts - 20000) < 600)  # 200,000 values: sd ~ 134 per bin
-  np.testing.assert_array_equal(bs.row_uniform(7, tf.constant([5]), 3, 1000).numpy()[0],
+  np.testing.assert_array_equal(sampling.row_uniform(7, tf.constant([5]), 3, 1000).numpy()[0],
                                 u[5])
-  assert not np.array_equal(bs.row_uniform(8, tf.range(200), 3, 1000).numpy(), u)
-  assert not np.array_equal(bs.row_uniform(7, tf.range(200), 4, 1000).numpy(), u)
+  assert not np.array_equal(sampling.row_uniform(8, tf.range(200), 3, 1000).numpy(), u)
+  assert not np.array_equal(sampling.row_uniform(7, tf.range(200), 4, 1000).numpy(), u)
 
 
 def test_sampling_settings_are_validated():

@@ -294,8 +294,10 @@ class Translator(tf.Module):
 
   def _decode_bucketed(self, ids):
     """XLA export: pads ids [B, S] to [R, W] (R the next power of two >= B, W the next
-    power of two >= max(S, 16)) so that few shapes are ever compiled; filler rows hold
-    a lone EOS. Padding changes no translation (limits are per sentence)."""
+    power of two >= max(S, 16)) so that few shapes are ever compiled; filler rows are
+    PAD alone, which `decode_ids` ends at step 0 (a lone EOS, an empty sentence, could
+    run to its length limit). Padding changes no translation (limits are per
+    sentence)."""
     rows, width = tf.shape(ids)[0], tf.shape(ids)[1]
     powers = 2 ** tf.range(31)
     padded_rows = tf.reduce_min(tf.where(powers >= rows, powers, powers[-1]))
@@ -303,8 +305,6 @@ class Translator(tf.Module):
                                           powers, powers[-1]))
     ids = tf.pad(ids, [[0, padded_rows - rows], [0, padded_width - width]],
                  constant_values=PAD_ID)
-    filler = tf.range(padded_rows) >= rows
-    ids = tf.where(filler[:, None] & tf.equal(tf.range(padded_width), 0)[None], EOS_ID, ids)
     output_ids, scores = self.decode_xla(ids)
     return output_ids[:rows], scores[:rows]
 

@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from t2t_keras import BOS_ID, PAD_ID
 from t2t_keras.inference import beam_search as beam_search_lib
-from t2t_keras.inference import processors
+from t2t_keras.inference import processors, sampling
 from t2t_keras.configs import DecodeConfig
 from t2t_keras.model import advance_pointer
 
@@ -85,7 +85,8 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
 
   Args:
     model: a built `Transformer`, or an `ensemble.Ensemble` of them.
-    inputs: int32 (B, S) source ids ending with EOS, PAD after.
+    inputs: int32 (B, S) source ids ending with EOS, PAD after; a row of PAD alone
+      fills a static-shape batch: it ends at once, its output EOS alone.
     config: the settings: the search (beam size, alpha, sampling), the output length
       (extra decode length; `decode_length`, a fixed width, default S + the extra
       length), the options (minimum length) and the cache layout: with `jit_compile`
@@ -139,9 +140,9 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
   context = (cross_key_values, memory_mask, (encoded, inputs) if layout.pointing else ())
   step, state = processors.compose(layout.step, layout.init(batch), options, rows)
   if config.sampling:
-    ids, scores = beam_search_lib.sample_search(
+    ids, scores = sampling.sample_search(
         lambda ids, index, state: step(ids, index, state, context), start, state,
-        decode_length, keys, beam_search_lib.Sampling(
+        decode_length, keys, sampling.Sampling(
             config.seed, topk=config.sampling_topk, topp=config.sampling_topp,
             temperature=config.sampling_temperature))
     return (tf.reshape(ids, [-1, samples, tf.shape(ids)[-1]]),
@@ -190,6 +191,10 @@ def _output_lengths(config: DecodeConfig, inputs,
                                    axis=1)
     limits = tf.maximum(limits, prefix_lengths + config.extra_decode_length)
     decode_length += tf.shape(target_prefix)[1]
+  # A row without a token, not even EOS, fills a static-shape batch (XLA's padded
+  # batches, static-shape dev sets): EOS at position 0 makes it final at once, where
+  # it would otherwise, in a weak model, run to its length limit and hold the batch.
+  limits = tf.where(tf.equal(source_lengths, 0), 1, limits)
   return decode_length, limits
 
 
@@ -213,8 +218,9 @@ class RowCache(beam_search_lib.StateRows):
     # Models with a source pointer (Transformer.decode_step) also read the encoder
     # output and carry each hypothesis' pointer in the search state.
     self.pointing = getattr(model, "uses_source_pointer", False)
-    # The pre-softmax projection, transposed once here rather than in every step.
-    self.output_kernel = model.output_kernel()
+    # The decoder's weights in the step's form (fused, reshaped, cast), taken once here,
+    # outside the search loop, rather than in every step.
+    self.weights = model.step_weights(decode_length, beams=k)
 
   def init(self, sentences):
     """The model's state for the K hypotheses of each of `sentences`."""
@@ -227,13 +233,13 @@ class RowCache(beam_search_lib.StateRows):
     cross, mask, source = context
     if not self.pointing:
       return self.model.decode_step(ids, index, state, cross, mask, grow=self.grow,
-                                    output_kernel=self.output_kernel)
+                                    weights=self.weights)
     cache, pointer = state
     encoded_rows, source_ids = source
     pointer = advance_pointer(pointer, ids, per_row(source_ids, self.k))
     logits, cache = self.model.decode_step(ids, index, cache, cross, mask,
                                            source_pointer=(encoded_rows, pointer),
-                                           grow=self.grow, output_kernel=self.output_kernel)
+                                           grow=self.grow, weights=self.weights)
     return logits, (cache, pointer)
 
 
@@ -271,7 +277,7 @@ class SlottedCache(RowCache):
       pointer = advance_pointer(pointer, ids, per_row(source_ids, self.k))  # per hypothesis
       extra["source_pointer"] = (encoded_rows, pointer)
     logits, cache = self.model.decode_step(ids, index, cache, cross, mask, slots=slots,
-                                           output_kernel=self.output_kernel, **extra)
+                                           weights=self.weights, **extra)
     return logits, (cache, slots, pointer)
 
   def _by_hypothesis(self, rows, pick):

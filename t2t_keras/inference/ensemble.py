@@ -44,19 +44,19 @@ class Ensemble:
     return tuple(m.init_cache(batch_size, max_length, beam_size=beam_size)
                  for m in self.models)
 
-  def output_kernel(self):
-    """The members' pre-softmax projections, for `decode_step(..., output_kernel=)`."""
-    return tuple(m.output_kernel() for m in self.models)
+  def step_weights(self, max_length=None, beams=None):
+    """The members' step weights, for `decode_step(..., weights=)`."""
+    return tuple(m.step_weights(max_length, beams) for m in self.models)
 
   def decode_step(self, ids, index, cache, cross_key_values, memory_mask, **options):
     """The members' average log probabilities (B * K, V) and their updated caches.
 
     `options` are `Transformer.decode_step`'s (slots, grow, ...), passed to every
-    member; two are the members' own, one entry each: `output_kernel` (as
-    `output_kernel()` returns them) and `source_pointer` (the members' encoder
+    member; two are the members' own, one entry each: `weights` (as
+    `step_weights()` returns them) and `source_pointer` (the members' encoder
     outputs, as `encode` returns them, one row per sentence; the pointer per
     hypothesis), when `uses_source_pointer`."""
-    output_kernel = options.pop("output_kernel", None)
+    weights = options.pop("weights", None)
     source_pointer = options.pop("source_pointer", None)
     log_probs, caches = [], []
     for i, (model, model_cache, key_values) in enumerate(
@@ -67,7 +67,7 @@ class Ensemble:
         extra["source_pointer"] = (encoded[i], pointer)
       logits, model_cache = model.decode_step(
           ids, index, model_cache, key_values, memory_mask,
-          output_kernel=None if output_kernel is None else output_kernel[i], **extra)
+          weights=None if weights is None else weights[i], **extra)
       log_probs.append(tf.nn.log_softmax(tf.cast(logits, tf.float32)))
       caches.append(model_cache)
     if len(log_probs) == 1:

@@ -73,8 +73,8 @@ def translate(decode_fn: Callable, tokenizer, sentences: Sequence[str],
   of `config.batch_size` sentences, and of `config.batch_tokens` source tokens when set
   (`batches`; little of each batch is padding), then put back in input order. With
   `config.jit_compile` (XLA) every batch is padded to `config.batch_size` rows (with a
-  token cap, to the next power of two rows; filler rows hold a lone EOS and are
-  discarded) and to `decoding.padded_width` columns, so XLA compiles once per width
+  token cap, to the next power of two rows; filler rows are PAD alone, end at step 0
+  and are discarded) and to `decoding.padded_width` columns, so XLA compiles once per width
   bucket, not per batch. `config.parallel_batches` > 1 decodes that many batches at a
   time, from as many threads; the caller sets TensorFlow's threads per op before its
   runtime starts, as the decode command does (`decode.choose_parallel_batches`).
@@ -145,7 +145,8 @@ def _decode_args(chunk: List[int], sources: List[List[int]],
                  prefixes: Optional[List[List[int]]], config: DecodeConfig) -> list:
   """The arguments of a `make_decode_fn` function for the sentences `chunk`: their
   padded ids, keys when sampling, padded prefixes when given. Under XLA the batch is
-  padded to few shapes (see `translate`); filler rows hold a lone EOS."""
+  padded to few shapes (see `translate`); filler rows are PAD alone (`decode_ids` ends
+  them at step 0)."""
   width = max(len(sources[i]) for i in chunk)
   rows = len(chunk)
   if config.jit_compile:
@@ -153,7 +154,6 @@ def _decode_args(chunk: List[int], sources: List[List[int]],
     rows = config.batch_size if not config.batch_tokens else min(
         config.batch_size, decoding.padded_width(rows, minimum=1))
   batch = np.full((rows, width), PAD_ID, np.int32)
-  batch[len(chunk):, 0] = EOS_ID  # XLA filler rows: a one-token source
   for row, i in enumerate(chunk):
     batch[row, :len(sources[i])] = sources[i]
   args = [tf.constant(batch)]

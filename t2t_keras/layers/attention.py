@@ -1,7 +1,7 @@
-"""Multi-head scaled dot-product attention (paper section 3.2) with a key/value cache.
+"""Multi-head scaled dot-product attention (paper section 3.2).
 
 Shape notation used in this package: B batch, S source length, T target (query)
-length, L cache length, H heads, Dk key size per head, Dv value size per head,
+length, H heads, Dk key size per head, Dv value size per head,
 D model dimension (d_model), V vocabulary.
 
 Why not `keras.ops.dot_product_attention`: the paper's attention dropout and the
@@ -12,12 +12,9 @@ steps, with the softmax in float32 under mixed precision.
 Key and value sizes per head are independent (Table 3 rows A and B). Projections have
 no bias, as in tensor2tensor.
 
-Incremental decoding keeps a fixed-size cache {"key": (B, H, K * L, Dk), "value":
-(B, H, K * L, Dv)} (K beam slots of L positions per sentence) that `call` updates at
-`cache_index` and RETURNS: nothing is mutated, so one decoding path works eagerly, in
-tf.function, under XLA and on TPU. Without XLA the cache may instead grow by one
-position per step (`cache_index=None`): each step then copies and attends over the
-positions decoded so far, not over the longest output possible.
+Incremental decoding (one position per step over a key/value cache) is not this
+layer's `call`: it is `decoder_step.py`, on 2-D rows with the weights fused once per
+batch, which reads this layer's variables.
 
 Relative positions (Shaw et al. 2018, tensor2tensor's `transformer_relative`,
 `max_relative_position` K > 0, self-attention only): each layer learns a key and a
@@ -40,37 +37,6 @@ from t2t_keras.layers.dropout import Dropout
 # Large negative logit for masked positions (the paper's -inf, without NaNs for rows
 # that are entirely masked).
 _MASK_VALUE = -1e9
-
-
-def update_cache(cache, update, index):
-  """Writes the new keys or values of every hypothesis into its slot of the cache.
-
-  Args:
-    cache: (B, H, K * L, Dh): per sentence and head, K beam slots of L positions each
-      (K = 1 outside beam search); slot j holds positions j * L ... j * L + L - 1.
-    update: (B * K, H, 1, Dh), hypotheses in sentence-major order (row b * K + j).
-    index: scalar position being decoded.
-
-  Returns:
-    The cache with update[b * K + j] written at position j * L + index of sentence b.
-
-  A scatter of B * H * K rows rather than a `where` over a one-hot position mask, so
-  the runtime can write into the cache's buffer (XLA does inside the decoding loop;
-  TensorFlow's kernel does when the buffer is not shared) instead of rewriting the
-  whole cache every step. tensor_scatter_nd_update is a core op: it runs eagerly, in
-  tf.function, under XLA and in TF Serving.
-  """
-  shape = ops.shape(cache)
-  batch, heads, slots_length = shape[0], shape[1], shape[2]
-  beam = ops.shape(update)[0] // batch
-  length = slots_length // beam
-  update = ops.transpose(ops.reshape(ops.cast(update, cache.dtype),
-                                     (batch, beam, heads, -1)), (0, 2, 1, 3))  # (B, H, K, Dh)
-  grid = ops.meshgrid(ops.arange(batch, dtype="int32"), ops.arange(heads, dtype="int32"),
-                      ops.arange(beam, dtype="int32"), indexing="ij")  # 3 x (B, H, K)
-  position = grid[2] * ops.cast(length, "int32") + ops.cast(index, "int32")
-  indices = ops.stack([grid[0], grid[1], position], axis=-1)  # (B, H, K, 3)
-  return ops.scatter_update(cache, indices, update)
 
 
 @keras.saving.register_keras_serializable(package="t2t_keras")
@@ -129,23 +95,11 @@ class MultiHeadAttention(keras.layers.Layer):
     query: (B, T, D) queries.
     memory: (B, S, D) keys/values source; None for self-attention.
     attention_mask: boolean, broadcastable to (B, H, T, S); True where attention is allowed.
-    cache: optional {"key": (B, H, K * L, Dk), "value": (B, H, K * L, Dv)} for
-      incremental self-attention (T = 1; the query's rows are the K hypotheses of
-      each of the B sentences; K = 1 outside beam search): the new keys/values are
-      written at `cache_index` of each hypothesis' slot, see `_call_cached`.
-    cache_index: scalar int position to write into the cache; None for a growing
-      cache (B, H, T, Dh) (one slot per row, T positions so far): the new position is
-      appended, and every cached position is attended to (no mask needed).
-    key_value: optional precomputed (key, value) from `compute_key_value`, used for
-      cross-attention so encoder keys/values are projected once per source; the
-      query's rows may be G per key row (the beams of a sentence, see
-      `_call_shared`; the mask then has the key's rows).
     training: whether dropout is active.
     return_attention: also return the probabilities (B, H, T, S).
 
   Returns:
-    (B, T, D) output; plus the updated cache when `cache` is given; plus the
-    attention probabilities when `return_attention`.
+    (B, T, D) output; plus the attention probabilities when `return_attention`.
   """
 
   def __init__(self, num_heads, key_size, value_size, output_size, attention_dropout=0.0,
@@ -191,17 +145,12 @@ class MultiHeadAttention(keras.layers.Layer):
 
   def _relative(self, query_positions, key_positions, dtype):
     """The key and value embeddings of the clipped distances key - query:
-    (T, S, Dk) and (T, S, Dv) for query positions (T,) and key positions (S,); or
-    (S, Dk) and (S, Dv) for one scalar query position (every query of a decoding
-    step); None without relative positions."""
+    (T, S, Dk) and (T, S, Dv) for query positions (T,) and key positions (S,); None
+    without relative positions."""
     if not self.max_relative_position:
       return None
     limit = self.max_relative_position
-    query_positions = ops.convert_to_tensor(query_positions, "int32")
-    if len(query_positions.shape) == 0:
-      distance = key_positions - query_positions
-    else:
-      distance = key_positions[None, :] - query_positions[:, None]
+    distance = key_positions[None, :] - query_positions[:, None]
     index = ops.clip(distance, -limit, limit) + limit
     return (ops.take(ops.cast(self.relative_position_keys, dtype), index, axis=0),
             ops.take(ops.cast(self.relative_position_values, dtype), index, axis=0))
@@ -209,22 +158,15 @@ class MultiHeadAttention(keras.layers.Layer):
   def compute_key_value(self, memory):
     """Projects memory (B, S, D) to keys (B, H, S, Dk) and values (B, H, S, Dv).
 
-    Heads-major, the layout the attention matmuls read: cross-attention keys/values and
-    the decoding cache are stored this way, so a decoding step reads them without
-    transposing the whole cache (as an einsum over (B, S, H, K) would, every step).
+    Heads-major, the layout the attention matmuls read (the decoding step's caches
+    and cross-attention keys/values are stored the same way).
     """
     return (ops.transpose(self.key_dense(memory), (0, 2, 1, 3)),
             ops.transpose(self.value_dense(memory), (0, 2, 1, 3)))
 
-  def call(self, query, memory=None, attention_mask=None, cache=None, cache_index=None,
-           key_value=None, training=None, return_attention=False):
-    q = self.query_dense(query)  # (B, T, H, Dk)
-    if cache is not None:
-      return self._call_cached(q, query, attention_mask, cache, cache_index,
-                               return_attention)
-    if key_value is not None:
-      return self._call_shared(q, key_value, attention_mask, return_attention)
-    q = ops.transpose(q, (0, 2, 1, 3))  # (B, H, T, Dk)
+  def call(self, query, memory=None, attention_mask=None, training=None,
+           return_attention=False):
+    q = ops.transpose(self.query_dense(query), (0, 2, 1, 3))  # (B, H, T, Dk)
     k, v = self.compute_key_value(query if memory is None else memory)
     relative = None
     if memory is None and self.max_relative_position:
@@ -234,37 +176,13 @@ class MultiHeadAttention(keras.layers.Layer):
     output = self.output_dense(ops.transpose(context, (0, 2, 1, 3)))  # (B, T, D)
     return (output, probs) if return_attention else output
 
-  def _call_shared(self, q, key_value, attention_mask, return_attention):
-    """Attention over precomputed keys/values (decoding's cross-attention) that G
-    consecutive query rows share: q (B * G, T, H, Dk), keys/values (B, H, S, D*) and
-    mask (B, 1, 1, S) per sentence (G = the beam size in beam search, 1 otherwise).
-    The G * T queries of a sentence are one matmul against its keys, which are read
-    once instead of once per hypothesis; probabilities (B * G, H, T, S)."""
-    k, v = key_value
-    rows, length = ops.shape(q)[0], ops.shape(q)[1]
-    sentences = ops.shape(k)[0]
-    q = ops.transpose(ops.reshape(q, (sentences, -1, self.num_heads, self.key_size)),
-                      (0, 2, 1, 3))  # (B, H, G * T, Dk)
-    probs, context = self._attend(q, k, v, attention_mask, training=False)
-    context = ops.reshape(ops.transpose(context, (0, 2, 1, 3)),
-                          (rows, length, self.num_heads, self.value_size))
-    output = self.output_dense(context)  # (B * G, T, D)
-    if not return_attention:
-      return output
-    probs = ops.reshape(ops.transpose(probs, (0, 2, 1, 3)),
-                        (rows, length, self.num_heads, -1))
-    return output, ops.transpose(probs, (0, 2, 1, 3))
-
   def _attend(self, q, k, v, attention_mask, training, relative=None):
     """softmax(q k^T / sqrt(Dk)) v per head: q (B, H, T, Dk), k/v (B, H, S, Dk/Dv);
-    `relative`: the distance embeddings from `_relative`, (T, S, D*) or (S, D*)."""
+    `relative`: the distance embeddings from `_relative`, (T, S, D*)."""
     q = q * ops.cast(1.0 / (self.key_size ** 0.5), q.dtype)
     logits = ops.einsum("bhtk,bhsk->bhts", q, k)  # (B, H, T, S)
-    if relative is not None:
-      if len(relative[0].shape) == 2:  # one query position: (S, Dk)
-        logits = logits + ops.einsum("bhtk,sk->bhts", q, relative[0])
-      else:  # a matmul per query position: (T, B * H, Dk) x (T, Dk, S)
-        logits = logits + ops.einsum("bhtk,tsk->bhts", q, relative[0])
+    if relative is not None:  # a matmul per query position: (T, B * H, Dk) x (T, Dk, S)
+      logits = logits + ops.einsum("bhtk,tsk->bhts", q, relative[0])
     logits = ops.cast(logits, "float32")
     if attention_mask is not None:
       logits = ops.where(attention_mask, logits, _MASK_VALUE)
@@ -272,51 +190,8 @@ class MultiHeadAttention(keras.layers.Layer):
     weights = self.dropout(ops.cast(probs, self.compute_dtype), training=training)
     context = ops.einsum("bhts,bhsk->bhtk", weights, v)  # (B, H, T, Dv)
     if relative is not None:
-      if len(relative[1].shape) == 2:
-        context = context + ops.einsum("bhts,sk->bhtk", weights, relative[1])
-      else:
-        context = context + ops.einsum("bhts,tsk->bhtk", weights, relative[1])
+      context = context + ops.einsum("bhts,tsk->bhtk", weights, relative[1])
     return probs, context
-
-  def _call_cached(self, q, query, attention_mask, cache, cache_index, return_attention):
-    """One decoding step of self-attention over the beam-slotted cache.
-
-    query (B * K, 1, D) holds the K hypotheses of each sentence (K = 1 outside beam
-    search). Their new keys/values go into their own slots (see `update_cache`); each
-    hypothesis then attends over all K * L cached positions of its sentence, and
-    `attention_mask` (B, 1, K, K * L) lets it see, for every earlier position, only the
-    slot that holds its own history. So beam search never reorders the cache: it
-    reorders the small (B, K, L) table of slots the mask is built from. The extra
-    attention work (K times the positions) is small next to the copy of the whole cache
-    per layer and step that a reorder costs.
-    """
-    k_new, v_new = self.compute_key_value(query)  # (B * K, H, 1, Dh)
-    if cache_index is None:  # a growing cache (one slot per row): append the position
-      k = ops.concatenate([cache["key"], ops.cast(k_new, cache["key"].dtype)], axis=2)
-      v = ops.concatenate([cache["value"], ops.cast(v_new, cache["value"].dtype)], axis=2)
-    else:
-      k = update_cache(cache["key"], k_new, cache_index)  # (B, H, K * L, Dk)
-      v = update_cache(cache["value"], v_new, cache_index)
-    batch = ops.shape(k)[0]
-    # (B * K, 1, H, Dk) -> (B, H, K, Dk): the K hypotheses are the queries of sentence b.
-    q = ops.transpose(ops.reshape(q, (batch, -1, self.num_heads, self.key_size)),
-                      (0, 2, 1, 3))
-    relative = None
-    if self.max_relative_position:
-      if cache_index is None:  # positions 0 ... t, the query at t
-        keys = ops.arange(ops.shape(k)[2], dtype="int32")
-        relative = self._relative(ops.shape(k)[2] - 1, keys, q.dtype)
-      else:  # K slots of L positions; every query at cache_index
-        slots = ops.shape(q)[2]
-        keys = ops.tile(ops.arange(ops.shape(k)[2] // slots, dtype="int32"), (slots,))
-        relative = self._relative(cache_index, keys, q.dtype)
-    probs, context = self._attend(q, k, v, attention_mask, training=False,
-                                  relative=relative)
-    context = ops.reshape(ops.transpose(context, (0, 2, 1, 3)),
-                          (-1, 1, self.num_heads, self.value_size))  # (B * K, 1, H, Dv)
-    output = self.output_dense(context)  # (B * K, 1, D)
-    results = (output, {"key": k, "value": v})
-    return results + (probs,) if return_attention else results
 
   def get_config(self):
     config = super().get_config()

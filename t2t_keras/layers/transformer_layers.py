@@ -137,17 +137,15 @@ class DecoderLayer(_TransformerLayer):
 
   Call arguments:
     x: (B, T, D) decoder stream.
-    self_mask: boolean broadcastable to (B, 1, T, T) or (1, 1, 1, L) when decoding.
+    self_mask: boolean broadcastable to (B, 1, T, T).
     memory_mask: boolean (B, 1, 1, S), True at real source positions.
-    memory: (B, S, D) encoder output, or None when `cross_key_value` is given.
-    cross_key_value: precomputed (key, value) of the memory for this layer.
-    cache: optional self-attention cache (see MultiHeadAttention).
-    cache_index: scalar position written into the cache.
+    memory: (B, S, D) encoder output.
     training: whether dropout is active.
     return_attention: also return (self_probs, cross_probs).
 
   Returns:
-    (B, T, D); then the updated cache if `cache` was given; then the probabilities.
+    (B, T, D); then the probabilities if `return_attention`. (Decoding one position at
+  a time over a cache is `decoder_step.py`, which reads this layer's weights.)
   """
 
   def build(self, input_shape):
@@ -163,26 +161,16 @@ class DecoderLayer(_TransformerLayer):
       layer.build(shape)
     self.built = True
 
-  def call(self, x, self_mask=None, memory_mask=None, memory=None, cross_key_value=None,
-           cache=None, cache_index=None, training=None, return_attention=False):
+  def call(self, x, self_mask=None, memory_mask=None, memory=None, training=None,
+           return_attention=False):
     y = self.self_attention_residual.before(x)
-    outputs = self.self_attention(y, attention_mask=self_mask, cache=cache, cache_index=cache_index,
-                                  training=training, return_attention=True)
-    if cache is not None:
-      y, cache, self_probs = outputs
-    else:
-      y, self_probs = outputs
+    y, self_probs = self.self_attention(y, attention_mask=self_mask, training=training,
+                                        return_attention=True)
     x = self.self_attention_residual.after(x, y, training)
     y = self.cross_attention_residual.before(x)
-    y, cross_probs = self.cross_attention(
-        y, memory=memory, key_value=cross_key_value, attention_mask=memory_mask, training=training,
-        return_attention=True)
+    y, cross_probs = self.cross_attention(y, memory=memory, attention_mask=memory_mask,
+                                          training=training, return_attention=True)
     x = self.cross_attention_residual.after(x, y, training)
     y = self.ffn(self.ffn_residual.before(x), training=training)
     x = self.ffn_residual.after(x, y, training)
-    results = (x,)
-    if cache is not None:
-      results += (cache,)
-    if return_attention:
-      results += ((self_probs, cross_probs),)
-    return results[0] if len(results) == 1 else results
+    return (x, (self_probs, cross_probs)) if return_attention else x

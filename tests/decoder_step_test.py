@@ -1,0 +1,124 @@
+"""The lean decoding step (layers/decoder_step.py) against the teacher-forced pass.
+
+The step runs on 2-D rows with weights fused once per batch (`step_weights`): one
+matrix for self-attention's Q, K and V, the query's scale folded in, the sinusoid as a
+table. For every position encoding and cache layout its logits must be the full
+forward pass's at each position; and a wrongly fused kernel must show.
+"""
+
+import numpy as np
+import pytest
+import keras
+import tensorflow as tf
+
+from t2t_keras import BOS_ID, EOS_ID, PAD_ID
+from t2t_keras.configs import ModelConfig
+from t2t_keras.model import create_model
+
+V = 40
+
+
+def make_model(position, pre_norm=False, dtype="float32"):
+  keras.utils.set_random_seed(7)
+  # Unequal key and value sizes (Table 3 row A), 1 / sqrt(Dk) not a power of two: a
+  # wrong split of the fused kernel or a wrongly applied scale shows.
+  model = create_model(ModelConfig(
+      vocab_size=V, hidden_size=16, filter_size=32, num_heads=2, num_hidden_layers=2,
+      key_size=6, value_size=10, layer_prepostprocess_dropout=0.0, pre_norm=pre_norm,
+      position_embedding=position, max_relative_position=3, dtype=dtype))
+  # Noise on every weight: the initial query and key kernels of a layer are equal
+  # (one initializer instance draws them), and norms start at gamma 1, beta 0; a step
+  # that mixed them up would pass.
+  rng = np.random.default_rng(8)
+  for weight in model.weights:
+    weight.assign(weight.numpy() + rng.normal(0, 0.1, weight.shape).astype("float32"))
+  return model
+
+
+def sources_and_targets(rng, length=7):
+  inputs = rng.integers(4, V, size=(3, 6)).astype("int32")
+  for row, n in enumerate([6, 4, 2]):
+    inputs[row, n - 1], inputs[row, n:] = EOS_ID, PAD_ID
+  return inputs, rng.integers(4, V, size=(3, length)).astype("int32")
+
+
+def step_logits(model, inputs, targets, layout, weights=None):
+  """The step's logits (B, T, V) for every target position, teacher forced: each
+  hypothesis' previous token is the target's."""
+  batch, length = targets.shape
+  encoded, memory_mask = model.encode(inputs)
+  cross = model.cross_key_values(encoded)
+  beam = 2 if layout == "slotted" else 1
+  cache = model.init_cache(batch // beam if beam > 1 else batch,
+                           0 if layout == "growing" else length + 2, beam_size=beam)
+  if beam > 1:  # sentence b's two hypotheses are rows 2b, 2b + 1 with one source
+    slots = np.broadcast_to(np.arange(beam)[None, :, None],
+                            (batch // beam, beam, length + 2)).astype("int32")
+    memory_mask = memory_mask[::beam]
+    cross = [(k[::beam], v[::beam]) for k, v in cross]
+  previous, logits = np.full((batch,), BOS_ID, "int32"), []
+  for t in range(length):
+    extra = {"slots": tf.constant(slots)} if beam > 1 else {"grow": layout == "growing"}
+    out, cache = model.decode_step(previous, t, cache, cross, memory_mask,
+                                   weights=weights, **extra)
+    logits.append(out.numpy())
+    previous = targets[:, t]
+  return np.stack(logits, axis=1)
+
+
+@pytest.mark.parametrize("position", ["sinusoid", "learned", "relative"])
+@pytest.mark.parametrize("layout", ["growing", "fixed", "slotted"])
+def test_step_logits_equal_teacher_forcing(position, layout):
+  model = make_model(position, pre_norm=layout == "fixed")
+  inputs, targets = sources_and_targets(np.random.default_rng(0))
+  if layout == "slotted":  # two hypotheses per sentence: the sentence's rows repeated
+    inputs = np.repeat(inputs[:2], 2, axis=0)
+    targets = np.concatenate([targets, targets[::-1]])[:4]
+  full = model({"inputs": inputs, "targets": targets}).numpy()
+  weights = model.step_weights(targets.shape[1] + 2)  # as decoding takes them
+  np.testing.assert_allclose(step_logits(model, inputs, targets, layout, weights), full,
+                             atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "mixed_float16"])
+@pytest.mark.parametrize("layout", ["growing", "fixed"])
+def test_step_under_mixed_precision(dtype, layout):
+  """Half-precision compute, float32 variables and LayerNorm statistics: the step's
+  logits are still the teacher-forced pass's."""
+  model = make_model("sinusoid", dtype=dtype)
+  inputs, targets = sources_and_targets(np.random.default_rng(2))
+  full = model({"inputs": inputs, "targets": targets}).numpy()
+  weights = model.step_weights(targets.shape[1] + 2)
+  np.testing.assert_allclose(step_logits(model, inputs, targets, layout, weights), full,
+                             atol=1e-5)
+
+
+@pytest.mark.parametrize("position", ["sinusoid", "relative"])
+def test_a_wrong_fusion_shows(position):
+  """The equality above can fail: the fused kernel with its query, key and value parts
+  in another order gives other logits."""
+  model = make_model(position)
+  inputs, targets = sources_and_targets(np.random.default_rng(1))
+  full = model({"inputs": inputs, "targets": targets}).numpy()
+  weights = model.step_weights(targets.shape[1])
+  np.testing.assert_allclose(step_logits(model, inputs, targets, "growing", weights), full,
+                             atol=1e-5)
+  qkv = weights["layers"][0]["self"]["qkv"]
+  q, k, v = tf.split(qkv, [12, 12, 20], axis=1)
+  for wrong in (tf.concat([q, v[:, :12], k, v[:, 12:]], axis=1),  # keys and values mixed
+                tf.concat([k, q, v], axis=1)):  # queries and keys swapped
+    weights["layers"][0]["self"]["qkv"] = wrong
+    bad = step_logits(model, inputs, targets, "growing", weights)
+    assert np.abs(bad - full).max() > 1e-3
+
+
+def test_fused_weights_leave_the_checkpoint_alone():
+  """The fused kernels exist only in the decoding graph: taking them adds no variable
+  and changes none."""
+  model = make_model("sinusoid")
+  before = [(w.path, w.numpy().copy()) for w in model.weights]
+  model.step_weights(8)
+  after = [(w.path, w.numpy()) for w in model.weights]
+  assert [p for p, _ in before] == [p for p, _ in after]
+  for (_, a), (_, b) in zip(before, after):
+    np.testing.assert_array_equal(a, b)
