@@ -290,6 +290,10 @@ class DataConfig:
   target_vocab_size: int = setting(
       0, "With --separate_vocabularies: the target vocabulary's size; 0 = --vocab_size.",
       check=AT_LEAST_0)
+  # No flag: the (source, target) files of --separate_vocabularies when they are given
+  # rather than named after the data, as --vocab_file is for one shared vocabulary; set
+  # by --init_from, whose run trains on its parent's two vocabularies.
+  side_vocab_files: Tuple[str, ...] = setting(())
   vocab_sample_sentences: int = setting(
       1_000_000, "Sentences sampled from the training data to build the vocabulary.",
       check=POSITIVE)

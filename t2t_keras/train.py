@@ -159,6 +159,8 @@ def init_from_data_config(train_config, data_config, checkpoint):
         "model's vocabulary (--init_from_vocab=source, the default); drop --vocab_file, "
         "or pass --init_from_vocab=new to train on this one (shared pieces keep their "
         "embeddings).")
+  if data_config.separate_vocabularies:
+    return _init_from_side_vocabs(train_config, data_config, checkpoint)
   if checkpoint is None:  # a restart: as the first run of this model directory chose
     own = modeldir.data_config_of(train_config.model_dir)
     vocab = own.vocab_file
@@ -170,6 +172,26 @@ def init_from_data_config(train_config, data_config, checkpoint):
   source = modeldir.data_config_of(init_from.source_dir(checkpoint))
   return dataclasses.replace(data_config, vocab_file=vocab, vocab_size=source.vocab_size,
                              vocab_type=source.vocab_type)
+
+
+def _init_from_side_vocabs(train_config, data_config, checkpoint):
+  """`init_from_data_config` with --separate_vocabularies: both of the source run's
+  vocabularies (its model directory's copies), with their sizes; on a restart this
+  run's own copies of them (the source may be gone)."""
+  # pylint: disable=import-outside-toplevel
+  import dataclasses
+
+  from t2t_keras import modeldir
+  from t2t_keras.training import init_from
+  if checkpoint is None:
+    own = modeldir.data_config_of(train_config.model_dir)
+    files = tuple(modeldir.vocab_paths(train_config.model_dir, own))
+  else:
+    own = modeldir.data_config_of(init_from.source_dir(checkpoint))
+    files = init_from.source_vocab(checkpoint, train_config.init_from, own)
+  return dataclasses.replace(data_config, side_vocab_files=files, vocab_size=own.vocab_size,
+                             target_vocab_size=own.target_vocab_size,
+                             vocab_type=own.vocab_type)
 
 
 def start_from(trainer, tokenizer, train_config, checkpoint: str, chief: bool) -> None:

@@ -140,19 +140,75 @@ def test_shared_embeddings_and_other_bad_combinations_are_refused_naming_the_fla
   assert not os.path.exists(tmp_path / "m" / "config.json")
 
 
-def test_init_from_refuses_separate_vocabularies_naming_the_flag():
+def test_init_from_refuses_a_change_of_vocabulary_mode_naming_the_flags():
   from t2t_keras.errors import ModelDirError  # pylint: disable=import-outside-toplevel
   from t2t_keras.training import init_from  # pylint: disable=import-outside-toplevel
   shared, separate = DataConfig(source="files"), DataConfig(source="files",
                                                             separate_vocabularies=True)
-  for source, run, who in ((separate, shared, "the source model uses"),
-                           (shared, separate, "this run uses"),
-                           (separate, separate, "the source model and this run use")):
-    for vocab in ("source", "new"):
-      with pytest.raises(ModelDirError, match=f"--init_from=old: {who} "
-                         "--separate_vocabularies"):
-        init_from.check_vocabularies("old", source, run, vocab)
+  for vocab in ("source", "new"):
+    with pytest.raises(ModelDirError, match="--init_from=old was trained with "
+                       "--separate_vocabularies .* add --separate_vocabularies "
+                       "--noshared_embeddings"):
+      init_from.check_vocabularies("old", separate, shared, vocab)
+    with pytest.raises(ModelDirError, match="--init_from=old was trained with one shared "
+                       "vocabulary, this run with --separate_vocabularies: drop "
+                       "--separate_vocabularies"):
+      init_from.check_vocabularies("old", shared, separate, vocab)
+  # Two and two: the parent's vocabularies (mapping new pieces is not written yet).
+  with pytest.raises(ModelDirError, match="--init_from_vocab=new does not map yet: use "
+                     "--init_from_vocab=source"):
+    init_from.check_vocabularies("old", separate, separate, "new")
+  init_from.check_vocabularies("old", separate, separate, "source")
   init_from.check_vocabularies("old", shared, shared, "source")  # one shared: as before
+
+
+def train_tiny(model_dir, files, *flags):
+  """A few steps with two vocabularies (SOURCE_SIZE, TARGET_SIZE unless `flags` say)."""
+  return inprocess.run(
+      "train", "--hidden_size=16", "--filter_size=32", "--num_heads=2",
+      "--num_hidden_layers=1", "--data_source=files",
+      *(f"--{k}={v}" for k, v in files.items()), f"--model_dir={model_dir}",
+      "--separate_vocabularies", "--noshared_embeddings", f"--vocab_size={SOURCE_SIZE}",
+      f"--target_vocab_size={TARGET_SIZE}", "--max_length=40", "--batch_size=512",
+      "--train_steps=2", "--log_every=1", "--eval_every=1000", "--eval_bleu_sentences=0",
+      "--save_checkpoint_steps=2", "--show_examples=0", *flags)
+
+
+@pytest.mark.slow
+def test_fine_tuning_takes_both_vocabularies_of_a_two_vocabulary_parent(
+    tmp_path, shared_data):
+  """`--init_from` a model of two vocabularies onto other pairs: the run trains on both
+  of the parent's (its own sizes ignored, nothing built), resumes on them, and a run
+  of one shared vocabulary is refused before any step, naming the flags."""
+  parent = tmp_path / "parent"
+  result = train_tiny(parent, write_corpus(shared_data, str(tmp_path / "a"), train=800))
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+  # Other pairs, whose own vocabularies would be other pieces of other sizes.
+  other = write_corpus(shared_data, str(tmp_path / "b"), train=400)
+  child = tmp_path / "child"
+  result = train_tiny(child, other, f"--init_from={parent}", "--vocab_size=200",
+                      "--target_vocab_size=250")
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+  assert f"initialized from {parent}/ckpt-2" in result.stdout, result.stdout[-2000:]
+  assert json.loads((child / "init_from.json").read_text())["vocabulary"] == "source"
+  for name in ("vocab.source.model", "vocab.target.model"):
+    assert (child / name).read_bytes() == (parent / name).read_bytes(), name
+  assert not [n for n in os.listdir(child) if re.match(r"vocab\.\w+\.bpe", n)]
+  config = json.loads((child / "config.json").read_text())["model"]
+  assert (config["vocab_size"], config["target_vocab_size"]) == (SOURCE_SIZE, TARGET_SIZE)
+  again = train_tiny(child, other, f"--init_from={parent}", "--train_steps=3")
+  assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
+  assert "resumed from" in again.stdout and "initialized from" not in again.stdout
+
+  shared = tmp_path / "shared"
+  result = inprocess.run(
+      "train", "--flagfile=flags/tiny.cfg", "--data_source=files",
+      *(f"--{k}={v}" for k, v in other.items()), f"--model_dir={shared}",
+      f"--init_from={parent}", "--train_steps=2")
+  assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+  assert "trained with --separate_vocabularies" in result.stderr, result.stderr[-2000:]
+  assert "add --separate_vocabularies --noshared_embeddings" in result.stderr
+  assert not tf.train.latest_checkpoint(str(shared))
 
 
 def test_an_old_shared_vocabulary_model_dir_loads_unchanged(tiny_model_dir, tmp_path):

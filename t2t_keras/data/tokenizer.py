@@ -397,6 +397,8 @@ def vocab_path(config: DataConfig, side: Optional[str] = None) -> str:
   """
   if config.vocab_file and side is None:
     return config.vocab_file
+  if side and config.side_vocab_files:
+    return config.side_vocab_files[SIDES.index(side)]
   if not config.data_dir:
     raise sources.DataError(f"source={config.source!r} needs --data_dir (or "
                             "--vocab_file) to store the vocabulary.")

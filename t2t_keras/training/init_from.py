@@ -18,6 +18,8 @@ Vocabulary (`--init_from_vocab`):
     copied from the checkpoint, the others keep their fresh initialisation, as
     OpenNMT-tf's `update_vocab`. Symbols match symbols by id (a task with more symbols
     keeps the rows of those it shares); no symbol is a text piece.
+With --separate_vocabularies the parent's two vocabularies are taken (source), and a
+parent and a run of different vocabulary modes are refused, naming the flags.
 A text model's pieces cannot tokenize symbol ids, nor symbols text: with the source's
 vocabulary such a run is refused, naming --init_from_vocab=new (`check_vocabularies`).
 What was done is recorded in `<model_dir>/init_from.json`.
@@ -92,14 +94,17 @@ def agreed_checkpoint(init_from: str, agreement) -> str:
   return os.path.join(directory, f"{modeldir.CHECKPOINT_PREFIX}-{shared}")
 
 
-def source_vocab(checkpoint: str, init_from: str) -> str:
-  """The vocabulary file of the run `checkpoint` belongs to (`--init_from_vocab=source`)."""
-  path = modeldir.vocab_path(source_dir(checkpoint))
-  if not tf.io.gfile.exists(path):
-    raise ModelDirError(f"--init_from={init_from}: its vocabulary {path} is missing; copy "
-                        "the vocabulary that model was trained with there, or pass "
-                        "--init_from_vocab=new to train on this run's own.")
-  return path
+def source_vocab(checkpoint: str, init_from: str, data_config: Optional[DataConfig] = None):
+  """The vocabulary file of the run `checkpoint` belongs to (`--init_from_vocab=source`);
+  with `data_config` (the source's) of --separate_vocabularies, its two files as a
+  (source, target) tuple."""
+  paths = modeldir.vocab_paths(source_dir(checkpoint), data_config or DataConfig())
+  for path in paths:
+    if not tf.io.gfile.exists(path):
+      raise ModelDirError(f"--init_from={init_from}: its vocabulary {path} is missing; "
+                          "copy the vocabulary that model was trained with there, or "
+                          "pass --init_from_vocab=new to train on this run's own.")
+  return paths[0] if len(paths) == 1 else tuple(paths)
 
 
 def _symbols(config: DataConfig) -> bool:
@@ -120,14 +125,7 @@ def check_vocabularies(init_from: str, source: DataConfig, run: DataConfig,
     ModelDirError: text and symbol ids on either side, or another number of symbols,
       saying what to pass.
   """
-  separate = [name for name, config in (("the source model", source), ("this run", run))
-              if getattr(config, "separate_vocabularies", False)]
-  if separate:
-    raise ModelDirError(
-        f"--init_from={init_from}: {' and '.join(separate)} use"
-        f"{'s' if len(separate) == 1 else ''} --separate_vocabularies, which --init_from "
-        "does not map yet (it knows one vocabulary per model): train from scratch, or "
-        "fine-tune between models of one shared vocabulary.")
+  _check_vocabulary_mode(init_from, source, run, vocab)
   if vocab != "source" or not (_symbols(source) or _symbols(run)):
     return  # text and text: the source's pieces tokenize the run's text
   new = "pass --init_from_vocab=new to train on this run's own"
@@ -151,6 +149,34 @@ def check_vocabularies(init_from: str, source: DataConfig, run: DataConfig,
         "SentencePiece vocabulary), which cannot tokenize the symbol ids of "
         f"--data_source={run.source}: {new} symbols (the embedding rows start fresh; "
         "every other weight is the source's), or train on text.")
+
+
+def _check_vocabulary_mode(init_from: str, source: DataConfig, run: DataConfig,
+                           vocab: str) -> None:
+  """Refuses one shared vocabulary on one side and two on the other: the embeddings'
+  shapes (and their meaning) differ, so the fix is a flag, said now rather than as a
+  variable's shape after the data is read."""
+  parent = bool(getattr(source, "separate_vocabularies", False))
+  child = bool(getattr(run, "separate_vocabularies", False))
+  if parent and not child:
+    raise ModelDirError(
+        f"--init_from={init_from} was trained with --separate_vocabularies (a source and "
+        "a target vocabulary), this run with one shared vocabulary: add "
+        "--separate_vocabularies --noshared_embeddings (the run takes both of its "
+        "vocabularies), or start from a model of one shared vocabulary.")
+  if child and not parent:
+    raise ModelDirError(
+        f"--init_from={init_from} was trained with one shared vocabulary, this run with "
+        "--separate_vocabularies: drop --separate_vocabularies (and "
+        "--target_vocab_size; the run takes the source's vocabulary), or train from "
+        "scratch.")
+  if parent and vocab != "source":
+    # Mapping rows piece by piece would need two maps (encoder rows by source pieces,
+    # decoder and softmax rows by target pieces); not written yet.
+    raise ModelDirError(
+        f"--init_from={init_from} uses --separate_vocabularies, which "
+        f"--init_from_vocab={vocab} does not map yet: use --init_from_vocab=source (the "
+        "default; the run takes both of its vocabularies), or train from scratch.")
 
 
 def pieces(tokenizer) -> List[str]:
