@@ -387,7 +387,8 @@ def check_train_flags(argv, fv=FLAGS) -> list:
 
 
 def _alignment_flag_problems(argv, fv) -> list:
-  """The --guided_alignment_* flags: typed without --train_alignments they do nothing;
+  """The guided alignment flags (--guided_alignment_weight, --guided_alignment_layer,
+  --guided_alignment_head): typed without --train_alignments they do nothing;
   with it, the guided head must exist."""
   guided = [name for name in command_line_flags(argv, fv)
             if name.startswith("guided_alignment_")]
