@@ -242,3 +242,21 @@ def test_dropout_replicas_draw_different_masks():
   first, second = (np.asarray(t) for t in strategy.experimental_local_results(step()))
   assert set(np.unique(first)) == {0.0, 2.0}
   assert not np.array_equal(first, second)
+
+
+def test_query_key_and_value_kernels_start_different():
+  """Each projection draws its own initial kernel (Keras 3 gives every call of one
+  unseeded initializer instance the same values: shared, the query, key and value
+  kernels of every attention layer started equal), reproducibly under one seed."""
+  kernels = []
+  for _ in range(2):
+    keras.utils.set_random_seed(3)
+    layer = layers.attention.MultiHeadAttention(4, 8, 8, 32)
+    layer.build((None, None, 32))
+    kernels.append([np.asarray(d.kernel) for d in (layer.query_dense, layer.key_dense,
+                                                  layer.value_dense)])
+  query, key, value = kernels[0]
+  assert not np.allclose(query, key) and not np.allclose(query, value)
+  assert not np.allclose(key, value)
+  for first, second in zip(*kernels):
+    np.testing.assert_array_equal(first, second)

@@ -114,8 +114,9 @@ class MultiHeadAttention(keras.layers.Layer):
 
   def build(self, input_shape):
     dim = input_shape[-1]
-    common = dict(dtype=self.dtype_policy,
-                  kernel_initializer=keras.initializers.GlorotUniform())
+    # The name, not one initializer instance: Keras 3 draws an unseeded instance's seed
+    # once, so a shared instance gave the query, key and value kernels the same values.
+    common = dict(dtype=self.dtype_policy, kernel_initializer="glorot_uniform")
     self.query_dense = HeadDense(
         "btd,dhk->bthk", output_shape=(None, self.num_heads, self.key_size),
         name="query", **common)
