@@ -23,16 +23,18 @@ def cpu_model() -> str:
 
 
 def session_signature(path: str, signature_name: str, input_name: str, output_name: str,
-                      threads: int = 0):
+                      threads: int = 0, inter_threads: int = 0):
   """A SavedModel loaded as tensorflow_model_server loads it (the TF1 session loader,
   tensors fed and fetched by name): a function numpy input -> numpy output, safe to
   call from several threads (as the server runs concurrent requests). `threads` > 0:
-  threads per op (`--tensorflow_intra_op_parallelism`)."""
+  threads per op (`--tensorflow_intra_op_parallelism`); `inter_threads` > 0: ops run
+  at a time (`--tensorflow_inter_op_parallelism`); 0: TensorFlow's default."""
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
   import tensorflow_text  # noqa: F401  (the exported graph's ops)
   graph = tf.Graph()
-  config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads)
+  config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads,
+                                    inter_op_parallelism_threads=inter_threads)
   session = tf.compat.v1.Session(graph=graph, config=config)
   with graph.as_default():
     meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], path)

@@ -32,6 +32,12 @@ client sends N requests at once to a session configured as `tensorflow_model_ser
 inter_threads=N, intra_threads=cores / N (its setting for throughput). 1 (default):
 one batch at a time on all cores everywhere (CTranslate2's default threads).
 
+--serving_intra_threads / --serving_inter_threads set the export engines' session as
+tensorflow_model_server's --tensorflow_intra_op_parallelism /
+--tensorflow_inter_op_parallelism set the server's; run the bench with
+TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1 in its environment to measure oneDNN's setting for
+weights that never change (every engine then runs with it).
+
 --latency_requests=N then measures latency as a server sees it: one sentence per
 request, the first N lines in file order, through the export engines (the SavedModel
 in a TF1 session, as TF Serving runs it) and CTranslate2's `translate_batch` of one
@@ -74,6 +80,13 @@ flags.DEFINE_boolean("int8", False, "Also CTranslate2 int8.")
 flags.DEFINE_integer("threads", 0, "CTranslate2 intra_threads (0: its default).")
 flags.DEFINE_integer("parallel_batches", 1, "Batches decoded at a time by every engine "
                      "(see the module docstring); latency needs 1.")
+flags.DEFINE_integer("serving_intra_threads", 0, "The export engines' session: threads "
+                     "per op, as tensorflow_model_server's "
+                     "--tensorflow_intra_op_parallelism (0: TensorFlow's default; "
+                     "--parallel_batches sets cores / N).")
+flags.DEFINE_integer("serving_inter_threads", 0, "The export engines' session: ops run "
+                     "at a time, as --tensorflow_inter_op_parallelism (0: TensorFlow's "
+                     "default).")
 flags.DEFINE_integer("latency_requests", 0, "Also time this many one-sentence requests "
                      "(the first lines in file order) through the export engines and "
                      "CTranslate2 (0: no latency run).")
@@ -123,7 +136,10 @@ def main(argv):
         f"{ctranslate2.__version__}; {FLAGS.src}: {len(sources)} sentences; beam "
         f"{FLAGS.beam_size}, batch {FLAGS.batch_size}, alpha {FLAGS.alpha}, min length "
         f"{FLAGS.min_decode_length}; {FLAGS.parallel_batches} batch(es) at a time, "
-        f"{threads if FLAGS.parallel_batches > 1 else 'all'} threads per op", flush=True)
+        f"{threads if FLAGS.parallel_batches > 1 else 'all'} threads per op; export "
+        f"session intra/inter threads {FLAGS.serving_intra_threads}/"
+        f"{FLAGS.serving_inter_threads} (0: default); TF_ONEDNN_ASSUME_FROZEN_WEIGHTS="
+        f"{os.environ.get('TF_ONEDNN_ASSUME_FROZEN_WEIGHTS', 'unset')}", flush=True)
   base = DecodeConfig(beam_size=FLAGS.beam_size, alpha=FLAGS.alpha, extra_decode_length=50,
                       batch_size=FLAGS.batch_size, min_decode_length=FLAGS.min_decode_length,
                       parallel_batches=FLAGS.parallel_batches)
@@ -142,8 +158,11 @@ def main(argv):
     path = saved_model.export_from_settings(ExportSettings(
         FLAGS.model_dir, os.path.join(tmp, f"sm{int(jit)}"), base,
         WeightsConfig(average_last_n=FLAGS.average_last_n), jit_compile=jit))
-    run = common.session_signature(path, "serving_default", "inputs", "outputs",
-                                   threads=threads if FLAGS.parallel_batches > 1 else 0)
+    run = common.session_signature(
+        path, "serving_default", "inputs", "outputs",
+        threads=FLAGS.serving_intra_threads or (
+            threads if FLAGS.parallel_batches > 1 else 0),
+        inter_threads=FLAGS.serving_inter_threads)
     exported["export XLA" if jit else "export"] = run
     # As a client batches: length-sorted batches of batch_size sentences.
     order = sorted(range(len(sources)), key=lambda i: len(sources[i].split()))

@@ -416,8 +416,10 @@ def test_guided_head_aligns_far_better_than_unguided_heads(tmp_path):
   than it learns in a few hundred steps.)
   """
   files = write_task(str(tmp_path / "task"), reverse=False)
-  unguided = train_tiny(tmp_path, files, "unguided", 500)
-  guided = train_tiny(tmp_path, files, "guided", 500,
+  # Seed 3: the guided head's AER after 500 steps was 0.38, 0.09, 0.06 and 0.06 with
+  # seeds 1-4 (a model this small sometimes finds the alignment late).
+  unguided = train_tiny(tmp_path, files, "unguided", 500, "--seed=3")
+  guided = train_tiny(tmp_path, files, "guided", 500, "--seed=3",
                       f"--train_alignments={files['train_align']}",
                       "--guided_alignment_weight=1", "--guided_alignment_head=1")
   with open(os.path.join(guided, "config.json"), encoding="utf-8") as f:
@@ -426,6 +428,6 @@ def test_guided_head_aligns_far_better_than_unguided_heads(tmp_path):
   guided_aer, stderr = decoded_aer(tmp_path, files, guided)
   assert "guided head (decoder layer -1, head 1)" in stderr
   unguided_aer, _ = decoded_aer(tmp_path, files, unguided)
-  print(f"AER guided {guided_aer:.3f}, unguided {unguided_aer:.3f}")  # 0.22, 0.63
+  print(f"AER guided {guided_aer:.3f}, unguided {unguided_aer:.3f}")  # 0.06, 0.6-0.7
   assert guided_aer < 0.35
   assert unguided_aer > guided_aer + 0.25

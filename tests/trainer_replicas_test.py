@@ -68,9 +68,12 @@ def test_mixed_precision_trains_with_float32_variables(tmp_path, dtype, float32_
   moved = np.linalg.norm(flat(end) - flat(start))  # float32's 8 updates
   moved_mixed = np.linalg.norm(flat(after) - flat(before))
   apart = np.linalg.norm(flat(after) - flat(end))  # where the two runs ended
-  # Measured: 0.15 (bfloat16) and 0.12 (float16) of float32's move; a run that
-  # skipped its updates, or made them at half the learning rate, ends 0.5-1.0 apart.
-  assert moved > 1.0 and apart < 0.3 * moved, (moved, moved_mixed, apart)
+  # A run that skipped its updates, or made them at half the learning rate, moves
+  # 0-0.5 as far (and ends 0.5-1.0 of float32's move apart); one that moved elsewhere
+  # ends far apart. Rounding alone: as far, in nearly the same direction (measured:
+  # apart 0.15-0.36 of the move, depending on the initial weights).
+  assert moved > 1.0 and moved_mixed == pytest.approx(moved, rel=0.2), (moved, moved_mixed)
+  assert apart < 0.6 * moved, (moved, moved_mixed, apart)
   assert moved_mixed == pytest.approx(moved, rel=0.1), (moved, moved_mixed, apart)
 
 

@@ -37,7 +37,8 @@ def strip_ids(ids: Sequence[int]) -> List[int]:
 
 @dataclasses.dataclass
 class Translation:
-  """Beams (or samples) of one input, best first (samples in drawing order).
+  """The best translation of one input; every beam, best first, with `return_beams`;
+  the samples in drawing order when sampling.
 
   `source_ids` are the input's ids as decoded (EOS included, after truncation to
   `max_input_length`); `ids` each beam's output ids without EOS or PAD; `truncated`
@@ -104,6 +105,10 @@ def translate(decode_fn: Callable, tokenizer, sentences: Sequence[str],
 
   def decode_batch(chunk):
     out_ids, scores = decode_fn(*_decode_args(chunk, sources, prefixes, config))
+    # Only the search's final results: without return_beams it stops once each row's
+    # best beam is final, and the other beams may be unfinished.
+    if not (config.return_beams or config.sampling):
+      out_ids, scores = out_ids[:, :1], scores[:, :1]
     texts = tokenizer.detokenize(out_ids).numpy()  # (B, K)
     scores, out_ids = scores.numpy(), out_ids.numpy()
     for row, i in enumerate(chunk):
