@@ -80,6 +80,9 @@ flags.DEFINE_boolean("int8", False, "Also CTranslate2 int8.")
 flags.DEFINE_integer("threads", 0, "CTranslate2 intra_threads (0: its default).")
 flags.DEFINE_integer("parallel_batches", 1, "Batches decoded at a time by every engine "
                      "(see the module docstring); latency needs 1.")
+flags.DEFINE_integer("export_xla_max_rows", None, "The export XLA engine's "
+                     "--export_xla_max_rows (default: the export command's; 0: every "
+                     "request by XLA).")
 flags.DEFINE_integer("serving_intra_threads", 0, "The export engines' session: threads "
                      "per op, as tensorflow_model_server's "
                      "--tensorflow_intra_op_parallelism (0: TensorFlow's default; "
@@ -155,9 +158,11 @@ def main(argv):
   exported = {}
 
   def export_engine(jit):
+    rows = {} if FLAGS.export_xla_max_rows is None else {
+        "xla_max_rows": FLAGS.export_xla_max_rows}
     path = saved_model.export_from_settings(ExportSettings(
         FLAGS.model_dir, os.path.join(tmp, f"sm{int(jit)}"), base,
-        WeightsConfig(average_last_n=FLAGS.average_last_n), jit_compile=jit))
+        WeightsConfig(average_last_n=FLAGS.average_last_n), jit_compile=jit, **rows))
     run = common.session_signature(
         path, "serving_default", "inputs", "outputs",
         threads=FLAGS.serving_intra_threads or (

@@ -232,9 +232,11 @@ def test_empty_batch(served):
   assert ids["output_ids"].shape[0] == 0
 
 
-# The XLA export's row limit in these tests: fewer programs to compile than the
-# default 256 (each program is compiled when the warm-up requests are replayed).
+# The XLA export's rows in these tests: requests of up to XLA_ROWS rows are searched by
+# XLA (fewer programs to compile than the default's, each compiled when the warm-up
+# requests are replayed), larger ones, up to MAX_ROWS, in graph mode.
 XLA_ROWS = 8  # the least power of two that holds SENTENCES
+MAX_ROWS = 16
 
 
 @pytest.fixture(scope="module")
@@ -246,9 +248,12 @@ def xla_export_path(model_dir, tmp_path_factory):
       "export", f"--model_dir={model_dir}", f"--export_dir={export_dir}",
       "--export_version=1", "--export_jit_compile", f"--beam_size={DECODE.beam_size}",
       f"--alpha={DECODE.alpha}", f"--extra_decode_length={DECODE.extra_decode_length}",
-      "--return_beams", f"--max_input_length={MAX_INPUT}", f"--max_request_rows={XLA_ROWS}")
+      "--return_beams", f"--max_input_length={MAX_INPUT}", f"--max_request_rows={MAX_ROWS}",
+      f"--export_xla_max_rows={XLA_ROWS}")
   assert result.returncode == 0, result.stderr[-3000:]
   assert "--xla_cpu_compilation_enabled=true" in result.stdout  # the server command
+  assert (f"requests of up to {XLA_ROWS} rows are searched by XLA; requests of more than "
+          f"{XLA_ROWS} rows are searched in graph mode") in result.stdout
   return os.path.join(export_dir, "1")
 
 
@@ -277,7 +282,7 @@ def test_xla_export_warmup_requests_compile_every_program(xla_export_path):
   """The XLA export carries TF Serving's warm-up file: PredictionLog records of
   serving_default requests whose padded shapes (counted here with SentencePiece from
   the export's own vocabulary) are every program a request within the limits can
-  need: power-of-two rows up to the row limit (8 here) x source widths 16 and 32
+  need: power-of-two rows up to --export_xla_max_rows (8 here) x source widths 16 and 32
   (--max_input_length 24). Replayed as the server replays them, each is answered."""
   import sentencepiece  # pylint: disable=import-outside-toplevel
   from tensorflow_serving.apis import prediction_log_pb2  # pylint: disable=import-outside-toplevel
@@ -307,11 +312,14 @@ def test_xla_export_warmup_requests_compile_every_program(xla_export_path):
 @pytest.mark.slow
 def test_xla_export_ids_rows_translate_as_alone(xla_export_path, export_path):
   """The XLA export pads each batch to a power of two rows and columns: any batch
-  size (3 rows, 1 row, none) and width gives the graph export's ids and scores."""
+  size (3 rows, 1 row, none) and width gives the graph export's ids and scores; a
+  request of more than --export_xla_max_rows rows (12) is searched in graph mode, with
+  the same results."""
   xla, graph = SessionModel(xla_export_path), SessionModel(export_path)
   rows, _ = _ids(export_path, SENTENCES[:3])
   ids = tf.ragged.constant(rows).to_tensor().numpy()
-  for batch in (ids, ids[:1], ids[:0]):
+  large = np.tile(ids, (4, 1))
+  for batch in (ids, ids[:1], ids[:0], large):
     by_xla = xla.run("translate_ids", input_ids=batch)
     by_graph = graph.run("translate_ids", input_ids=batch)
     assert by_xla["output_ids"].shape[0] == len(batch)
@@ -319,6 +327,9 @@ def test_xla_export_ids_rows_translate_as_alone(xla_export_path, export_path):
     np.testing.assert_array_equal(by_xla["output_ids"][:, :, :width], by_graph["output_ids"])
     assert not by_xla["output_ids"][:, :, width:].any()
     np.testing.assert_allclose(by_xla["scores"], by_graph["scores"], rtol=1e-4, atol=1e-5)
+    if len(batch) > 1:  # XLA's fixed output width, or graph mode's own
+      assert (by_xla["output_ids"].shape[2] == width) == (len(batch) > XLA_ROWS), (
+          len(batch), by_xla["output_ids"].shape, width)
 
 
 @pytest.mark.slow
@@ -327,7 +338,7 @@ def test_xla_export_refuses_too_many_rows_before_compiling(xla_export_path):
   to 32,768 and compiled; refused, the session then answers a normal request."""
   xla = SessionModel(xla_export_path)
   with pytest.raises(tf.errors.InvalidArgumentError,
-                     match=rf"request of 20000 rows: this export takes at most {XLA_ROWS} rows"):
+                     match=rf"request of 20000 rows: this export takes at most {MAX_ROWS} rows"):
     xla.run(inputs=np.array(["a dog"] * 20000, object))
   with pytest.raises(tf.errors.InvalidArgumentError, match=r"request of 20000 rows"):
     xla.run("translate_ids", input_ids=np.full([20000, 2], EOS_ID, np.int32))

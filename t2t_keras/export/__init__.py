@@ -41,6 +41,14 @@ QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16
                  "float16", "bfloat16", "float32")
 
 
+# The XLA export searches requests of up to this many rows with XLA, larger ones in
+# graph mode: XLA's fused step wins where a request's few rows leave the step
+# dispatch-bound, while graph mode drops finished sentences from larger batches and
+# runs a request's two halves side by side (docs/benchmarks.md, "The XLA export by
+# request size"). Also fewer programs to compile when a server loads the model.
+XLA_MAX_ROWS = 8
+
+
 @dataclasses.dataclass(frozen=True)
 class ExportSettings:
   """What the export command was asked for; each format reads the fields it declares.
@@ -54,6 +62,8 @@ class ExportSettings:
     weights: which weights, in which dtype (`configs.WeightsConfig`).
     version: the SavedModel version (0: the Unix time).
     jit_compile: the SavedModel's beam search compiled with XLA.
+    xla_max_rows: with `jit_compile`, requests of at most this many rows take the XLA
+      search, larger ones the graph-mode search (0: every request takes XLA).
     max_request_rows, max_string_bytes, max_request_tokens: the SavedModel's
       per-request limits.
     quantization: CTranslate2's weight type (None: float32).
@@ -65,6 +75,7 @@ class ExportSettings:
   weights: WeightsConfig = WeightsConfig()
   version: int = 0
   jit_compile: bool = False
+  xla_max_rows: int = XLA_MAX_ROWS
   max_request_rows: int = 256
   max_string_bytes: int = 16384
   max_request_tokens: int = 16384
@@ -148,7 +159,8 @@ SAVED_MODEL = Format(
         "decode_jit_compile": "use --export_jit_compile to compile the exported beam "
                               "search with XLA",
     },
-    own_flags=("export_version", "export_jit_compile", "max_request_rows",
+    own_flags=("export_version", "export_jit_compile", "export_xla_max_rows",
+               "max_request_rows",
                "max_string_bytes", "max_request_tokens"))
 
 CTRANSLATE2 = Format(

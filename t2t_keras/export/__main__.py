@@ -41,6 +41,11 @@ flags.DEFINE_boolean(
     "CPU). TensorFlow Serving runs it only when started with "
     "--xla_cpu_compilation_enabled=true (CPU; serving#1858), else requests fail. "
     "Each new batch size or source length bucket is compiled on its first request.")
+flags.DEFINE_integer("export_xla_max_rows", export.XLA_MAX_ROWS,
+                     "With --export_jit_compile: requests of at most this many rows are "
+                     "searched by XLA (lowest latency), larger ones in graph mode (their "
+                     "finished sentences leave the batch); 0: every request by XLA.",
+                     lower_bound=0)
 flags.DEFINE_integer("max_request_rows", 256,
                      "--format=saved_model: sentences (rows) per request; more is refused "
                      "with INVALID_ARGUMENT before any work. Under TF Serving's batching "
@@ -82,6 +87,7 @@ def run() -> None:
       export_dir=FLAGS.export_dir or export_format.default_dir(FLAGS.model_dir),
       decode_config=t2t_flags.decode_config(), weights=t2t_flags.weights_config(sys.argv),
       version=FLAGS.export_version, jit_compile=FLAGS.export_jit_compile,
+      xla_max_rows=FLAGS.export_xla_max_rows,
       max_request_rows=FLAGS.max_request_rows, max_string_bytes=FLAGS.max_string_bytes,
       max_request_tokens=FLAGS.max_request_tokens, quantization=FLAGS.quantization)
   path = export_format.export(settings)

@@ -35,8 +35,11 @@ linearized tree over the request's words.
 
 With `jit_compile` (`python -m t2t_keras.export --export_jit_compile`) the beam search is an
 XLA-compiled function inside the graph (TF Serving on CPU then needs
-`--xla_cpu_compilation_enabled=true`); each batch is padded to a power-of-two number of
-rows and of source columns, so that few shapes are compiled. Same translations. Such
+`--xla_cpu_compilation_enabled=true`) for requests of at most `xla_max_rows` rows
+(`--export_xla_max_rows`), which it serves with the lowest latency; larger requests
+take the graph-mode search, whose finished sentences leave the batch. Each XLA batch is
+padded to a power-of-two number of rows and of source columns, so that few shapes are
+compiled. Same translations either way. Such
 an export carries TF Serving's warm-up file (`assets.extra/tf_serving_warmup_requests`,
 `PredictionLog` records): one request per (rows, width) program a request within the
 limits can need, which the server replays at load, compiling every program before it
@@ -121,11 +124,12 @@ class Translator(tf.Module):
   def __init__(self, model, tokenizer, config: DecodeConfig, *,
                vocab_file=None, tree_constraint=None,
                jit_compile: bool = False, limits: Optional[RequestLimits] = None,
-               data_config=None):
+               data_config=None, xla_max_rows: int = 0):
     """Args: `config` the inference settings the export carries (`Format.carries`:
     sources cut to `config.max_input_length`, serving_default translating into
     `config.target_language`, default the dev files'); `jit_compile` the XLA beam
-    search (`--export_jit_compile`; `config.jit_compile` is the decode command's);
+    search (`--export_jit_compile`; `config.jit_compile` is the decode command's) for
+    requests of at most `xla_max_rows` rows, larger ones in graph mode (0: all);
     `tree_constraint` the `TreeConstraint` of `config.constrain_trees`; `vocab_file`
     the SentencePiece model carried as an asset, or the source's and the target's
     (a pair, separate vocabularies: `tokenizer` is then a `PairTokenizer`, which
@@ -158,12 +162,13 @@ class Translator(tf.Module):
     self.tree_constraint = tree_constraint  # parsing: only valid trees (or None)
     self.max_input_length = int(config.max_input_length)
     self.jit_compile = bool(jit_compile)
+    self.xla_max_rows = min(int(xla_max_rows) or self.limits.max_rows, self.limits.max_rows)
     # The graph-mode search, and the XLA one: fixed shapes, a request one batch of at
-    # most max_rows rows (padded to a power of two), which caps its halvings.
+    # most xla_max_rows rows (padded to a power of two), which caps its halvings.
     self.graph_config = dataclasses.replace(config, jit_compile=False)
     self.xla_config = dataclasses.replace(
         config, jit_compile=True,
-        batch_size=decoding.padded_width(self.limits.max_rows, minimum=1))
+        batch_size=decoding.padded_width(self.xla_max_rows, minimum=1))
     if self.jit_compile:
       # Beam search alone is compiled (the string ops stay outside: XLA has no
       # tokenizer); XLA compiles once per input shape, so batches are padded to a
@@ -261,9 +266,12 @@ class Translator(tf.Module):
     (`_stand_ins`)."""
     del batch  # the rows say it
     ids = ids[:, :self.max_input_length]
-    if self.jit_compile:
+    if not self.jit_compile:
+      return self._decode_in_halves(ids)
+    if self.xla_max_rows >= self.limits.max_rows:
       return self._decode_bucketed(ids)
-    return self._decode_in_halves(ids)
+    return tf.cond(tf.shape(ids)[0] <= self.xla_max_rows,
+                   lambda: self._decode_bucketed(ids), lambda: self._decode_in_halves(ids))
 
   def _decode_in_halves(self, ids, target_prefix=None):
     """Graph mode: the rows in length order, searched as two independent halves that
@@ -451,11 +459,12 @@ def export(translator: Translator, export_dir: str, version: Optional[int] = Non
   return publish.publish(tmp, path, SAVED_MODEL_FILE)
 
 
-def xla_buckets(max_input_length: int, limits: RequestLimits) -> list:
-  """The (rows, width) shapes the XLA export compiles for requests within `limits`,
-  each with the smallest request that reaches it: [(rows, width, request rows,
-  request width)], widths counting EOS. A bucket is reachable when its smallest
-  request (half its rows + 1, half its width + 1) is within the token limit."""
+def xla_buckets(max_input_length: int, limits: RequestLimits, max_rows: int = 0) -> list:
+  """The (rows, width) shapes the XLA export compiles for requests within `limits` of
+  at most `max_rows` rows (0: `limits.max_rows`), each with the smallest request that
+  reaches it: [(rows, width, request rows, request width)], widths counting EOS. A
+  bucket is reachable when its smallest request (half its rows + 1, half its width +
+  1) is within the token limit."""
   def powers(first, last):
     value = first
     while True:
@@ -464,12 +473,13 @@ def xla_buckets(max_input_length: int, limits: RequestLimits) -> list:
         return
       value *= 2
   widest = decoding.padded_width(max_input_length)  # sources are cut to max_input_length
+  max_rows = min(max_rows or limits.max_rows, limits.max_rows)
   buckets = []
-  for rows in powers(1, decoding.padded_width(limits.max_rows, minimum=1)):
+  for rows in powers(1, decoding.padded_width(max_rows, minimum=1)):
     for width in powers(decoding.MIN_XLA_WIDTH, widest):
       need_rows = 1 if rows == 1 else rows // 2 + 1
       need_width = 2 if width == decoding.MIN_XLA_WIDTH else width // 2 + 1
-      if (need_rows <= limits.max_rows and need_width <= max_input_length
+      if (need_rows <= max_rows and need_width <= max_input_length
           and need_rows * need_width <= limits.max_tokens):
         buckets.append((rows, width, need_rows, need_width))
   return buckets
@@ -480,7 +490,8 @@ def warmup_requests(translator: Translator) -> list:
   a word the vocabulary holds whole, repeated to the bucket's smallest width."""
   word = _one_piece_word(translator.tokenizer.source)
   return [[" ".join([word] * (width - 1))] * rows for _, _, rows, width in
-          xla_buckets(translator.max_input_length, translator.limits)]
+          xla_buckets(translator.max_input_length, translator.limits,
+                      translator.xla_max_rows)]
 
 
 def _one_piece_word(tokenizer) -> str:
@@ -554,7 +565,8 @@ def translator_of(settings: ExportSettings) -> tuple:
       loaded.model, loaded.tokenizer, config,
       vocab_file=modeldir.vocab_file_of(loaded.tokenizer, model_dir),
       tree_constraint=constraint, jit_compile=settings.jit_compile,
-      limits=limits_of(settings), data_config=loaded.data_config)
+      limits=limits_of(settings), data_config=loaded.data_config,
+      xla_max_rows=settings.xla_max_rows)
   return translator, loaded.checkpoints
 
 
@@ -583,8 +595,14 @@ def describe(path: str, settings: ExportSettings) -> str:
   server_flag = " --xla_cpu_compilation_enabled=true" if settings.jit_compile else ""
   warmup = ""
   if settings.jit_compile:
-    count = len(xla_buckets(settings.decode_config.max_input_length, limits))
-    warmup = (f"\n  {count} XLA programs (rows x source width) are compiled when TF Serving "
+    count = len(xla_buckets(settings.decode_config.max_input_length, limits,
+                            settings.xla_max_rows))
+    rows = min(settings.xla_max_rows or limits.max_rows, limits.max_rows)
+    split = ("" if rows >= limits.max_rows else
+             f"; requests of more than {rows} rows are searched in graph mode "
+             "(--export_xla_max_rows)")
+    warmup = (f"\n  requests of up to {rows} rows are searched by XLA{split}"
+              f"\n  {count} XLA programs (rows x source width) are compiled when TF Serving "
               f"loads it ({WARMUP_FILE}): the model is available after that, and no "
               "request waits for a compilation")
   return (f"exported {path}" + (" (beam search compiled with XLA)" if server_flag else "")
