@@ -46,7 +46,7 @@ QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16
 # dispatch-bound, while graph mode drops finished sentences from larger batches and
 # runs a request's two halves side by side (docs/benchmarks.md, "The XLA export by
 # request size"). Also fewer programs to compile when a server loads the model.
-XLA_MAX_ROWS = 8
+XLA_MAX_ROWS = 16
 
 
 @dataclasses.dataclass(frozen=True)
