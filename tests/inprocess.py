@@ -13,8 +13,8 @@ with `absl.app.run` replaced by the steps of app.run that matter here: parse `ar
 (a bad flag: exit 1 with absl's "FATAL Flags parsing error"), INFO logging, then the
 main (`app.UsageError`: its message and exit 1). `sys.argv`, the working directory
 and standard input are set for the call; the flags, the working directory, logging,
-Keras' dtype policy and signal handlers are restored afterwards, so later tests see
-none of it.
+Keras' dtype policy, op determinism and signal handlers are restored afterwards, so
+later tests see none of it.
 
 The entry points (t2t_keras/flags.py defines their common flags once) share the
 process's flags: a flag of another entry point imported earlier is accepted, where a
@@ -117,6 +117,7 @@ def run(command: str, *args, stdin: Optional[str] = None,
   from absl import app, flags
   from absl import logging as absl_logging
   from absl.testing import flagsaver
+  from tensorflow.python.framework import config as tf_config
 
   argv = [f"t2t_keras.{command}", *map(str, args)]
   stdout, stderr = io.StringIO(), io.StringIO()
@@ -128,6 +129,7 @@ def run(command: str, *args, stdin: Optional[str] = None,
   saved_policy = keras.config.dtype_policy()
   saved_argv, saved_cwd = sys.argv, os.getcwd()
   was_parsed = flags.FLAGS.is_parsed()
+  was_deterministic = tf_config.is_op_determinism_enabled()
   code = 0
 
   def app_run(main, argv=None, **unused):
@@ -180,6 +182,8 @@ def run(command: str, *args, stdin: Optional[str] = None,
       for signum, previous in saved_signals.items():
         signal.signal(signum, previous)
       keras.config.set_dtype_policy(saved_policy)
+      if not was_deterministic:  # train's --deterministic turns it on for the process
+        tf_config.disable_op_determinism()
       if not was_parsed:
         flags.FLAGS.unparse_flags()
   return subprocess.CompletedProcess(argv, code, stdout.getvalue(), stderr.getvalue())

@@ -149,32 +149,48 @@ def _top_level_names(tree) -> set:
   return names
 
 
+def _first_docstring_line(target: str) -> str:
+  """The first line of the docstring of the module a `module:function` target runs (a
+  console script's wrapper has none; a package's is its __main__'s)."""
+  spec = importlib.util.find_spec(target.split(":")[0])
+  origin = spec.origin
+  if spec.submodule_search_locations:
+    origin = os.path.join(os.path.dirname(origin), "__main__.py")
+  with open(origin, encoding="utf-8") as f:
+    return ast.get_docstring(ast.parse(f.read())).splitlines()[0]
+
+
+# Commands whose --help runs as a fresh process. The others' --help runs in-process
+# (test_help_lists_the_commands_own_flags_by_group): a process each would only repeat
+# TensorFlow's import. These two have no in-process runner; t2t-train and
+# t2t-run-recipe stand for the entry points and the tools.
+HELP_PROCESSES = ("t2t-train", "t2t-run-recipe", "t2t-data-service", "t2t-saved-model-cli")
+
+
 @pytest.mark.slow
 def test_every_command_resolves_and_shows_its_own_help():
-  """Each declared `module:function` imports, is callable and prints its usage with its
-  own flags; four at a time, each process imports TensorFlow."""
+  """Each declared `module:function` imports and is a top-level function of its module;
+  HELP_PROCESSES print their usage with their own flags as fresh processes (each
+  imports TensorFlow), the others in-process."""
   commands = declared_commands()
   assert set(commands) == set(OWN_FLAGS)
+  in_process = {_command_of(name) for name in [*inprocess.ENTRY_POINTS, *inprocess.TOOLS]}
+  assert set(commands) == in_process | set(HELP_PROCESSES)
   for target in commands.values():  # resolvable without running anything
     module, function = target.split(":")
     spec = importlib.util.find_spec(module)
     assert spec is not None and spec.origin.startswith(REPO_ROOT), target
     with open(spec.origin, encoding="utf-8") as f:
       assert function in _top_level_names(ast.parse(f.read())), target
-  with futures.ThreadPoolExecutor(4) as pool:
-    results = dict(zip(commands, pool.map(lambda item: _run_help(*item), commands.items())))
+  with futures.ThreadPoolExecutor(2) as pool:
+    results = dict(zip(HELP_PROCESSES, pool.map(
+        lambda command: _run_help(command, commands[command]), HELP_PROCESSES)))
   for command, result in results.items():
     output = result.stdout + result.stderr
     # absl's --help exits with 1 after the usage; TensorFlow's saved_model_cli with 0.
     assert result.returncode in (0, 1) and "Traceback" not in output, (command, output)
-    # The usage is the command's module docstring (a console script's wrapper has none).
-    spec = importlib.util.find_spec(commands[command].split(":")[0])
-    origin = spec.origin
-    if spec.submodule_search_locations:  # a package (t2t_keras.export): its __main__
-      origin = os.path.join(os.path.dirname(origin), "__main__.py")
-    with open(origin, encoding="utf-8") as f:
-      first_line = ast.get_docstring(ast.parse(f.read())).splitlines()[0]
-    assert output.startswith(first_line), (command, output[:500])
+    assert output.startswith(_first_docstring_line(commands[command])), (command,
+                                                                         output[:500])
     check_help(command, output)
 
 
@@ -190,7 +206,10 @@ def test_help_lists_the_commands_own_flags_by_group(name):
   docstring and "Try --helpfull": not one flag of train's)."""
   result = inprocess.run(name, "--help")
   assert result.returncode == 1, result  # absl's code after --help
-  check_help(_command_of(name), result.stdout)
+  command = _command_of(name)
+  assert result.stdout.startswith(_first_docstring_line(declared_commands()[command])), (
+      command, result.stdout[:500])
+  check_help(command, result.stdout)
   assert "(default: " in result.stdout
 
 

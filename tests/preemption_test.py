@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import inprocess
 from tests.conftest import REPO_ROOT
 
 STEPS = 200  # the signals land at steps 120, 140 and 170 (SIGNAL_AT)
@@ -32,9 +33,14 @@ def command(model_dir):
   return [sys.executable, "-m", "t2t_keras.train", *FLAGS, f"--model_dir={model_dir}"]
 
 
-def run_to_end(model_dir):
-  result = subprocess.run(command(model_dir), cwd=REPO_ROOT, env=ENV, capture_output=True,
-                          text=True, timeout=600, check=False)
+def run_to_end(model_dir, process=True):
+  """The command to the end: as a process, or (the uninterrupted reference, where a
+  process proves nothing more) in this one."""
+  if process:
+    result = subprocess.run(command(model_dir), cwd=REPO_ROOT, env=ENV,
+                            capture_output=True, text=True, timeout=600, check=False)
+  else:
+    result = inprocess.run("train", *FLAGS, f"--model_dir={model_dir}")
   assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
   return result.stdout
 
@@ -128,7 +134,7 @@ def test_sigkill_sigterm_and_ctrl_c_then_resume_bitwise_equal_to_one_run(tmp_pat
   4. resumed at 170, it ends bitwise equal to an uninterrupted run (weights,
      optimizer slots and dropout seeds; dropout on)."""
   straight = tmp_path / "straight"
-  run_to_end(straight)
+  run_to_end(straight, process=False)
   model_dir = tmp_path / "stopped"
   code, _, _ = start_and_signal(model_dir, signal.SIGKILL, 120, tmp_path)
   assert code == -signal.SIGKILL
