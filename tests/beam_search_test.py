@@ -207,7 +207,7 @@ def test_compiles_with_xla_and_matches_eager():
   tables = [make_table(s) for s in range(2)]
   eager = run(tables, 4, 7, 0.6)
 
-  @tf.function(jit_compile=True)
+  @tf.function(jit_compile=True, autograph=False)
   def compiled():
     return bs.beam_search(history_scorer(tables), tf.fill([2], BOS_ID),
                           initial_state(2, 4), 7, bs.Beam(4, alpha=0.6))
@@ -223,7 +223,7 @@ def test_top_k_rows_equals_top_k(vocab, jit):
   values = tf.tensor_scatter_nd_update(values, [[1, 5], [1, 6], [1, 7]], [9.0, 8.0, 7.5])
   values = tf.concat([values, tf.fill([1, vocab], -1.0e9)], 0)
   values = tf.tensor_scatter_nd_update(values, [[6, vocab - 1]], [0.0])
-  fn = tf.function(lambda v: bs.top_k_rows(v, 8), jit_compile=jit or None)
+  fn = tf.function(lambda v: bs.top_k_rows(v, 8), jit_compile=jit or None, autograph=False)
   got_values, got_ids = fn(values)
   want_values, want_ids = tf.math.top_k(values, 8)
   np.testing.assert_array_equal(got_values.numpy(), want_values.numpy())
@@ -237,7 +237,7 @@ def test_top_k_rows_equals_top_k(vocab, jit):
 def test_top_k_log_probs_equal_log_softmax_then_top_k(vocab):
   logits = 4.0 * tf.random.stateless_normal([5, vocab], seed=[vocab, 2])
   logits = tf.concat([logits, tf.one_hot([3], vocab, 0.0, -1.0e9)], 0)  # one token left
-  got_values, got_ids = tf.function(lambda v: bs.top_k_log_probs(v, 8))(logits)
+  got_values, got_ids = tf.function(lambda v: bs.top_k_log_probs(v, 8), autograph=False)(logits)
   want_values, want_ids = tf.math.top_k(tf.nn.log_softmax(logits), 8)
   np.testing.assert_allclose(got_values.numpy(), want_values.numpy(), rtol=1e-6, atol=1e-5)
   np.testing.assert_array_equal(got_ids.numpy()[:5], want_ids.numpy()[:5])
@@ -288,7 +288,7 @@ def test_halving_batch_gives_the_full_batchs_results(alpha, results, mode, halvi
                                       batch=bs.HalvingBatch(halvings)),
                           context=tf.range(batch))
   if mode == "xla":
-    halved = tf.function(halved, jit_compile=True)
+    halved = tf.function(halved, jit_compile=True, autograph=False)
   (want_ids, want_scores), (ids, scores) = full(), halved()
   compared = slice(None) if results == beam else slice(0, 1)
   np.testing.assert_array_equal(ids.numpy()[:, compared], want_ids.numpy()[:, compared])
@@ -344,7 +344,7 @@ def test_shrinking_batch_gives_the_full_batchs_results(alpha, results, graph):
                           bs.Beam(beam, alpha=alpha, num_results=results,
                                   batch=bs.ShrinkingBatch()), context=tf.range(batch))
   if graph:
-    full, shrunk = tf.function(full), tf.function(shrunk)
+    full, shrunk = (tf.function(f, autograph=False) for f in (full, shrunk))
   (want_ids, want_scores), (ids, scores) = full(), shrunk()
   compared = slice(None) if results == beam else slice(0, 1)
   np.testing.assert_array_equal(ids.numpy()[:, compared], want_ids.numpy()[:, compared])
@@ -357,7 +357,7 @@ def test_shrinking_batch_gives_the_full_batchs_results(alpha, results, graph):
     return bs.beam_search(scorer, tf.fill([batch], BOS_ID), initial_state(batch, beam),
                           12, bs.Beam(beam, alpha=alpha, num_results=results,
                                       batch=bs.ShrinkingBatch()))
-  alone, alone_scores = (tf.function(alone_fn) if graph else alone_fn)()
+  alone, alone_scores = (tf.function(alone_fn, autograph=False) if graph else alone_fn)()
   np.testing.assert_array_equal(alone.numpy()[:, compared], want_ids.numpy()[:, compared])
   np.testing.assert_allclose(alone_scores.numpy()[:, compared],
                              want_scores.numpy()[:, compared], rtol=1e-6)
@@ -387,7 +387,7 @@ def test_greedy_rows_leave_the_batch_with_the_same_results(graph):
                             tf.zeros([batch], tf.int32), 9, context=tf.range(batch),
                             shrink=True)
   if graph:
-    full, shrunk = tf.function(full), tf.function(shrunk)
+    full, shrunk = (tf.function(f, autograph=False) for f in (full, shrunk))
   (want_ids, want_scores), (ids, scores) = full(), shrunk()
   np.testing.assert_array_equal(ids.numpy(), want_ids.numpy())
   np.testing.assert_allclose(scores.numpy(), want_scores.numpy(), rtol=1e-6)

@@ -169,7 +169,7 @@ def test_xla_decoding_equals_eager(models, which, monkeypatch):
   assert rows[0] == 8 and min(rows) < 8 and set(rows) <= {8, 4, 2}, rows
   np.testing.assert_array_equal(in_place[0].numpy(), eager[0].numpy())
   compiled = tf.function(lambda x: decoding.decode_ids(model, x, xla_config),
-                         jit_compile=True)
+                         jit_compile=True, autograph=False)
   ids, scores = compiled(tf.constant(inputs))
   np.testing.assert_array_equal(ids.numpy(), eager[0].numpy())
   np.testing.assert_allclose(scores.numpy(), eager[1].numpy(), rtol=1e-4, atol=1e-5)
@@ -431,11 +431,12 @@ def test_target_prefix_starts_the_output_and_the_search_goes_on_from_it(model, b
     return decoding.decode_ids(model, inputs, dataclasses.replace(config, jit_compile=in_place),
                                target_prefix=prefix)
   # Under XLA one program serves every prefix of a shape (compiled once, not per call).
-  prefixed = tf.function(decode, jit_compile=True) if in_place else decode
+  prefixed = tf.function(decode, jit_compile=True, autograph=False) if in_place else decode
 
   def run(prefix=None):
     if prefix is None:
-      ids, scores = tf.function(decode, jit_compile=True)() if in_place else decode()
+      ids, scores = (tf.function(decode, jit_compile=True, autograph=False)() if in_place
+                     else decode())
     else:
       ids, scores = prefixed(prefix)
     return ids.numpy()[:, 0], scores.numpy()[:, 0]

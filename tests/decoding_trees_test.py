@@ -54,7 +54,8 @@ def check_tree(out, words, constraint):
 def assert_xla_in_place_agrees(model, inputs, config, constraint, ids, scores):  # noqa: F811
   """The in-place cache layout under XLA gives the reordered layout's beams."""
   compiled = tf.function(lambda x: decoding.decode_ids(
-      model, x, dataclasses.replace(config, jit_compile=True), constraint), jit_compile=True)
+      model, x, dataclasses.replace(config, jit_compile=True), constraint), jit_compile=True,
+      autograph=False)
   xla_ids, xla_scores = compiled(tf.constant(inputs))
   np.testing.assert_array_equal(xla_ids.numpy(), ids)
   np.testing.assert_allclose(xla_scores.numpy(), scores.numpy(), rtol=1e-4, atol=1e-5)

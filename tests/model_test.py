@@ -88,7 +88,7 @@ def test_decode_step_compiles_with_tensor_index(model):
   inputs = random_ids(rng, 2, 5)
   encoded, memory_mask = model.encode(inputs)
   cross = model.cross_key_values(encoded)
-  step = tf.function(model.decode_step, jit_compile=True)
+  step = tf.function(model.decode_step, jit_compile=True, autograph=False)
   cache = model.init_cache(2, 4)
   ids = tf.constant([3, 3])
   extra = ({"source_pointer": (encoded, tf.constant([0, 0]))}
