@@ -42,7 +42,7 @@ OTHER_PROGRAMS = {
     "dist", "durations",  # pytest and pytest-xdist (README's test command, CONTRIBUTING.md)
     "tf_xla_persistent_cache_directory", "tf_xla_persistent_cache_read_only",
     "tf_xla_persistent_cache_prefix",  # TensorFlow's TF_XLA_FLAGS (docs/training.md)
-    "xla_cpu_use_thunk_runtime",  # XLA_FLAGS (docs/benchmarks.md)
+    "xla_cpu_use_thunk_runtime", "xla_cpu_enable_xprof_traceme",  # XLA_FLAGS (docs/benchmarks.md)
     "zone", "worker", "command",  # gcloud compute tpus tpu-vm ssh (docs/training.md)
     "force",  # wget's --force-directories (a datagen mirror's layout; the hyphen ends it)
 }
