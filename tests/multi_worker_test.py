@@ -266,7 +266,7 @@ def test_a_lost_worker_stops_the_run_which_resumes_exactly(tmp_path):
   5. relaunched, it resumes at step 15 and ends bitwise equal to the reference."""
   start = time.time()
   straight_dir, model_dir = tmp_path / "straight", tmp_path / "lost"
-  # The reference: one process with the same 2 replicas (2 workers of one device each
+  # The reference: the same 2 replicas in this process (2 workers of one device each
   # train bitwise alike; with sparse gradients, test_two_workers_... compares them).
   single = inprocess.run("train", "--strategy=mirrored", "--num_logical_devices=2",
                          f"--model_dir={straight_dir}", *LOST_FLAGS)

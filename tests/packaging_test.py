@@ -162,8 +162,8 @@ def _first_docstring_line(target: str) -> str:
 
 # Commands whose --help runs as a fresh process. The others' --help runs in-process
 # (test_help_lists_the_commands_own_flags_by_group): a process each would only repeat
-# TensorFlow's import. These two have no in-process runner; t2t-train and
-# t2t-run-recipe stand for the entry points and the tools.
+# TensorFlow's import. t2t-data-service and t2t-saved-model-cli have no in-process
+# runner; t2t-train and t2t-run-recipe stand for the entry points and the tools.
 HELP_PROCESSES = ("t2t-train", "t2t-run-recipe", "t2t-data-service", "t2t-saved-model-cli")
 
 
