@@ -23,13 +23,24 @@ def read_scalars(log_dir: str) -> Series:
   """
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
+  from tensorflow.core.util import event_pb2
   values: Dict[str, Dict[int, float]] = collections.defaultdict(dict)
   if not tf.io.gfile.isdir(log_dir):
     return {}
   for name in sorted(tf.io.gfile.listdir(log_dir)):
     if "tfevents" not in name:
       continue
-    for event in tf.compat.v1.train.summary_iterator(os.path.join(log_dir, name)):
+    # Records read as tf.data does: tf.compat.v1.train.summary_iterator logs a
+    # deprecation warning into the user's terminal.
+    records = iter(tf.data.TFRecordDataset(os.path.join(log_dir, name)))
+    while True:
+      try:
+        record = next(records)
+      except StopIteration:
+        break
+      except tf.errors.DataLossError:
+        break  # a live run's last record, half written: the curves up to it
+      event = event_pb2.Event.FromString(record.numpy())
       for value in event.summary.value:
         if value.HasField("tensor"):
           number = float(tf.make_ndarray(value.tensor))

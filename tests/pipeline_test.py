@@ -473,3 +473,18 @@ def test_a_cache_whose_files_disagree_with_its_lengths_is_named(corpus, tmp_path
   assert (f"the cache files of {copy} for padded length {padded} disagree with its "
           "lengths.npy: delete that directory and rerun to tokenize again"
           ) in error.value.message
+
+
+def test_bucket_datasets_run_without_autotuning_and_the_dynamic_one_with_it():
+  """A bucket's dataset has fixed parallelism and buffers: an autotuning thread there
+  tunes nothing and held each iterator's deletion for seconds (the end of training)."""
+  config = DataConfig(source="synthetic", synthetic_max_length=10, synthetic_vocab_size=16,
+                      synthetic_train_size=200, synthetic_eval_size=10, max_length=12,
+                      batch_size=64, static_shapes=True)
+  data = pipeline.make_datasets(config)
+  bucket = data.train_fn.plan(1).bucket_of_step(0)
+  static = data.train_fn(bucket=bucket)
+  assert static.options().autotune.enabled is False
+  assert next(iter(static))["targets"].shape == data.train_fn.bucket_shape(bucket)
+  dynamic = pipeline.make_datasets(dataclasses.replace(config, static_shapes=False))
+  assert dynamic.train_fn().options().autotune.enabled is not False

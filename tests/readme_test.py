@@ -19,9 +19,11 @@ from tests.conftest import REPO_ROOT
 
 DEMO_MODEL_DIR = "/tmp/t2t_demo"
 # Lines a person should not see by default: TensorFlow's C++ log lines (I/W/E + date),
-# absl's pre-initialisation notice, library INFO chatter.
+# absl's pre-initialisation notice, library INFO chatter, TensorFlow's Python
+# deprecation warnings.
 NOISE = re.compile(r"^[IWEF]\d{4} |absl::InitializeLog|cuInit|oneDNN|Sharding callback|"
-                   r"signature_serialization|fontManager|cpu_feature_guard", re.M)
+                   r"signature_serialization|fontManager|cpu_feature_guard|"
+                   r"^WARNING:tensorflow|is deprecated", re.M)
 
 
 def readme_command(after: str) -> str:
@@ -80,7 +82,7 @@ def test_readme_demo_command_in_a_fresh_copy_and_environment(tmp_path):
   clone = tmp_path / "t2t_keras"
   _fresh_copy(clone)
   env = {k: v for k, v in os.environ.items()
-         if k not in ("VIRTUAL_ENV", "PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL")}
+         if k not in ("VIRTUAL_ENV", "PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL", "XLA_FLAGS")}
   env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
   # pip byte-compiles every installed module (TensorFlow's thousands) unless told not
   # to; Python compiles what the demo imports anyway.

@@ -341,3 +341,32 @@ def test_dev_bleu_reads_the_dev_pairs_of_any_source(monkeypatch):
   bleu = sacrebleu.corpus_bleu(hypotheses, [dev_references]).score
   assert bleu > 0.0, (hypotheses, dev_references)
   assert result == pytest.approx({"bleu": bleu}, abs=1e-9), (result, bleu, hypotheses)
+
+
+def test_releasing_the_iterators_does_not_wait_for_their_deletion():
+  """Deleting a tf.data iterator can wait seconds for its autotuning thread: the end
+  of training drops them on a thread of its own and goes on; they are still deleted."""
+  import threading  # pylint: disable=import-outside-toplevel
+
+  from t2t_keras.training import trainer as trainer_lib  # pylint: disable=import-outside-toplevel
+  may_finish, deleted = threading.Event(), threading.Event()
+
+  class SlowToDelete:
+    def __del__(self):
+      may_finish.wait(10)  # a synchronous release would sit here for 10 s
+      deleted.set()
+
+  for per_bucket in (True, False):
+    may_finish.clear()
+    deleted.clear()
+    batches = object.__new__(trainer_lib._Batches)  # pylint: disable=protected-access
+    batches.per_bucket = per_bucket
+    if per_bucket:
+      batches.iterators = {2: SlowToDelete()}
+    else:
+      batches.single = SlowToDelete()
+    batches.release()
+    assert not deleted.is_set()  # release came back while the deletion waits
+    may_finish.set()
+    assert deleted.wait(30)
+    assert batches.buckets_used == [2] if per_bucket else batches.single is None

@@ -339,7 +339,14 @@ class TrainData:
       return ds.map(batch, num_parallel_calls=parallel, deterministic=True)
 
     ds = loaded(load, batches)
-    return ds.prefetch(tf.data.AUTOTUNE if bucket is None else per_step)
+    if bucket is None:
+      return ds.prefetch(tf.data.AUTOTUNE)
+    # A bucket's dataset has nothing to tune (its parallelism and buffer are fixed
+    # above), and an autotuning thread per bucket iterator costs a thread each and
+    # delays the iterator's deletion (Trainer's _Batches.release).
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return ds.prefetch(per_step).with_options(options)
 
 
 def train_dataset(config: DataConfig, tokenizer=None,

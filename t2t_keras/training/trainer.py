@@ -25,6 +25,7 @@ import dataclasses
 import inspect
 import logging as logging_lib
 import math
+import threading
 import time
 from typing import Callable, Optional
 
@@ -602,12 +603,19 @@ class _Batches:
     """Drops the iterators once the loop is done: their background threads (prefetch,
     tf.data's autotuning) would run on while the process evaluates, decodes examples
     or exports, and in a process that trains several times (a notebook, the tests)
-    they pile up. `buckets_used` keeps which buckets came up."""
+    they pile up. `buckets_used` keeps which buckets came up.
+
+    They are dropped on a thread of their own: deleting a tf.data iterator waits for
+    its autotuning thread, which may sleep for up to its optimization period before
+    it sees the cancellation. On 2 devices, or with static shapes, that held the end
+    of training for 2-20 s (TensorFlow 2.21, docs/benchmarks.md). The thread is not a
+    daemon: Python waits for it before the process exits."""
     if self.per_bucket:
       self.buckets_used = sorted(self.iterators)
-      self.iterators = {}
+      dropped, self.iterators = list(self.iterators.values()), {}
     else:
-      self.single = None
+      dropped, self.single = [self.single], None
+    threading.Thread(target=dropped.clear, name="t2t_keras_drop_iterators").start()
 
   def bucket_of_step(self, step: int):
     """The bucket (static shapes) whose program runs `step`; None: the one program."""
