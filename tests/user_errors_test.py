@@ -43,6 +43,7 @@ OTHER_PROGRAMS = {
     "tf_xla_persistent_cache_directory", "tf_xla_persistent_cache_read_only",
     "tf_xla_persistent_cache_prefix",  # TensorFlow's TF_XLA_FLAGS (docs/training.md)
     "xla_cpu_use_thunk_runtime", "xla_cpu_enable_xprof_traceme",  # XLA_FLAGS (docs/benchmarks.md)
+    "xla_backend_optimization_level",  # XLA_FLAGS (docs/benchmarks.md, tests/conftest.py)
     "zone", "worker", "command",  # gcloud compute tpus tpu-vm ssh (docs/training.md)
     "force",  # wget's --force-directories (a datagen mirror's layout; the hyphen ends it)
 }
