@@ -32,23 +32,19 @@ def read_scalars(log_dir: str) -> Series:
       continue
     # Records read as tf.data does: tf.compat.v1.train.summary_iterator logs a
     # deprecation warning into the user's terminal.
-    records = iter(tf.data.TFRecordDataset(os.path.join(log_dir, name)))
-    while True:
-      try:
-        record = next(records)
-      except StopIteration:
-        break
-      except tf.errors.DataLossError:
-        break  # a live run's last record, half written: the curves up to it
-      event = event_pb2.Event.FromString(record.numpy())
-      for value in event.summary.value:
-        if value.HasField("tensor"):
-          number = float(tf.make_ndarray(value.tensor))
-        elif value.HasField("simple_value"):
-          number = value.simple_value
-        else:
-          continue
-        values[value.tag][int(event.step)] = number
+    try:
+      for record in tf.data.TFRecordDataset(os.path.join(log_dir, name)):
+        event = event_pb2.Event.FromString(record.numpy())
+        for value in event.summary.value:
+          if value.HasField("tensor"):
+            number = float(tf.make_ndarray(value.tensor))
+          elif value.HasField("simple_value"):
+            number = value.simple_value
+          else:
+            continue
+          values[value.tag][int(event.step)] = number
+    except tf.errors.DataLossError:
+      pass  # a live run's last record, half written: the curves up to it
   return {tag: sorted(points.items()) for tag, points in values.items()}
 
 

@@ -10,9 +10,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # claim both cores. One thread per op each keeps them from slowing each other down.
 if os.environ.get("PYTEST_XDIST_WORKER"):
   os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
-# XLA's LLVM backend at -O0 rather than its default -O3: the same HLO passes, programs
-# and arithmetic (fast math is off at every level), and a third less time compiling,
-# which is most of what the tests' XLA programs of tiny models cost. Users, README's
+# XLA's LLVM backend at -O0 rather than its default -O3: the same HLO passes and
+# programs (and without fast math, off by default, LLVM may not reorder floating point
+# at any level), and a quarter to a third less time for the tests that compile
+# (docs/benchmarks.md, the test suite). Users, README's
 # demo and bench/ compile at XLA's default level.
 os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 
