@@ -61,7 +61,7 @@ def _fresh_copy(destination):
       shutil.copy2(os.path.join(REPO_ROOT, name), os.path.join(destination, name))
 
 
-# The demo (a venv, an install, training: 8 min on 2 cores) may take up to
+# The demo (a venv, an install, training: minutes on 2 cores) may take up to
 # DEMO_TIMEOUT; the test's own limit (pytest.ini's 900 s is for the others) leaves room
 # for the copy and the serving check after it, so that the demo's timeout, which shows
 # its output, fires first.
