@@ -369,4 +369,7 @@ def test_releasing_the_iterators_does_not_wait_for_their_deletion():
     assert not deleted.is_set()  # release came back while the deletion waits
     may_finish.set()
     assert deleted.wait(30)
-    assert batches.buckets_used == [2] if per_bucket else batches.single is None
+    if per_bucket:
+      assert batches.buckets_used == [2] and batches.iterators == {}
+    else:
+      assert batches.single is None
