@@ -34,7 +34,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from t2t_keras import PAD_ID, modeldir
+from t2t_keras import PAD_ID, console, modeldir
 from t2t_keras.configs import (ModelConfig, TrainConfig, guided_alignment_problems,
                                raise_problems)
 from t2t_keras.errors import TrainingError
@@ -422,12 +422,15 @@ class Trainer:
             break
     except distribute.WorkerLostError as error:  # the resume point, for its message
       raise error.at(step, tf.train.latest_checkpoint(cfg.model_dir))
+    finally:
+      # Also when the loop ends in an error: a command's process ends without Python's
+      # teardown, which would otherwise have flushed them (console.exit_without_teardown).
+      writer.flush()
+      eval_writer.flush()
     if policy.preempted:
       progress(policy.preemption_line(step))
     saver.save_unless_saved(step)
     batches.release()
-    writer.flush()
-    eval_writer.flush()
     wall = clock.elapsed(clock.now())
     logging.info("trained %d steps in %.1fs in %d host calls (%.1f steps a call)",
                  step - start_step, wall, self.host_calls,
@@ -609,13 +612,14 @@ class _Batches:
     its autotuning thread, which may sleep for up to its optimization period before
     it sees the cancellation. On 2 devices, or with static shapes, that held the end
     of training for 2-20 s (TensorFlow 2.21, docs/benchmarks.md). The thread is not a
-    daemon: Python waits for it before the process exits."""
+    daemon: Python waits for it before the process exits (a command's own exit does
+    not: it only frees memory, `console.exit_without_teardown`)."""
     if self.per_bucket:
       self.buckets_used = sorted(self.iterators)
       dropped, self.iterators = list(self.iterators.values()), {}
     else:
       dropped, self.single = [self.single], None
-    threading.Thread(target=dropped.clear, name="t2t_keras_drop_iterators").start()
+    threading.Thread(target=dropped.clear, name=console.FREES_MEMORY_ONLY).start()
 
   def bucket_of_step(self, step: int):
     """The bucket (static shapes) whose program runs `step`; None: the one program."""
