@@ -173,6 +173,25 @@ def test_eval_sums_match_definitions():
   assert loss == pytest.approx(float(np.sum(smoothed)), rel=1e-6)
 
 
+def test_evaluation_traces_once_for_every_dev_shape_and_sums_each_batch(tmp_path):
+  """Dev batches of 4 lengths and 5 target lengths: one trace (from the dataset's spec),
+  and the totals of each batch's loss sums."""
+  keras.utils.set_random_seed(0)
+  config = TrainConfig(model_dir=str(tmp_path / "m"), train_steps=1, label_smoothing=0.1)
+  trainer = Trainer(MODEL, config, distribute.create_strategy(config))
+  dataset_fn = lambda ctx: make_dataset_fn(num_batches=8)(ctx).take(8)  # noqa: E731
+  got = trainer.evaluate(dataset_fn)
+  assert trainer._eval_fn.experimental_get_tracing_count() == 1  # pylint: disable=protected-access
+  sums = np.zeros(4)
+  for batch in dataset_fn(tf.distribute.InputContext()):
+    logits = trainer.model(batch, training=False)
+    sums += [float(v) for v in losses.loss_sums(logits, batch["targets"], 0.1)]
+  assert got["tokens"] == sums[3] and got["loss"] == pytest.approx(sums[0] / sums[3], rel=1e-5)
+  assert got["accuracy"] == sums[2] / sums[3]
+  trainer.evaluate(dataset_fn)  # a second evaluation reuses the trace
+  assert trainer._eval_fn.experimental_get_tracing_count() == 1  # pylint: disable=protected-access
+
+
 @pytest.mark.slow
 def test_time_budget_stops_with_a_checkpoint_and_logs_eval_time(tmp_path):
   """--train_minutes ends training early, saves, evaluates; eval time is not counted."""

@@ -284,13 +284,15 @@ class Trainer:
     else:
       dataset = self.strategy.distribute_datasets_from_function(eval_dataset_fn)
       totals = np.zeros(4)
-      # The first evaluation traces (reduce_retracing: once more for a second shape).
+      # One trace for every dev shape, from the dataset's own spec (its lengths and
+      # rows unknown), rather than one for the first shape and one relaxed after it.
+      eval_fn = self._eval_fn.get_concrete_function(dataset.element_spec)
       bounded = "eval" in self._programs_run
       for i, batch in enumerate(dataset):
         if max_batches and i >= max_batches:
           break
         with self.agreement.collective(bounded):  # dev loss: all workers together
-          totals += np.array([float(v) for v in self._eval_fn(batch)])
+          totals += np.array([float(v) for v in eval_fn(batch)])
       self._programs_run.add("eval")
     loss_sum, nll_sum, correct, tokens = totals
     if tokens == 0:
