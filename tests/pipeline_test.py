@@ -364,7 +364,7 @@ def test_shuffle_covers_concatenated_corpora(tmp_path):
       f.write("\n".join(src) + "\n")
   config = DataConfig(source="files", train_src=paths[0], train_tgt=paths[1],
                       data_dir=str(tmp_path / "data"), vocab_size=300, max_length=16,
-                      batch_size=256)
+                      batch_size=1024)
   data = pipeline.make_datasets(config)
   first, seen = [], []
   for batch in pipeline.train_dataset(config, data.tokenizer, repeat=False):
