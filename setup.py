@@ -3,7 +3,7 @@
 from setuptools import find_packages, setup
 
 # tensor2tensor had t2t-trainer and t2t-decoder; `python -m t2t_keras.X` runs the same.
-# Command -> the module (below t2t_keras) whose console_main it runs: export is a
+# Command -> the module (below t2t_keras) whose console_script_main it runs: export is a
 # package, whose command is its __main__.
 ENTRY_POINTS = {"train": "train", "decode": "decode", "export": "export.__main__",
                 "evaluate": "evaluate", "score": "score"}
@@ -70,7 +70,7 @@ setup(
         "tensorboard>=2.20",  # tf.summary and the learning-curve tool
     ],
     entry_points={"console_scripts": [
-        f"t2t-{name}=t2t_keras.{module}:console_main"
+        f"t2t-{name}=t2t_keras.{module}:console_script_main"
         for name, module in ENTRY_POINTS.items()] + [
         f"{command}=t2t_keras.tools.{module}:console_main"
         for module, command in TOOLS.items()]},

@@ -13,7 +13,8 @@ in a way the message does not explain is worth repeating with `--verbosity=0`.
 
 Entry points call `quiet_tensorflow()` before TensorFlow is imported (the C++ level is
 read once, at import) and `setup_logging()` once flags are parsed; every command's
-`console_main` calls `own_help()`, which answers --help with the command's own flags.
+`console_main` (and `console_script_main`) calls `own_help()`, which answers --help with
+the command's own flags.
 """
 
 from __future__ import annotations
@@ -236,7 +237,8 @@ class Progress:
 
 
 class Command:
-  """The `main(argv)` and `console_main()` every entry point shares.
+  """The `main(argv)`, `console_main()` and `console_script_main()` every entry point
+  shares.
 
   `main` sets up logging, refuses positional arguments, requires --model_dir (unless
   told not to), runs `check` (usage checks before any work: an `app.UsageError` prints the usage;
@@ -245,8 +247,9 @@ class Command:
   user error: one line and exit 1).
 
   An entry point writes `command = console.Command(run, ...)`, then
-  `main, console_main = command.main, command.console_main` (setup.py's console
-  scripts name `console_main`).
+  `main, console_main = command.main, command.console_main` (its `__main__` guard
+  calls `console_main`) and `console_script_main = command.console_script_main`
+  (setup.py's console scripts name it).
   """
 
   def __init__(self, run: Callable[[], object], *,
@@ -284,36 +287,51 @@ class Command:
     errors.exit_on_user_error(self.run, self.extra_errors)
 
   def console_main(self) -> None:
-    """The `t2t-<name>` console script (setup.py); its help is the entry point's
-    (`own_help` of the module that defines `run`)."""
+    """`python -m t2t_keras.<name>` (the module's `__main__` guard); its help is the
+    entry point's (`own_help` of the module that defines `run`)."""
+    self._main_of_process(sys._getframe(1), script=False)  # pylint: disable=protected-access
+
+  def console_script_main(self) -> None:
+    """The `t2t-<name>` console script (setup.py): pip's launcher calls it as its last
+    act, `sys.exit(console_script_main())` at its top level."""
+    self._main_of_process(sys._getframe(1), script=True)  # pylint: disable=protected-access
+
+  def _main_of_process(self, caller, script: bool) -> None:
     from absl import app  # pylint: disable=import-outside-toplevel
     own_help(self.run.__module__)
-    caller = sys._getframe(1)  # pylint: disable=protected-access
     try:
       app.run(self.main)
     except SystemExit as done:
-      if not _ends_without_teardown(caller):
+      if not _ends_without_teardown(caller, script):
         raise
       exit_without_teardown(done.code)
 
 
-def _ends_without_teardown(caller) -> bool:
+def _ends_without_teardown(caller, script: bool) -> bool:
   """Whether the process may end here without Python's teardown.
 
-  Only when the command is the process: `python -m t2t_keras.X` (runpy's
-  `_run_module_as_main` runs the module's code) or a script calling `console_main` at
-  its top level (the console scripts; such a call is taken to end the process). Not
-  when a caller may catch the `SystemExit` and go on (IPython's `%run -m`, a notebook
-  cell, `runpy.run_module`, a function, the tests), nor for one task of a cluster
-  (TF_CONFIG) or a TPU run, where TensorFlow's teardown takes part in the cluster's
-  shutdown."""
+  Only when the command is the process, and nothing can catch its `SystemExit` and go
+  on: `python -m t2t_keras.X` (runpy's `_run_module_as_main` runs the module's code,
+  whose `__main__` guard calls `console_main`) or pip's console-script launcher (the
+  top level of a `__main__` script calling `console_script_main`). Not for a script's
+  own call, which a `try`, `with` or `finally` around it may outlive, nor under
+  IPython's `%run -m`, a notebook, `runpy.run_module`, a debugger or the tests, nor
+  with `python -i` (the prompt comes after the exit). Not for one task of a cluster
+  (TF_CONFIG) or a TPU run either, where TensorFlow's teardown takes part in the
+  cluster's shutdown.
+  """
   from absl import flags  # pylint: disable=import-outside-toplevel
+  if sys.flags.inspect or os.environ.get("PYTHONINSPECT"):
+    return False
   if caller.f_code.co_name != "<module>" or caller.f_globals.get("__name__") != "__main__":
     return False
   outer = caller.f_back
-  if outer is not None:  # python -m: runpy's _run_module_as_main -> _run_code -> here
-    below = outer.f_back
-    if (outer.f_code.co_name != "_run_code" or below is None
+  if script:
+    if outer is not None:
+      return False
+  else:  # runpy's _run_module_as_main -> _run_code -> the module's code
+    below = outer.f_back if outer is not None else None
+    if (outer is None or outer.f_code.co_name != "_run_code" or below is None
         or below.f_code.co_name != "_run_module_as_main" or below.f_back is not None
         or "runpy" not in below.f_code.co_filename):
       return False
@@ -330,25 +348,35 @@ def exit_without_teardown(code) -> None:
   a tiny training command and a quarter of a short decode's time, all after the
   command's work. Everything a command writes is closed or flushed by then (files in
   `with` blocks, summary writers flushed, checkpoints and exports synchronous); what
-  still runs here is what `sys.exit` runs before teardown: non-daemon threads are
-  waited for (but the trainer's one that drops its input iterators, which only frees
-  memory), then atexit handlers (logging's flush among them), then stdout and stderr
-  are flushed.
+  still runs here is what Python runs before teardown, in its order: the message of
+  `sys.exit("message")`; threading's exit hooks (an idle `ThreadPoolExecutor`, such
+  as tensorflow-datasets' downloader, is told to stop) and the wait for non-daemon
+  threads, but for the trainer's one that drops its input iterators, which only frees
+  memory (unless a tf.data service job must be released); atexit handlers (logging's
+  flush among them); the flush of stdout and stderr.
   """
   import atexit  # pylint: disable=import-outside-toplevel
   import threading  # pylint: disable=import-outside-toplevel
-  for thread in threading.enumerate():
-    if (thread is not threading.current_thread() and not thread.daemon
-        and thread.name != FREES_MEMORY_ONLY):
-      thread.join()
-  atexit._run_exitfuncs()  # pylint: disable=protected-access
+
+  from absl import flags  # pylint: disable=import-outside-toplevel
   if code is None:
     code = 0
   elif not isinstance(code, int):  # sys.exit("message"): printed, exit status 1
     print(code, file=sys.stderr)
     code = 1
-  sys.stdout.flush()
-  sys.stderr.flush()
+  for hook in reversed(getattr(threading, "_threading_atexits", [])):
+    hook()
+  service = "data_service" in flags.FLAGS and flags.FLAGS["data_service"].value
+  for thread in threading.enumerate():
+    if (thread is not threading.current_thread() and not thread.daemon
+        and (thread.name != FREES_MEMORY_ONLY or service)):
+      thread.join()
+  atexit._run_exitfuncs()  # pylint: disable=protected-access
+  try:
+    sys.stdout.flush()
+    sys.stderr.flush()
+  except (OSError, ValueError):  # a closed pipe (`t2t-decode ... | head`): as Python
+    code = 120
   os._exit(code)  # pylint: disable=protected-access
 
 

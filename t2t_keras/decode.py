@@ -327,7 +327,8 @@ def run() -> None:
 
 
 command = console.Command(run)
-main, console_main = command.main, command.console_main  # console_main: t2t-decode
+main, console_main = command.main, command.console_main  # console_main: python -m
+console_script_main = command.console_script_main  # t2t-decode
 
 if __name__ == "__main__":
   console_main()

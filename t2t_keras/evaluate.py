@@ -187,7 +187,8 @@ def _evaluate_parsing():
 
 
 command = console.Command(run, check=check_usage, model_dir=None)
-main, console_main = command.main, command.console_main  # console_main: t2t-evaluate
+main, console_main = command.main, command.console_main  # console_main: python -m
+console_script_main = command.console_script_main  # t2t-evaluate
 
 if __name__ == "__main__":
   console_main()

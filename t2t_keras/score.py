@@ -110,7 +110,8 @@ def check_usage() -> None:
 
 
 command = console.Command(run, check=check_usage)
-main, console_main = command.main, command.console_main  # console_main: t2t-score
+main, console_main = command.main, command.console_main  # console_main: python -m
+console_script_main = command.console_script_main  # t2t-score
 
 if __name__ == "__main__":
   console_main()

@@ -351,7 +351,8 @@ def check_usage() -> None:
 
 command = console.Command(lambda: dry_run() if FLAGS.dry_run else train(),
                           check=check_usage, model_dir=None)
-main, console_main = command.main, command.console_main  # console_main: t2t-train
+main, console_main = command.main, command.console_main  # console_main: python -m
+console_script_main = command.console_script_main  # t2t-train
 
 if __name__ == "__main__":
   console_main()

@@ -8,7 +8,7 @@ stderr), so a test can switch between the two. Each entry point keeps at least o
 real subprocess test (tests/tools_test.py runs the console scripts): signals, exit
 codes of a fresh process and the runtime's start belong there.
 
-The call goes through the command's `console_main` (what its console script runs),
+The call goes through the command's `console_main` (what `python -m` runs),
 with `absl.app.run` replaced by the steps of app.run that matter here: parse `argv`
 (a bad flag: exit 1 with absl's "FATAL Flags parsing error"), INFO logging, then the
 main (`app.UsageError`: its message and exit 1). `sys.argv`, the working directory

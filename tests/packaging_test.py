@@ -38,7 +38,7 @@ def setup_literals():
 def declared_commands():
   """command -> "module:function", as setup.py declares them."""
   entry_points, tools = setup_literals()
-  commands = {f"t2t-{name}": f"t2t_keras.{module}:console_main"
+  commands = {f"t2t-{name}": f"t2t_keras.{module}:console_script_main"
               for name, module in entry_points.items()}
   commands.update({command: f"t2t_keras.tools.{module}:console_main"
                    for module, command in tools.items()})

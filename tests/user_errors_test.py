@@ -44,6 +44,7 @@ OTHER_PROGRAMS = {
     "tf_xla_persistent_cache_prefix",  # TensorFlow's TF_XLA_FLAGS (docs/training.md)
     "xla_cpu_use_thunk_runtime", "xla_cpu_enable_xprof_traceme",  # XLA_FLAGS (docs/benchmarks.md)
     "xla_backend_optimization_level",  # XLA_FLAGS (docs/benchmarks.md, tests/conftest.py)
+    "xla_cpu_multi_thread_eigen",  # XLA_FLAGS (docs/benchmarks.md)
     "zone", "worker", "command",  # gcloud compute tpus tpu-vm ssh (docs/training.md)
     "force",  # wget's --force-directories (a datagen mirror's layout; the hyphen ends it)
 }
@@ -314,10 +315,10 @@ def test_the_entry_points_main_exits_1_for_user_errors_and_2_for_usage(monkeypat
 
 
 # A command's process, as `python -m t2t_keras.X` or a console script ends one
-# (console.Command.console_main), without TensorFlow: what `sys.exit` promises still
-# happens, Python's teardown does not, unless the process may go on after the command.
+# (console.Command), without TensorFlow: what `sys.exit` promises still happens,
+# Python's teardown does not, unless the process may go on after the command.
 EXIT_SCRIPT = """
-import atexit, runpy, sys, threading, time
+import atexit, concurrent.futures, sys, threading, time
 from t2t_keras import console
 
 class TornDown:
@@ -326,23 +327,26 @@ class TornDown:
 
 KEPT = TornDown()  # freed by Python's teardown only
 atexit.register(lambda: print("atexit ran"))
+POOL = concurrent.futures.ThreadPoolExecutor(1)  # left idle, as tensorflow-datasets' are
 
 def run():
+  POOL.submit(print, "", end="").result()
   print("buffered", end="")  # stdout is a pipe: block-buffered, not yet written
   threading.Thread(target=lambda: (time.sleep(0.5), print(" thread done"))).start()
   threading.Thread(target=time.sleep, args=(SLEEP,), name=console.FREES_MEMORY_ONLY).start()
   sys.exit(CODE if CODE != "3" else 3)
 
 CODE, SLEEP, HOW, sys.argv = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[:1]
-if HOW == "top level":  # a console script
-  console.Command(run, model_dir=None).console_main()
-else:  # a caller that goes on after the command (a notebook's `%run -m`, runpy)
-  def call():
-    try:
-      console.Command(run, model_dir=None).console_main()
-    except SystemExit as done:
-      print(" caught", done.code)
-  call()
+command = console.Command(run, model_dir=None)
+if HOW == "launcher":  # pip's console script
+  command.console_script_main()
+elif HOW == "module":  # python -m: the module's __main__ guard
+  command.console_main()
+else:  # a script of the user's that goes on after the command
+  try:
+    command.console_main()
+  except SystemExit as done:
+    print(" caught", done.code)
 """
 
 
@@ -353,31 +357,34 @@ def test_a_command_ends_as_sys_exit_does_without_pythons_teardown(tmp_path):
   import time  # pylint: disable=import-outside-toplevel
   (tmp_path / "command.py").write_text(EXIT_SCRIPT, encoding="utf-8")
 
-  def end(code, sleep=60, how="top level", module=False, **env):
+  def end(code, how, sleep=60, **env):
     start = time.time()
-    program = ["-m", "command"] if module else [str(tmp_path / "command.py")]
+    program = ["-m", "command"] if how == "module" else [str(tmp_path / "command.py")]
     result = subprocess.run([sys.executable, *program, code, str(sleep), how],
                             capture_output=True, text=True, cwd=REPO_ROOT, timeout=120,
-                            check=False, env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-                                [str(tmp_path), REPO_ROOT]), **env))
+                            check=False, stdin=subprocess.DEVNULL, env=dict(
+                                os.environ, PYTHONPATH=os.pathsep.join(
+                                    [str(tmp_path), REPO_ROOT]), **env))
     return result, time.time() - start
 
-  for module in (False, True):  # a console script; python -m
-    result, seconds = end("3", module=module)
+  for how in ("launcher", "module"):
+    result, seconds = end("3", how)
     assert result.returncode == 3, result.stderr[-2000:]
-    # Output flushed, the worker thread waited for, atexit run; no teardown, and the
-    # thread that only frees memory (60 s here) not waited for.
-    assert result.stdout == "buffered thread done\natexit ran\n", (module, result.stdout)
+    # Output flushed, the worker thread waited for (the idle pool told to stop),
+    # atexit run; no teardown, and the thread that only frees memory (60 s here) not
+    # waited for.
+    assert result.stdout == "buffered thread done\natexit ran\n", (how, result.stdout)
     assert seconds < 30, seconds
-  result, _ = end("stopped: see above")  # sys.exit("message"): printed, status 1
+  result, _ = end("stopped: see above", "launcher")  # sys.exit("message"): status 1
   assert result.returncode == 1 and result.stderr.strip() == "stopped: see above"
   assert "torn down" not in result.stdout
-  # A caller that catches the exit goes on, and the process ends as Python ends it.
-  result, _ = end("3", sleep=0, how="nested")
+  # A script that catches the exit goes on, and its process ends as Python ends it;
+  # so do `python -i` and one task of a cluster (TensorFlow's teardown is part of its
+  # shutdown).
+  result, _ = end("3", "script", sleep=0)
   assert result.returncode == 0, result.stderr[-2000:]
   assert result.stdout == "buffered caught 3\n thread done\natexit ran\ntorn down\n", (
       result.stdout)
-  # So does one task of a cluster (TensorFlow's teardown is part of its shutdown).
-  result, _ = end("3", sleep=0, TF_CONFIG='{"cluster": {}}')
-  assert result.returncode == 3
-  assert result.stdout.endswith("atexit ran\ntorn down\n"), result.stdout
+  for env in ({"PYTHONINSPECT": "1"}, {"TF_CONFIG": '{"cluster": {}}'}):
+    result, _ = end("3", "launcher", sleep=0, **env)
+    assert "torn down" in result.stdout, (env, result.stdout)

@@ -95,7 +95,8 @@ def run() -> None:
 
 
 command = console.Command(run, check=check_flags, extra_errors=(FileExistsError,))
-main, console_main = command.main, command.console_main
+main, console_main = command.main, command.console_main  # console_main: python -m
+console_script_main = command.console_script_main  # t2t-export
 
 if __name__ == "__main__":
   console_main()

@@ -422,13 +422,20 @@ class Trainer:
             log.exclude_since(eval_start)
           if decision.last or stopped_early:
             break
-    except distribute.WorkerLostError as error:  # the resume point, for its message
-      raise error.at(step, tf.train.latest_checkpoint(cfg.model_dir))
-    finally:
-      # Also when the loop ends in an error: a command's process ends without Python's
-      # teardown, which would otherwise have flushed them (console.exit_without_teardown).
-      writer.flush()
-      eval_writer.flush()
+    except BaseException as error:
+      # What the loop logged reaches TensorBoard also when it ends in an error (a
+      # command's process ends without the teardown that would flush the writers,
+      # console.exit_without_teardown); a flush that fails then must not hide the error.
+      for summaries in (writer, eval_writer):
+        try:
+          summaries.flush()
+        except Exception:  # pylint: disable=broad-except
+          logging.warning("could not flush the TensorBoard summaries", exc_info=True)
+      if isinstance(error, distribute.WorkerLostError):  # the resume point, for its message
+        raise error.at(step, tf.train.latest_checkpoint(cfg.model_dir))
+      raise
+    writer.flush()
+    eval_writer.flush()
     if policy.preempted:
       progress(policy.preemption_line(step))
     saver.save_unless_saved(step)
