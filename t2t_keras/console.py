@@ -300,7 +300,13 @@ class Command:
     from absl import app  # pylint: disable=import-outside-toplevel
     own_help(self.run.__module__)
     try:
-      app.run(self.main)
+      try:
+        app.run(self.main)
+      except BrokenPipeError:
+        # Whoever read the output went away (`t2t-decode ... | head`): stop quietly, as
+        # Unix tools do, with stdout pointed at nothing for the flushes to come.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
     except SystemExit as done:
       if not _ends_without_teardown(caller, script):
         raise

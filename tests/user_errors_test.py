@@ -330,6 +330,9 @@ atexit.register(lambda: print("atexit ran"))
 POOL = concurrent.futures.ThreadPoolExecutor(1)  # left idle, as tensorflow-datasets' are
 
 def run():
+  if CODE == "pipe":  # a reader that goes away (`| head`)
+    for _ in range(100_000):
+      print("a line of output")
   POOL.submit(print, "", end="").result()
   print("buffered", end="")  # stdout is a pipe: block-buffered, not yet written
   threading.Thread(target=lambda: (time.sleep(0.5), print(" thread done"))).start()
@@ -385,6 +388,14 @@ def test_a_command_ends_as_sys_exit_does_without_pythons_teardown(tmp_path):
   assert result.returncode == 0, result.stderr[-2000:]
   assert result.stdout == "buffered caught 3\n thread done\natexit ran\ntorn down\n", (
       result.stdout)
+  # A closed stdout ends the command quietly, status 1 (as Unix tools do).
+  closed = subprocess.Popen([sys.executable, str(tmp_path / "command.py"), "pipe", "0",
+                             "launcher"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=REPO_ROOT, env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                                [str(tmp_path), REPO_ROOT])))
+  closed.stdout.close()
+  assert closed.wait(timeout=120) == 1 and closed.stderr.read() == b""
+  closed.stderr.close()
   for env in ({"PYTHONINSPECT": "1"}, {"TF_CONFIG": '{"cluster": {}}'}):
     result, _ = end("3", "launcher", sleep=0, **env)
     assert "torn down" in result.stdout, (env, result.stdout)
