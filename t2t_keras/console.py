@@ -305,7 +305,10 @@ class Command:
       except BrokenPipeError:
         # Whoever read the output went away (`t2t-decode ... | head`): stop quietly, as
         # Unix tools do, with stdout pointed at nothing for the flushes to come.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        try:
+          os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (AttributeError, OSError, ValueError):  # stdout is no file (a caller's)
+          pass
         sys.exit(1)
     except SystemExit as done:
       if not _ends_without_teardown(caller, script):
