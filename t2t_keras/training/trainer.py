@@ -113,10 +113,11 @@ class Trainer:
       self.optimizer.build(self.model.trainable_variables)
     self._compute_gradients = tf.function(self._gradients, autograph=False,
                                           jit_compile=train_config.jit_compile or None)
-    # Dynamic shapes: dev batches come in many shapes; relax shapes instead of one
-    # trace each. Static shapes: one compiled loop per dev bucket (`_evaluate_static`),
-    # kept on the trainer so that later evaluations reuse its traces.
-    self._eval_fn = tf.function(self._eval_step, reduce_retracing=True, autograph=False)
+    # Dynamic shapes: dev batches come in many shapes; one trace for all of them, from
+    # the dev dataset's spec (`evaluate`). Static shapes: one compiled loop per dev
+    # bucket (`_evaluate_static`), kept on the trainer so that later evaluations reuse
+    # its traces.
+    self._eval_fn = tf.function(self._eval_step, autograph=False)
     self._eval_replica_fn = tf.function(self._eval_replica, autograph=False,
                                         jit_compile=train_config.jit_compile or None)
     self.eval_loop_fn = tf.function(self._eval_loop, autograph=False)
