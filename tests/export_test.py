@@ -257,6 +257,13 @@ def xla_export_path(model_dir, tmp_path_factory):
   return os.path.join(export_dir, "1")
 
 
+@pytest.fixture(scope="module")
+def xla_served(xla_export_path):
+  """The XLA export in one session for the tests of this file: XLA's compiled programs
+  are cached per session, so the warm-up test's compilations serve the others."""
+  return SessionModel(xla_export_path)
+
+
 def _must_compile_functions(export_path):
   """Names of the SavedModel's functions marked for XLA (`_XlaMustCompile`)."""
   from tensorflow.core.protobuf import saved_model_pb2  # pylint: disable=import-outside-toplevel
@@ -278,7 +285,7 @@ def test_xla_export_in_a_fresh_session_equals_eager(model_dir, xla_export_path, 
 
 
 @pytest.mark.slow
-def test_xla_export_warmup_requests_compile_every_program(xla_export_path):
+def test_xla_export_warmup_requests_compile_every_program(xla_export_path, xla_served):
   """The XLA export carries TF Serving's warm-up file: PredictionLog records of
   serving_default requests whose padded shapes (counted here with SentencePiece from
   the export's own vocabulary) are every program a request within the limits can
@@ -304,18 +311,17 @@ def test_xla_export_warmup_requests_compile_every_program(xla_export_path):
     shapes.add((power_of_two(len(strings), 1), power_of_two(width, 16)))
   assert len(shapes) == len(requests)
   assert shapes == {(1 << r, w) for r in range(XLA_ROWS.bit_length()) for w in (16, 32)}
-  xla = SessionModel(xla_export_path)
   for strings in requests:
-    assert xla.run(inputs=strings)["outputs"].shape == (len(strings),)
+    assert xla_served.run(inputs=strings)["outputs"].shape == (len(strings),)
 
 
 @pytest.mark.slow
-def test_xla_export_ids_rows_translate_as_alone(xla_export_path, export_path):
+def test_xla_export_ids_rows_translate_as_alone(xla_served, served, export_path):
   """The XLA export pads each batch to a power of two rows and columns: any batch
   size (3 rows, 1 row, none) and width gives the graph export's ids and scores; a
   request of more than --export_xla_max_rows rows (12) is searched in graph mode, with
   the same results."""
-  xla, graph = SessionModel(xla_export_path), SessionModel(export_path)
+  xla, graph = xla_served, served
   rows, _ = _ids(export_path, SENTENCES[:3])
   ids = tf.ragged.constant(rows).to_tensor().numpy()
   large = np.tile(ids, (4, 1))
@@ -333,10 +339,10 @@ def test_xla_export_ids_rows_translate_as_alone(xla_export_path, export_path):
 
 
 @pytest.mark.slow
-def test_xla_export_refuses_too_many_rows_before_compiling(xla_export_path):
+def test_xla_export_refuses_too_many_rows_before_compiling(xla_served):
   """The row limit holds in the XLA export too: 20,000 rows would otherwise be padded
   to 32,768 and compiled; refused, the session then answers a normal request."""
-  xla = SessionModel(xla_export_path)
+  xla = xla_served
   with pytest.raises(tf.errors.InvalidArgumentError,
                      match=rf"request of 20000 rows: this export takes at most {MAX_ROWS} rows"):
     xla.run(inputs=np.array(["a dog"] * 20000, object))

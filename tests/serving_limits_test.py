@@ -16,20 +16,22 @@ import tensorflow as tf
 
 from t2t_keras import EOS_ID, modeldir
 from t2t_keras.configs import DecodeConfig
-from t2t_keras.export import ExportSettings
-from t2t_keras.export.saved_model import RequestLimits, export_from_settings, read_limits
-from tests.conftest import REPO_ROOT, SessionModel
+from t2t_keras.export.saved_model import RequestLimits, read_limits
+from tests.conftest import (REPO_ROOT, TINY_EXPORT_DECODE, TINY_EXPORT_MAX_INPUT,
+                            SessionModel)
 
 DECODE = DecodeConfig(beam_size=2, alpha=0.6, extra_decode_length=5)
 MAX_INPUT = 24
 
 
 @pytest.fixture(scope="module")
-def default_export(tiny_model_dir, tmp_path_factory):
-  """An export with the default limits (256 rows, 16,384 bytes, 16,384 tokens)."""
-  path = export_from_settings(ExportSettings(
-      tiny_model_dir, str(tmp_path_factory.mktemp("limits")),
-      dataclasses.replace(DECODE, max_input_length=MAX_INPUT), version=1))
+def default_export(tiny_export):
+  """An export with the default limits (256 rows, 16,384 bytes, 16,384 tokens):
+  conftest's shared one, whose decoding settings are DECODE's (and every beam
+  returned, which no limit depends on)."""
+  assert dataclasses.replace(DECODE, return_beams=True) == DecodeConfig(**TINY_EXPORT_DECODE)
+  assert MAX_INPUT == TINY_EXPORT_MAX_INPUT
+  path = tiny_export[1]
   return path, SessionModel(path)
 
 
