@@ -413,12 +413,12 @@ def test_a_request_decodes_its_own_rows_only(tiny_model_dir, monkeypatch):
       loaded.model, loaded.tokenizer, DecodeConfig(beam_size=2, extra_decode_length=3,
                                                    max_input_length=24),
       vocab_file=modeldir.vocab_path(tiny_model_dir))
-  rows, decode_ids = [], decoding.decode_ids
+  rows, search = [], saved_model.Translator._search  # pylint: disable=protected-access
 
-  def counting(model, ids, *args, **kwargs):
+  def counting(self, ids, **options):
     rows.append(int(tf.shape(ids)[0]))
-    return decode_ids(model, ids, *args, **kwargs)
-  monkeypatch.setattr(decoding, "decode_ids", counting)
+    return search(self, ids, **options)
+  monkeypatch.setattr(saved_model.Translator, "_search", counting)
   for sentences in (["a the man", "dog runs in the park"], ["red"], []):
     out = translator._serve(tf.constant(sentences, tf.string))  # pylint: disable=protected-access
     assert out["outputs"].shape == (len(sentences),)

@@ -166,6 +166,7 @@ class Translator(tf.Module):
     # The graph-mode search, and the XLA one: fixed shapes, a request one batch of at
     # most xla_max_rows rows (padded to a power of two), which caps its halvings.
     self.graph_config = dataclasses.replace(config, jit_compile=False)
+    self._searches = _Searches()
     self.xla_config = dataclasses.replace(
         config, jit_compile=True,
         batch_size=decoding.padded_width(self.xla_max_rows, minimum=1))
@@ -288,14 +289,32 @@ class Translator(tf.Module):
       options = {"keys": part} if self.graph_config.sampling else {}
       if target_prefix is not None:
         options["target_prefix"] = tf.gather(target_prefix, part)
-      halves.append(decoding.decode_ids(self.model, tf.gather(ids, part), self.graph_config,
-                                        self.tree_constraint, **options))
+      halves.append(self._search(tf.gather(ids, part), **options))
     width = tf.maximum(tf.shape(halves[0][0])[2], tf.shape(halves[1][0])[2])
     output_ids = tf.concat([tf.pad(out, [[0, 0], [0, 0], [0, width - tf.shape(out)[2]]],
                                    constant_values=PAD_ID) for out, _ in halves], axis=0)
     scores = tf.concat([score for _, score in halves], axis=0)
     inverse = tf.math.invert_permutation(order)
     return tf.gather(output_ids, inverse), tf.gather(scores, inverse)
+
+  def _search(self, ids, **options):
+    """The graph-mode search of ids [B, S] (`decoding.decode_ids`, with its `options`),
+    as one function per set of options that every half of every signature calls: traced
+    and written into the SavedModel once, not once per call (six times: two halves in
+    each of three signatures). TensorFlow inlines the calls, so each still runs as its
+    own ops, side by side."""
+    names = tuple(sorted(options))
+    search = self._searches.functions.get(names)
+    if search is None:
+      def run(ids, *values):
+        return decoding.decode_ids(self.model, ids, self.graph_config, self.tree_constraint,
+                                   **dict(zip(names, values)))
+      specs = [tf.TensorSpec([None, None], tf.int32, name="ids")] + [
+          tf.TensorSpec([None] if name == "keys" else [None, None], tf.int32, name=name)
+          for name in names]
+      search = tf.function(run, input_signature=specs, autograph=False)
+      self._searches.functions[names] = search
+    return search(ids, *(tf.cast(options[name], tf.int32) for name in names))
 
   def _decode_padded(self, ids):
     return decoding.decode_ids(self.model, ids, self.xla_config, self.tree_constraint)
@@ -408,6 +427,15 @@ class Translator(tf.Module):
                      tf.int32)[:, :self.max_input_length]
     output_ids, scores = self._decode_in_halves(ids, prefix.to_tensor(PAD_ID))
     return self._outputs(output_ids, scores, batch)
+
+
+class _Searches:
+  """The Translator's search functions by their options: a plain object, which
+  tf.Module does not track, so that the SavedModel has them only as the functions its
+  signatures call, not as attributes of its own."""
+
+  def __init__(self):
+    self.functions = {}
 
 
 def _stand_ins(batch: tf.Tensor) -> tf.Tensor:
