@@ -74,30 +74,50 @@ import json, sys
 import numpy as np
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  registers the SentencePiece ops
-# As tensorflow_model_server does: a session, the signature's tensors by name.
-graph = tf.Graph()
-session = tf.compat.v1.Session(graph=graph)
-with graph.as_default():
-  meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], sys.argv[1])
-signature = meta.signature_def["serving_default"]
-out = session.run({k: v.name for k, v in signature.outputs.items()},
-                  {signature.inputs["inputs"].name: np.array(json.loads(sys.argv[2]), object)})
+sentences = np.array(json.loads(sys.argv[1]), object)
+results = {}
+for path in sys.argv[2:]:
+  # As tensorflow_model_server does: a session, the signature's tensors by name.
+  graph = tf.Graph()
+  session = tf.compat.v1.Session(graph=graph)
+  with graph.as_default():
+    meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], path)
+  signature = meta.signature_def["serving_default"]
+  out = session.run({k: v.name for k, v in signature.outputs.items()},
+                    {signature.inputs["inputs"].name: sentences})
+  results[path] = {"outputs": [t.decode() for t in out["outputs"]],
+                   "scores": out["scores"].tolist(),
+                   "beams": [[t.decode() for t in row] for row in out["beams"]]}
 assert not any(m.startswith("t2t_keras") for m in sys.modules), "t2t_keras was imported"
-print(json.dumps({"outputs": [t.decode() for t in out["outputs"]],
-                  "scores": out["scores"].tolist(),
-                  "beams": [[t.decode() for t in row] for row in out["beams"]]}))
+print(json.dumps(results))
 """
 
 
-def assert_fresh_process_equals_eager(model_dir, export_path):
-  """The export, served by SERVE_SCRIPT in a process without t2t_keras, translates
-  SENTENCES as eager decoding does (best, beams, scores)."""
+@pytest.fixture(scope="module")
+def relative_model(tmp_path_factory):
+  """(model dir, export) of a tiny model with --position_embedding=relative."""
+  path = tmp_path_factory.mktemp("relative")
+  model_dir = build_tiny_model_dir(str(path / "model"), seed=2,
+                                   position_embedding="relative", max_relative_position=3)
+  return model_dir, export_from_settings(settings(model_dir, str(path / "export")))
+
+
+@pytest.fixture(scope="module")
+def fresh_process(export_path, xla_export_path, relative_model):
+  """{export path: what SERVE_SCRIPT served} for this file's exports, all in one process
+  without t2t_keras (a process of its own proves nothing more per export)."""
+  paths = [export_path, xla_export_path, relative_model[1]]
   env = dict(os.environ, PYTHONPATH="")
-  result = subprocess.run(
-      [sys.executable, "-c", SERVE_SCRIPT, export_path, json.dumps(SENTENCES)],
-      capture_output=True, text=True, env=env, cwd="/", timeout=300, check=False)
+  result = subprocess.run([sys.executable, "-c", SERVE_SCRIPT, json.dumps(SENTENCES), *paths],
+                          capture_output=True, text=True, env=env, cwd="/", timeout=300,
+                          check=False)
   assert result.returncode == 0, result.stderr[-3000:]
-  served = json.loads(result.stdout.strip().splitlines()[-1])
+  return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def assert_served_equals_eager(model_dir, served):
+  """The export's SENTENCES, as served by SERVE_SCRIPT, are eager decoding's (best,
+  beams, scores)."""
   eager = eager_translations(model_dir, SENTENCES)
   assert served["outputs"] == [t.texts[0] for t in eager]
   assert served["beams"] == [t.texts for t in eager]
@@ -106,18 +126,16 @@ def assert_fresh_process_equals_eager(model_dir, export_path):
 
 
 @pytest.mark.slow
-def test_fresh_process_without_t2t_keras_equals_eager(model_dir, export_path):
-  assert_fresh_process_equals_eager(model_dir, export_path)
+def test_fresh_process_without_t2t_keras_equals_eager(model_dir, export_path, fresh_process):
+  assert_served_equals_eager(model_dir, fresh_process[export_path])
 
 
 @pytest.mark.slow
-def test_relative_position_model_export_equals_eager(tmp_path):
+def test_relative_position_model_export_equals_eager(relative_model, fresh_process):
   """--position_embedding=relative: the export (each step's distances to the grown
   cache, in a session without t2t_keras) translates as eager decoding."""
-  model_dir = build_tiny_model_dir(str(tmp_path / "model"), seed=2,
-                                   position_embedding="relative", max_relative_position=3)
-  path = export_from_settings(settings(model_dir, str(tmp_path / "export")))
-  assert_fresh_process_equals_eager(model_dir, path)
+  model_dir, path = relative_model
+  assert_served_equals_eager(model_dir, fresh_process[path])
 
 
 @pytest.fixture(scope="module")
@@ -275,13 +293,14 @@ def _must_compile_functions(export_path):
 
 
 @pytest.mark.slow
-def test_xla_export_in_a_fresh_session_equals_eager(model_dir, xla_export_path, export_path):
+def test_xla_export_in_a_fresh_session_equals_eager(model_dir, xla_export_path, export_path,
+                                                    fresh_process):
   """--export_jit_compile: the beam search is marked for XLA, and the export, loaded as
   TF Serving loads it in a process without t2t_keras, translates as eager decoding."""
   assert _must_compile_functions(xla_export_path)
   assert len(SENTENCES) <= XLA_ROWS  # one request
   assert not _must_compile_functions(export_path)
-  assert_fresh_process_equals_eager(model_dir, xla_export_path)
+  assert_served_equals_eager(model_dir, fresh_process[xla_export_path])
 
 
 @pytest.mark.slow
