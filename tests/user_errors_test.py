@@ -45,6 +45,7 @@ OTHER_PROGRAMS = {
     "xla_cpu_use_thunk_runtime", "xla_cpu_enable_xprof_traceme",  # XLA_FLAGS (docs/benchmarks.md)
     "xla_backend_optimization_level",  # XLA_FLAGS (docs/benchmarks.md, tests/conftest.py)
     "xla_cpu_multi_thread_eigen",  # XLA_FLAGS (docs/benchmarks.md)
+    "xla_cpu_use_onednn", "xla_cpu_experimental_xnn_graph_fusion_mode",  # XLA_FLAGS
     "zone", "worker", "command",  # gcloud compute tpus tpu-vm ssh (docs/training.md)
     "force",  # wget's --force-directories (a datagen mirror's layout; the hyphen ends it)
 }
