@@ -452,6 +452,11 @@ def test_a_request_decodes_its_own_rows_only(tiny_model_dir, monkeypatch):
   assert [rows[i] + rows[i + 1] for i in range(0, len(rows), 2)] == [2, 2, 2, 1, 1, 1, 1, 1,
                                                                       1], rows
   assert rows[:2] == [1, 1] and rows[6:8] == [1, 0], rows
+  # Every half of every signature called one search function per set of options, each
+  # traced once (the SavedModel holds it once).
+  traces = {names: search.experimental_get_tracing_count()
+            for names, search in translator._searches.functions.items()}  # pylint: disable=protected-access
+  assert traces == {(): 1, ("target_prefix",): 1}, traces
 
 
 def test_the_two_halves_of_a_request_translate_as_one_search(tiny_model_dir):
