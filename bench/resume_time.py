@@ -14,6 +14,7 @@ Run from another checkout (PYTHONPATH=that/checkout) to measure older code.
 """
 
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -62,8 +63,11 @@ def resume_seconds(step: int) -> float:
     fn = lambda ctx: datasets.train_fn(ctx)  # noqa: E731  (no start_step: replayed)
   restarted = Trainer(model_config, config, distribute.create_strategy(config))
   start = time.perf_counter()
-  result = restarted.train(fn, progress=lambda line: None)
-  seconds = time.perf_counter() - start
+  try:
+    result = restarted.train(fn, progress=lambda line: None)
+    seconds = time.perf_counter() - start
+  finally:
+    shutil.rmtree(model_dir, ignore_errors=True)
   assert result.steps == step + 1, result.steps
   return seconds
 
