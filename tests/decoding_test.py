@@ -488,30 +488,22 @@ def test_translate_with_target_prefixes_keeps_them_per_sentence(model):
 
 
 @pytest.mark.slow
-def test_importing_the_decode_command_leaves_tensorflows_runtime_unstarted():
-  """The decode command sets threads per op (--decode_parallel_batches) once its flags
-  are read, which TensorFlow allows only before its runtime starts: no module of the
-  package may make a tensor at import."""
-  import subprocess  # pylint: disable=import-outside-toplevel
-  import sys  # pylint: disable=import-outside-toplevel
-  code = ("import t2t_keras.decode, t2t_keras.inference.translate, t2t_keras.inference.loading\n"
-          "import tensorflow as tf\n"
-          "tf.config.threading.set_intra_op_parallelism_threads(1)\n"
-          "print('unstarted')\n")
-  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300, check=False)
-  assert result.returncode == 0 and "unstarted" in result.stdout, result.stderr[-2000:]
-
-
-@pytest.mark.slow
-def test_parallel_batches_are_capped_by_the_input_and_one_with_alignments():
-  """In a fresh process (the decode command's flags are its own): any value is capped
-  at the input's batches; the default is 1 with --output_alignments, and otherwise one
-  per core up to AUTO_PARALLEL_BATCHES_MAX."""
+def test_decode_command_imports_leave_tensorflow_unstarted_and_cap_parallel_batches():
+  """In a fresh process (the decode command's flags are its own):
+  1. the decode command sets threads per op (--decode_parallel_batches) once its flags
+     are read, which TensorFlow allows only before its runtime starts: no module of the
+     package may make a tensor at import;
+  2. any --decode_parallel_batches is capped at the input's batches; the default is 1
+     with --output_alignments, and otherwise one per core up to
+     AUTO_PARALLEL_BATCHES_MAX."""
   import subprocess  # pylint: disable=import-outside-toplevel
   import sys  # pylint: disable=import-outside-toplevel
   code = """
 import dataclasses, os
+import t2t_keras.decode, t2t_keras.inference.translate, t2t_keras.inference.loading
+import tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(1)
+print('unstarted')
 from t2t_keras import decode
 from t2t_keras.configs import DecodeConfig
 config = DecodeConfig(batch_size=16, parallel_batches=4)
@@ -525,7 +517,7 @@ print(decode.choose_parallel_batches(config, 5).parallel_batches,
   result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300, check=False)
   assert result.returncode == 0, result.stderr[-2000:]
-  assert result.stdout.split() == ["1", "1", "3", "True"], result.stdout
+  assert result.stdout.split() == ["unstarted", "1", "1", "3", "True"], result.stdout
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])
