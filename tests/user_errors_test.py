@@ -46,6 +46,9 @@ OTHER_PROGRAMS = {
     "xla_backend_optimization_level",  # XLA_FLAGS (docs/benchmarks.md, tests/conftest.py)
     "xla_cpu_multi_thread_eigen",  # XLA_FLAGS (docs/benchmarks.md)
     "xla_cpu_use_onednn", "xla_cpu_experimental_xnn_graph_fusion_mode",  # XLA_FLAGS
+    "xla_cpu_use_xnnpack", "xla_cpu_experimental_xnn_fusion_type",  # XLA_FLAGS
+    "xla_cpu_experimental_ynn_fusion_type", "xla_cpu_experimental_onednn_fusion_type",
+    "xla_cpu_experimental_onednn_custom_call",  # XLA_FLAGS (docs/benchmarks.md)
     "zone", "worker", "command",  # gcloud compute tpus tpu-vm ssh (docs/training.md)
     "force",  # wget's --force-directories (a datagen mirror's layout; the hyphen ends it)
 }
