@@ -43,6 +43,9 @@ flags.DEFINE_integer("repeats", 30, "Timed requests per engine and length.")
 flags.DEFINE_integer("beam_size", 4, "Beam size.")
 flags.DEFINE_integer("average_last_n", 1, "Checkpoints to average.")
 flags.DEFINE_boolean("matmul_floor", True, "Also time the step's matrix products alone.")
+flags.DEFINE_boolean("exact_lengths", False, "Hold each output to exactly each length (the "
+                     "limit too): for a model that does not end its sentences, such as "
+                     "one with untrained weights, whose step costs the same.")
 
 
 def matmul_floor(model_config, rows: int, steps: int = 100) -> float:
@@ -105,9 +108,13 @@ def main(argv):
   lengths = [int(n) for n in FLAGS.min_lengths]
   limit = max(lengths) + 50  # output positions past the source's, for every length
 
+  def extra_positions(length):
+    """Positions past the source's: to `length` exactly, or the same for every length."""
+    return length - len(tokens) - 1 if FLAGS.exact_lengths else limit
+
   def config_for(length, jit):
     return DecodeConfig(beam_size=FLAGS.beam_size, alpha=0.0, batch_size=1,
-                        extra_decode_length=limit, min_decode_length=length,
+                        extra_decode_length=extra_positions(length), min_decode_length=length,
                         jit_compile=jit, parallel_batches=1)
 
   tmp = tempfile.mkdtemp(prefix="step_time_")
@@ -141,7 +148,7 @@ def main(argv):
   engines["ct2 float32"] = {
       length: (lambda n=length: len(translator.translate_batch(
           [tokens], beam_size=FLAGS.beam_size, length_penalty=0.0, min_decoding_length=n,
-          max_decoding_length=len(tokens) + limit)[0].hypotheses[0])
+          max_decoding_length=len(tokens) + 1 + extra_positions(n))[0].hypotheses[0])
           + 1)  # and EOS, as the ids count it
       for length in lengths}
 
