@@ -38,6 +38,11 @@ tensorflow_model_server's --tensorflow_intra_op_parallelism /
 TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1 in its environment to measure oneDNN's setting for
 weights that never change (every engine then runs with it).
 
+--exact_length=N holds every engine to exactly N output pieces per sentence (the
+length limit too), for a model that does not end its sentences, such as one with
+untrained weights at a size not trained here: the same work for every engine, the
+translations meaningless.
+
 --latency_requests=N then measures latency as a server sees it: one sentence per
 request, the first N lines in file order, through the export engines (the SavedModel
 in a TF1 session, as TF Serving runs it) and CTranslate2's `translate_batch` of one
@@ -73,6 +78,8 @@ flags.DEFINE_integer("batch_size", 32, "Sentences per batch for every engine.")
 flags.DEFINE_float("alpha", 0.0, "Length penalty for every engine (CTranslate2's "
                   "length_penalty); 0 ranks by plain log probability, as CTranslate2's "
                   "early exit needs; the recipe decodes with 0.6.")
+flags.DEFINE_integer("exact_length", 0, "If > 0: every output exactly this many pieces "
+                     "(see the docstring).")
 flags.DEFINE_integer("min_decode_length", 1, "t2t_keras' minimum output length; 1 never "
                      "returns an empty output, as CTranslate2's beam search.")
 flags.DEFINE_integer("passes", 2, "Timed passes per engine, taken in turns.")
@@ -137,17 +144,23 @@ def main(argv):
         cwd=REPO, capture_output=True, text=True, check=True).stdout.split()[-1])
   else:
     peak = common.matmul_peak()
+  lengths = (f"every output {FLAGS.exact_length} pieces" if FLAGS.exact_length
+             else f"min length {FLAGS.min_decode_length}")
   print(f"{common.machine()}; matmul peak {peak / 1e9:.1f} GFLOP/s; CTranslate2 "
         f"{ctranslate2.__version__}; {FLAGS.src}: {len(sources)} sentences; beam "
-        f"{FLAGS.beam_size}, batch {FLAGS.batch_size}, alpha {FLAGS.alpha}, min length "
-        f"{FLAGS.min_decode_length}; {FLAGS.parallel_batches} batch(es) at a time, "
+        f"{FLAGS.beam_size}, batch {FLAGS.batch_size}, alpha {FLAGS.alpha}, "
+        f"{lengths}; {FLAGS.parallel_batches} batch(es) at a time, "
         f"{threads if FLAGS.parallel_batches > 1 else 'all'} threads per op; export "
         f"session intra/inter threads {FLAGS.serving_intra_threads}/"
         f"{FLAGS.serving_inter_threads} (0: default); TF_ONEDNN_ASSUME_FROZEN_WEIGHTS="
         f"{os.environ.get('TF_ONEDNN_ASSUME_FROZEN_WEIGHTS', 'unset')}", flush=True)
+  exact = FLAGS.exact_length or None
   base = DecodeConfig(beam_size=FLAGS.beam_size, alpha=FLAGS.alpha, extra_decode_length=50,
-                      batch_size=FLAGS.batch_size, min_decode_length=FLAGS.min_decode_length,
-                      parallel_batches=FLAGS.parallel_batches)
+                      batch_size=FLAGS.batch_size,
+                      min_decode_length=exact or FLAGS.min_decode_length,
+                      decode_length=exact, parallel_batches=FLAGS.parallel_batches)
+  ct2_lengths = ({"min_decoding_length": exact, "max_decoding_length": exact} if exact
+                 else {"max_decoding_length": 256})
   tmp = tempfile.mkdtemp(prefix="decode_real_")
   # The exports and CTranslate2 models (about 160 MB for the Multi30k model) go when the
   # bench ends, however it ends.
@@ -205,10 +218,10 @@ def main(argv):
     exported[f"ct2 {quantization}"] = lambda line: [
         spm.decode_pieces(r.hypotheses[0]) for r in translator.translate_batch(
             [spm.encode(line[0], out_type=str)], beam_size=FLAGS.beam_size,
-            length_penalty=FLAGS.alpha, max_decoding_length=256)]
+            length_penalty=FLAGS.alpha, **ct2_lengths)]
     return lambda: [spm.decode_pieces(r.hypotheses[0]) for r in translator.translate_batch(
         tokens, max_batch_size=FLAGS.batch_size, beam_size=FLAGS.beam_size,
-        length_penalty=FLAGS.alpha, max_decoding_length=256)]
+        length_penalty=FLAGS.alpha, **ct2_lengths)]
 
   makers = {"graph": lambda: t2t_engine(False), "XLA": lambda: t2t_engine(True),
             "export": lambda: export_engine(False), "export XLA": lambda: export_engine(True),
