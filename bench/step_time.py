@@ -108,13 +108,10 @@ def main(argv):
   lengths = [int(n) for n in FLAGS.min_lengths]
   limit = max(lengths) + 50  # output positions past the source's, for every length
 
-  def extra_positions(length):
-    """Positions past the source's: to `length` exactly, or the same for every length."""
-    return length - len(tokens) - 1 if FLAGS.exact_lengths else limit
-
   def config_for(length, jit):
     return DecodeConfig(beam_size=FLAGS.beam_size, alpha=0.0, batch_size=1,
-                        extra_decode_length=extra_positions(length), min_decode_length=length,
+                        extra_decode_length=limit, min_decode_length=length,
+                        decode_length=length if FLAGS.exact_lengths else None,
                         jit_compile=jit, parallel_batches=1)
 
   tmp = tempfile.mkdtemp(prefix="step_time_")
@@ -148,8 +145,8 @@ def main(argv):
   engines["ct2 float32"] = {
       length: (lambda n=length: len(translator.translate_batch(
           [tokens], beam_size=FLAGS.beam_size, length_penalty=0.0, min_decoding_length=n,
-          max_decoding_length=len(tokens) + 1 + extra_positions(n))[0].hypotheses[0])
-          + 1)  # and EOS, as the ids count it
+          max_decoding_length=n if FLAGS.exact_lengths else len(tokens) + limit
+      )[0].hypotheses[0]) + 1)  # and EOS, as the ids count it
       for length in lengths}
 
   times = {(name, n): [] for name in engines for n in lengths}
