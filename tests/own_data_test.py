@@ -18,9 +18,9 @@ from tests import inprocess
 from tests.conftest import REPO_ROOT
 
 # What the test changes in the training command, appended after the README's flags.
-BUDGET = ["--train_steps=30", "--train_minutes=0", "--vocab_size=600",
-          "--eval_every=30", "--eval_bleu_sentences=8", "--save_checkpoint_steps=10",
-          "--save_checkpoint_minutes=0", "--log_every=10", "--batch_size=1024"]
+BUDGET = ["--train_steps=20", "--train_minutes=0", "--vocab_size=600",
+          "--eval_every=20", "--eval_bleu_sentences=8", "--save_checkpoint_steps=5",
+          "--save_checkpoint_minutes=0", "--log_every=10", "--batch_size=256"]
 
 
 def section_commands():
@@ -62,8 +62,8 @@ def test_own_data_section_trains_translates_scores_and_exports(tmp_path, shared_
     outputs.append(result.stdout + result.stderr)
 
   train_out, _, evaluate_out, export_out = outputs
-  assert re.search(r"step 30/30 \| loss \d", train_out), train_out[-2000:]
-  assert re.search(r"eval at step 30: loss .* \| bleu \d", train_out), train_out[-2000:]
+  assert re.search(r"step 20/20 \| loss \d", train_out), train_out[-2000:]
+  assert re.search(r"eval at step 20: loss .* \| bleu \d", train_out), train_out[-2000:]
   model_dir = tmp_path / "runs" / "mine"
   # The vocabulary was built from my/train.* at the start.
   assert re.search(r"Wrote vocabulary runs/mine/vocab\S*\.model", train_out), train_out
