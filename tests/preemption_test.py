@@ -21,10 +21,10 @@ import tensorflow as tf
 from tests import inprocess
 from tests.conftest import REPO_ROOT
 
-STEPS = 200  # the signals land at steps 120, 140 and 170 (SIGNAL_AT)
+STEPS = 60  # the signals land at steps 36, 42 and 51 (SIGNAL_AT)
 FLAGS = ["--flagfile=flags/tiny.cfg", "--layer_prepostprocess_dropout=0.2",
          "--attention_dropout=0.1", "--deterministic", f"--train_steps={STEPS}",
-         "--save_checkpoint_steps=50", "--log_every=50", "--eval_every=100000",
+         "--save_checkpoint_steps=15", "--log_every=15", "--eval_every=100000",
          "--show_examples=0", "--seed=3"]
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 
@@ -122,23 +122,23 @@ def assert_bitwise_equal(a, b):
 @pytest.mark.slow
 def test_sigkill_sigterm_and_ctrl_c_then_resume_bitwise_equal_to_one_run(tmp_path):
   """One run stopped three ways, each followed by the same command:
-  1. SIGKILL at step 120: nothing saved, the checkpoint of step 100 is the latest;
-  2. resumed there, SIGTERM (a preemption) at step 140: it saves at the current step,
+  1. SIGKILL at step 36: nothing saved, the checkpoint of step 30 is the latest;
+  2. resumed there, SIGTERM (a preemption) at step 42: it saves at the current step,
      says so and exits 42 (before: up to --save_checkpoint_steps steps lost);
-  3. resumed at 140, SIGINT (Ctrl-C) at step 170 does the same (before: a
+  3. resumed at 42, SIGINT (Ctrl-C) at step 51 does the same (before: a
      KeyboardInterrupt traceback);
-  4. resumed at 170, it ends bitwise equal to an uninterrupted run (weights,
+  4. resumed at 51, it ends bitwise equal to an uninterrupted run (weights,
      optimizer slots and dropout seeds; dropout on)."""
   straight = tmp_path / "straight"
   run_to_end(straight)
   model_dir = tmp_path / "stopped"
-  code, _, _ = start_and_signal(model_dir, signal.SIGKILL, 120, tmp_path)
+  code, _, _ = start_and_signal(model_dir, signal.SIGKILL, 36, tmp_path)
   assert code == -signal.SIGKILL
-  assert latest_step(model_dir) == 100  # killed 20 steps after it
-  before = 100
-  # Between the every-50-steps checkpoints, so that only the signal saves there.
-  for signum, name, step in ((signal.SIGTERM, "SIGTERM", 140),
-                             (signal.SIGINT, "SIGINT", 170)):
+  assert latest_step(model_dir) == 30  # killed 6 steps after it
+  before = 30
+  # Between the every-15-steps checkpoints, so that only the signal saves there.
+  for signum, name, step in ((signal.SIGTERM, "SIGTERM", 42),
+                             (signal.SIGINT, "SIGINT", 51)):
     code, stdout, stderr = start_and_signal(model_dir, signum, step, tmp_path)
     assert code == 42, stdout[-2000:] + stderr[-2000:]
     assert re.search(rf"resumed from \S+ at step {before}\b", stdout), stdout[-2000:]
