@@ -295,10 +295,15 @@ class SessionModel:
 REVERSE_VOCAB = 24
 
 
-def build_trained_reverse_dir(path, steps=600, seed=1):
+def build_trained_reverse_dir(path, steps=600, seed=3):
   """A model directory of a tiny pre-norm Transformer trained briefly on the synthetic
   reverse task (about 20 s): peaked distributions and attention that follows the
-  reversal, for tests that need a model with real preferences."""
+  reversal, for tests that need a model with real preferences.
+
+  Seed 3: a run this short is chaotic, and seed 1 was on an edge: 22 to 34 of 40 test
+  lines reversed exactly as the optimizer's arithmetic changed in the last bit (Keras'
+  Adam, the fused kernel, beta1 moved by 3e-8), where seed 3 gave 36 to 38 (seed 2:
+  36 to 40)."""
   # pylint: disable=import-outside-toplevel
   import keras
 

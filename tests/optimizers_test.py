@@ -121,6 +121,93 @@ def test_adafactor_matches_keras_and_keeps_only_factors():
   assert sizes["keras.src.optimizers.adamAdam"] == 2 * 16 * 32
 
 
+def _adam_run(optimizer, strategy=None, steps=12):
+  """`steps` updates of a matrix (dense gradients) and an embedding table (a lookup's
+  IndexedSlices gradient) by `optimizer`, built in `strategy`'s scope; returns the
+  weights and the optimizer's slot variables, and the apply's graph."""
+  strategy = strategy or tf.distribute.get_strategy()
+  rng = np.random.default_rng(3)
+  with strategy.scope():
+    matrix = keras.Variable(rng.normal(size=(16, 32)).astype("float32"), name="matrix")
+    table = keras.Variable(rng.normal(size=(10, 8)).astype("float32"), name="table")
+    optimizer.build([matrix, table])  # as the trainer does, before the first step
+  ids = tf.constant([1, 3, 3, 7])
+
+  def replica_step(target):
+    with tf.GradientTape() as tape:
+      rows = tf.gather(table.value, ids)
+      loss = (tf.reduce_sum((matrix.value - target) ** 2) + tf.reduce_sum(rows ** 3))
+    grads = tape.gradient(loss, [matrix.value, table.value])
+    assert isinstance(grads[1], tf.IndexedSlices)
+    optimizer.apply_gradients(zip(grads, [matrix, table]))
+
+  @tf.function
+  def step(target):
+    strategy.run(replica_step, args=(target,))
+  for k in range(steps):
+    step(tf.constant(np.full((16, 32), 0.1 * k, "float32")))
+  graph = step.get_concrete_function(tf.TensorSpec((16, 32), tf.float32)).graph
+  ops = [op.type for op in graph.get_operations()]
+  for function in graph._functions.values():  # pylint: disable=protected-access
+    ops += [node.op for node in function.definition.node_def]
+  state = [v.numpy() for v in (matrix, table)]
+  state += [v.numpy() for v in optimizer.variables if len(v.shape) > 0]
+  return state, ops
+
+
+def assert_adam_state_equal(ours, theirs):
+  """[the 16 x 32 matrix, the 10 x 8 table, their slots]: dense updates equal to
+  float32 rounding; the table's (a sparse gradient, Keras' own update) bitwise."""
+  assert len(ours) == len(theirs) == 6
+  for a, b in zip(ours, theirs):
+    if a.shape == (10, 8):  # the table and its two slots
+      np.testing.assert_array_equal(a, b)
+    else:
+      np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
+
+
+def test_adam_is_keras_adam_in_one_op_per_weight(tmp_path):
+  """--optimizer=adam: Keras' Adam (its update to float32 rounding, with the paper's
+  beta2 0.98; its variables and checkpoints: a Keras Adam checkpoint restores into
+  it), each weight with a dense gradient updated by one ResourceApplyAdam op, on one
+  device and on two replicas (whose copies stay equal). An embedding lookup's sparse
+  gradient keeps Keras' update, which moves the moments of the rows looked up only."""
+  from t2t_keras.training.optimizers import Adam  # pylint: disable=import-outside-toplevel
+  settings = dict(learning_rate=0.01, beta_1=0.9, beta_2=0.98, epsilon=1e-9)
+  keras_state, keras_ops = _adam_run(keras.optimizers.Adam(**settings))
+  ours_state, ours_ops = _adam_run(Adam(**settings))
+  assert_adam_state_equal(ours_state, keras_state)
+  assert ours_ops.count("ResourceApplyAdam") == 1, sorted(set(ours_ops))  # the matrix
+  assert "ResourceApplyAdam" not in keras_ops
+  assert len(ours_ops) < len(keras_ops), (len(ours_ops), len(keras_ops))
+
+  # Two replicas (each replica's gradient is summed over both, so twice one's), with
+  # the reduction the trainer uses on CPUs (collectives would leave their instance keys
+  # behind in this process, for distribute_test's strategy to collide with).
+  strategy = tf.distribute.MirroredStrategy(
+      ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice())
+  with strategy.scope():
+    optimizer, keras_optimizer = Adam(**settings), keras.optimizers.Adam(**settings)
+  two_state, two_ops = _adam_run(optimizer, strategy)
+  assert two_ops.count("ResourceApplyAdam") == 2  # the matrix on each replica
+  assert_adam_state_equal(two_state, _adam_run(keras_optimizer, strategy)[0])
+  for variable in [optimizer.variables[1]]:  # a slot: both replicas' copies are equal
+    copies = strategy.experimental_local_results(variable.value)
+    np.testing.assert_array_equal(copies[0].numpy(), copies[1].numpy())
+
+  # A model directory trained before keeps its optimizer state: same checkpoint keys.
+  weights = [keras.Variable(np.ones((3, 4), "float32"))]
+  theirs = keras.optimizers.Adam(**settings)
+  theirs.apply_gradients([(tf.fill((3, 4), 0.5), weights[0])])
+  path = tf.train.Checkpoint(optimizer=theirs, weights=weights).save(str(tmp_path / "ck"))
+  restored = [keras.Variable(np.zeros((3, 4), "float32"))]
+  ours = Adam(**settings)
+  ours.build(restored)
+  tf.train.Checkpoint(optimizer=ours, weights=restored).restore(path).assert_consumed()
+  for a, b in zip(ours.variables, theirs.variables, strict=True):
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
 @pytest.mark.slow
 def test_adafactor_trains_resumes_averages_and_initializes(tmp_path):
   """Adafactor lowers the loss of the copy task; stopping at a checkpoint and resuming

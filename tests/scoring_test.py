@@ -266,8 +266,9 @@ def test_two_seeds_ensemble_on_the_reverse_task(trained_reverse_dir, tmp_path):
   them: beam search scores the ensemble's outputs as the two members' log
   probabilities, each teacher-forced on its own here, averaged and renormalised, which
   is neither member's score; and the ensemble reverses its inputs."""
-  # The second model trains 200 steps (a third of the fixture's): it reverses about a
-  # quarter of these lines alone, and its distributions differ from the first's.
+  # The second model trains 200 steps (a third of the fixture's): it reverses about two
+  # fifths of these lines alone (15 to 19 of 40 measured), and its distributions differ
+  # from the first's.
   second = build_trained_reverse_dir(str(tmp_path / "seed2"), steps=200, seed=2)
   rng = np.random.default_rng(9)
   lines = [" ".join(str(x) for x in rng.integers(4, 24, rng.integers(2, 9)))
@@ -279,7 +280,7 @@ def test_two_seeds_ensemble_on_the_reverse_task(trained_reverse_dir, tmp_path):
   results = translate.translate(decoding.make_decode_fn(model, config), loaded[0].tokenizer,
                                 lines, config, progress=False)
   right = sum(r.texts[0].split() == l.split()[::-1] for r, l in zip(results, lines))
-  assert right >= 30, right  # measured 38 of 40 (the first model alone: 37)
+  assert right >= 30, right  # measured 38 of 40 (the first model alone: 38)
   # Outputs that ended with EOS before the length limit (a cut one is scored without).
   ended = [r for r in results if len(r.ids[0]) + 1 < len(r.source_ids) + extra]
   assert len(ended) >= 30, len(ended)
