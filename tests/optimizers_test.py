@@ -150,14 +150,18 @@ def _adam_run(optimizer, strategy=None, steps=12):
   ops = [op.type for op in graph.get_operations()]
   for function in graph._functions.values():  # pylint: disable=protected-access
     ops += [node.op for node in function.definition.node_def]
-  state = [v.numpy() for v in (matrix, table)]
-  state += [v.numpy() for v in optimizer.variables if len(v.shape) > 0]
-  return state, ops
+  variables = [matrix, table] + [v for v in optimizer.variables if len(v.shape) > 0]
+  for variable in variables:  # every replica's copy was updated alike
+    copies = [c.numpy() for c in strategy.experimental_local_results(variable.value)]
+    for copy in copies[1:]:
+      np.testing.assert_array_equal(copy, copies[0], err_msg=variable.path)
+  return [v.numpy() for v in variables], ops
 
 
 def assert_adam_state_equal(ours, theirs):
   """[the 16 x 32 matrix, the 10 x 8 table, their slots]: dense updates equal to
-  float32 rounding; the table's (a sparse gradient, Keras' own update) bitwise."""
+  float32 rounding; the table's (a sparse gradient with a repeated row: Keras' own
+  update, whose second moment differs from a dense update's there) bitwise."""
   assert len(ours) == len(theirs) == 6
   for a, b in zip(ours, theirs):
     if a.shape == (10, 8):  # the table and its two slots
@@ -170,16 +174,17 @@ def test_adam_is_keras_adam_in_one_op_per_weight(tmp_path):
   """--optimizer=adam: Keras' Adam (its update to float32 rounding, with the paper's
   beta2 0.98; its variables and checkpoints: a Keras Adam checkpoint restores into
   it), each weight with a dense gradient updated by one ResourceApplyAdam op, on one
-  device and on two replicas (whose copies stay equal). An embedding lookup's sparse
-  gradient keeps Keras' update, which moves the moments of the rows looked up only."""
+  device and on two replicas (whose copies stay equal). A sparse gradient keeps Keras'
+  update. Epsilon 0.1, near sqrt(v), checks that it is applied where Keras does."""
   from t2t_keras.training.optimizers import Adam  # pylint: disable=import-outside-toplevel
-  settings = dict(learning_rate=0.01, beta_1=0.9, beta_2=0.98, epsilon=1e-9)
-  keras_state, keras_ops = _adam_run(keras.optimizers.Adam(**settings))
-  ours_state, ours_ops = _adam_run(Adam(**settings))
-  assert_adam_state_equal(ours_state, keras_state)
-  assert ours_ops.count("ResourceApplyAdam") == 1, sorted(set(ours_ops))  # the matrix
-  assert "ResourceApplyAdam" not in keras_ops
-  assert len(ours_ops) < len(keras_ops), (len(ours_ops), len(keras_ops))
+  for epsilon in (0.1, 1e-9):
+    settings = dict(learning_rate=0.01, beta_1=0.9, beta_2=0.98, epsilon=epsilon)
+    keras_state, keras_ops = _adam_run(keras.optimizers.Adam(**settings))
+    ours_state, ours_ops = _adam_run(Adam(**settings))
+    assert_adam_state_equal(ours_state, keras_state)
+    assert ours_ops.count("ResourceApplyAdam") == 1, sorted(set(ours_ops))  # the matrix
+    assert "ResourceApplyAdam" not in keras_ops
+    assert len(ours_ops) < len(keras_ops), (len(ours_ops), len(keras_ops))
 
   # Two replicas (each replica's gradient is summed over both, so twice one's), with
   # the reduction the trainer uses on CPUs (collectives would leave their instance keys
@@ -191,9 +196,6 @@ def test_adam_is_keras_adam_in_one_op_per_weight(tmp_path):
   two_state, two_ops = _adam_run(optimizer, strategy)
   assert two_ops.count("ResourceApplyAdam") == 2  # the matrix on each replica
   assert_adam_state_equal(two_state, _adam_run(keras_optimizer, strategy)[0])
-  for variable in [optimizer.variables[1]]:  # a slot: both replicas' copies are equal
-    copies = strategy.experimental_local_results(variable.value)
-    np.testing.assert_array_equal(copies[0].numpy(), copies[1].numpy())
 
   # A model directory trained before keeps its optimizer state: same checkpoint keys.
   weights = [keras.Variable(np.ones((3, 4), "float32"))]

@@ -93,13 +93,14 @@ class Adam(keras.optimizers.Adam):
   Python's float64, so updates may differ from Keras' in the last bit: the same
   optimizer, not a bitwise copy. Tracing a train step takes a third less time with it
   (every training start pays that, every test that trains); on a CPU the step itself
-  runs about as fast (docs/benchmarks.md, "Adam's update"). Sparse gradients (an
-  embedding lookup's), AMSGrad and weight decay (which this project does not use) take
-  Keras' own update.
+  runs about as fast (docs/benchmarks.md, "Adam's update"). Sparse gradients
+  (IndexedSlices, which the trainer makes dense first) and AMSGrad (which this project
+  does not use) take Keras' own update; weight decay, which Keras applies before the
+  update, works with either.
   """
 
   def _distributed_tf_update_step(self, distribution, grads_and_vars, learning_rate):
-    if self.amsgrad or self.weight_decay is not None:
+    if self.amsgrad:
       return super()._distributed_tf_update_step(distribution, grads_and_vars,
                                                  learning_rate)
     # The step's scalars once, not once per weight as Keras does. The learning rate
@@ -108,8 +109,9 @@ class Adam(keras.optimizers.Adam):
 
     def apply(variable, gradient, learning_rate):
       if isinstance(gradient, tf.IndexedSlices):
-        # An embedding lookup's gradient: Keras updates the moments of the rows looked
-        # up only (a lazy Adam, as tensor2tensor's); the fused op is dense.
+        # An embedding lookup's gradient (the trainer makes them dense before this):
+        # Keras squares each looked-up row's gradient before a row looked up twice is
+        # summed, so its second moment is not the dense update's there. Kept as is.
         return self.update_step(gradient, variable, learning_rate)
       dtype = variable.dtype
       index = self._get_variable_index(variable)
