@@ -123,8 +123,9 @@ def test_adafactor_matches_keras_and_keeps_only_factors():
 
 def _adam_run(optimizer, strategy=None, steps=12):
   """`steps` updates of a matrix (dense gradients) and an embedding table (a lookup's
-  IndexedSlices gradient) by `optimizer`, built in `strategy`'s scope; returns the
-  weights and the optimizer's slot variables, and the apply's graph."""
+  IndexedSlices gradient) by `optimizer`, built in `strategy`'s scope, after checking
+  that every replica's copy of each variable is the same; returns the weights and the
+  optimizer's slots (numpy), and the op types of the step's graph."""
   strategy = strategy or tf.distribute.get_strategy()
   rng = np.random.default_rng(3)
   with strategy.scope():
