@@ -188,8 +188,12 @@ def define_train_flags(f):
                    "Build the model from the flags, print its summary and parameter "
                    "count, and exit (no data needed).")
   f.DEFINE_integer("show_examples", 5,
-                   "After training, decode the dev set with beam search, print this "
-                   "many examples and the exact-match accuracy (0 = skip).")
+                   "After training, decode this many dev sentences (spread over the dev "
+                   "lengths) with the decode flags and print them (0 = skip).")
+  f.DEFINE_boolean("dev_exact_match", False,
+                   "After training, decode the whole dev set and print the exact-match "
+                   "accuracy of the best beam (the demo's figure; costs a full dev "
+                   "decode), with --show_examples of its outputs.")
   f.register_validator("eval_bleu_sentences", lambda v: v >= 0,
                        message="--eval_bleu_sentences must be >= 0 (0 = off).")
   _validate_group(f, TrainConfig, TrainConfig.validate)

@@ -322,23 +322,41 @@ def run_training() -> None:
         f"{result.flops:.3g} FLOPs this run (matmuls, forward + backward)", flush=True)
   if not agreement.chief:  # examples and the export are the chief's: written once
     return
-  if FLAGS.show_examples and datasets.eval_fn is not None:
-    from t2t_keras.inference import translate
-    translate.report_examples(trainer.model, datasets, decode_config, FLAGS.show_examples)
-  if FLAGS.export or FLAGS.export_dir:
-    from t2t_keras.checkpoints import listed_checkpoints
-    from t2t_keras.export import saved_model
-    translator = saved_model.Translator(trainer.model, datasets.tokenizer, decode_config,
-                                        vocab_file=vocab, data_config=data_config)
-    path = saved_model.export(translator, FLAGS.export_dir or
-                              modeldir.default_export_dir(train_config.model_dir),
-                              model_dir=train_config.model_dir,  # for the model card
-                              checkpoints=listed_checkpoints(train_config.model_dir)[-1:])
-    limits = translator.limits
-    print(f"exported {path} (serving_default: strings in, translations out; per request "
-          f"at most {limits.max_rows} rows, {limits.max_string_bytes} bytes per string, "
-          f"{limits.max_tokens} source tokens: the defaults, python -m t2t_keras.export "
-          "sets others)", flush=True)
+  if not ((FLAGS.show_examples or FLAGS.dev_exact_match) and datasets.eval_fn is not None
+          or FLAGS.export or FLAGS.export_dir):
+    return
+  from t2t_keras.training.evaluator import DecodingWeights
+  # The host copy that dev BLEU decodes (evaluator.DecodingWeights says why): a search
+  # or an export traced from the distributed training variables would run on the
+  # replicas' devices op by op (a TPU cannot) and read every variable across them.
+  weights = DecodingWeights(trainer.model, strategy)
+  model = weights.refresh()
+  with weights.scope():
+    if (FLAGS.show_examples or FLAGS.dev_exact_match) and datasets.eval_fn is not None:
+      from t2t_keras.inference import translate
+      translate.report_examples(model, datasets, decode_config, FLAGS.show_examples,
+                                whole_dev_set=FLAGS.dev_exact_match)
+    if FLAGS.export or FLAGS.export_dir:
+      export(model, datasets, decode_config, data_config, train_config, vocab)
+
+
+def export(model, datasets, decode_config, data_config, train_config, vocab) -> None:
+  """--export: a SavedModel of `model` (the host copy of the trained weights)."""
+  # pylint: disable=import-outside-toplevel
+  from t2t_keras import modeldir
+  from t2t_keras.checkpoints import listed_checkpoints
+  from t2t_keras.export import saved_model
+  translator = saved_model.Translator(model, datasets.tokenizer, decode_config,
+                                      vocab_file=vocab, data_config=data_config)
+  path = saved_model.export(translator, FLAGS.export_dir or
+                            modeldir.default_export_dir(train_config.model_dir),
+                            model_dir=train_config.model_dir,  # for the model card
+                            checkpoints=listed_checkpoints(train_config.model_dir)[-1:])
+  limits = translator.limits
+  print(f"exported {path} (serving_default: strings in, translations out; per request "
+        f"at most {limits.max_rows} rows, {limits.max_string_bytes} bytes per string, "
+        f"{limits.max_tokens} source tokens: the defaults, python -m t2t_keras.export "
+        "sets others)", flush=True)
 
 
 def check_usage() -> None:
