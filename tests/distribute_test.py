@@ -8,7 +8,9 @@ TensorFlow's own constructor for local devices: one worker whose replicas are nu
 as a worker's are in a cluster. tests/multi_worker_test.py runs two workers for real.
 """
 
+import os
 import time
+from unittest import mock
 
 import pytest
 import tensorflow as tf
@@ -154,3 +156,53 @@ def test_the_first_call_of_each_program_is_not_bounded_by_the_watch(two_device_w
   # Watched: every train call but each bucket's first; evaluations after the first
   # (per dev bucket); agreements after their first.
   assert trainer.host_calls - len(buckets) <= len(armed)
+
+
+def _built_multi_worker(monkeypatch, collective, gpus):
+  """create_strategy for a worker of a one-worker TF_CONFIG on a host listing `gpus`
+  GPUs (a stand-in for `tf.config.list_physical_devices`): the strategy is TensorFlow's,
+  built with the options create_strategy passed, over this process's CPU (a real
+  cluster strategy can only start with the process: TensorFlow is initialised here)."""
+  from t2t_keras.configs import TrainConfig  # pylint: disable=import-outside-toplevel
+  listed = tf.config.list_physical_devices
+
+  def list_physical_devices(device_type=None):
+    if device_type == "GPU":
+      return [tf.config.PhysicalDevice(f"/physical_device:GPU:{i}", "GPU")
+              for i in range(gpus)]
+    return listed(device_type)
+
+  def multi_worker_mirrored(cluster_resolver=None, communication_options=None):
+    assert cluster_resolver is None and "TF_CONFIG" in os.environ  # TF_CONFIG's
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")][:1]
+    with mock.patch.dict(os.environ):  # a local strategy: TF_CONFIG's cluster not joined
+      del os.environ["TF_CONFIG"]
+      return collective_all_reduce_strategy.CollectiveAllReduceStrategy._from_local_devices(  # pylint: disable=protected-access
+          devices, communication_options=communication_options)
+
+  monkeypatch.setattr(tf.config, "list_physical_devices", list_physical_devices)
+  monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy", multi_worker_mirrored)
+  monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["127.0.0.1:2222"]}, '
+                     '"task": {"type": "worker", "index": 0}}')
+  return distribute.create_strategy(TrainConfig(strategy="multi_worker_mirrored",
+                                                collective=collective))
+
+
+def test_gpu_workers_all_reduce_with_nccl(monkeypatch):
+  """TensorFlow all-reduces a multi-worker run with its gRPC ring unless NCCL is asked
+  for: GPU workers (--collective=auto, the default) ask for it; CPU workers ring."""
+  implementation = tf.distribute.experimental.CommunicationImplementation
+  for collective, gpus, expected in (("auto", 8, implementation.NCCL),
+                                     ("auto", 0, implementation.RING),
+                                     ("nccl", 1, implementation.NCCL),
+                                     ("ring", 8, implementation.RING)):
+    strategy = _built_multi_worker(monkeypatch, collective, gpus)
+    assert isinstance(strategy, collective_all_reduce_strategy.CollectiveAllReduceStrategy)
+    options = strategy.extended._communication_options  # pylint: disable=protected-access
+    assert options.implementation == expected, (collective, gpus)
+
+
+def test_nccl_on_a_host_without_gpus_names_the_flag(monkeypatch):
+  with pytest.raises(distribute.StrategyError, match="--collective=nccl .* this host has "
+                     "none: use --collective=ring"):
+    _built_multi_worker(monkeypatch, "nccl", gpus=0)

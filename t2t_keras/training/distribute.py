@@ -70,7 +70,9 @@ def create_strategy(config: TrainConfig) -> tf.distribute.Strategy:
     except json.JSONDecodeError as error:
       raise StrategyError(f"TF_CONFIG is not valid JSON ({error}): see BUILD.md for its "
                           "form.") from None
-    return tf.distribute.MultiWorkerMirroredStrategy()
+    return tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=tf.distribute.experimental.CommunicationOptions(
+            implementation=collective_implementation(config.collective)))
   if config.strategy == "tpu":
     resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
         tpu=config.tpu, zone=config.tpu_zone, project=config.gcp_project)
@@ -78,6 +80,29 @@ def create_strategy(config: TrainConfig) -> tf.distribute.Strategy:
     tf.tpu.experimental.initialize_tpu_system(resolver)
     return tf.distribute.TPUStrategy(resolver)
   raise AssertionError(f"--strategy={config.strategy!r}")  # TrainConfig.validate refuses it
+
+
+def collective_implementation(collective: str):
+  """The all-reduce of a multi-worker run, from --collective.
+
+  TensorFlow's MultiWorkerMirroredStrategy all-reduces with its own ring over gRPC
+  unless NCCL is asked for (`CommunicationOptions`, AUTO picks RING): on GPU workers
+  NCCL moves the gradients between the GPUs themselves. "auto" asks for NCCL where this
+  host lists a GPU (every worker of a cluster runs the same command on the same kind
+  of host).
+
+  Raises:
+    StrategyError: --collective=nccl on a host without GPUs (TensorFlow only logs a
+      warning there, and the first all-reduce fails).
+  """
+  implementations = tf.distribute.experimental.CommunicationImplementation
+  gpus = tf.config.list_physical_devices("GPU")
+  if collective == "nccl" and not gpus:
+    raise StrategyError("--collective=nccl all-reduces between GPUs, and this host has "
+                        "none: use --collective=ring (or auto) on workers without GPUs.")
+  if collective == "nccl" or (collective == "auto" and gpus):
+    return implementations.NCCL
+  return implementations.RING
 
 
 def _resolver(strategy: tf.distribute.Strategy):
