@@ -335,7 +335,8 @@ def check_train_flags(argv, fv=FLAGS) -> list:
   """Refuses flags typed for `train` that this run would silently ignore.
 
   Returns:
-    Warnings to log, one line each (deprecated flags).
+    Warnings to log, one line each (deprecated flags, --jit_compile without one batch
+    shape per program).
 
   Raises:
     flags.ValidationError: naming each such flag, why it is unused and what to do.
