@@ -157,8 +157,8 @@ class Agreement:
   `collective` turns a lost TPU host (a preempted Spot TPU, host maintenance, a crash)
   into the same kind of one-line error, `TpuLostError`, with the last checkpoint and
   the command that resumes. TensorFlow's `PreemptionCheckpointHandler` does not do it
-  on Cloud TPU VMs (TensorFlow 2.20 and 2.21, failure_handling.py and
-  failure_handling_util.py): its class docstring lists TPUStrategy, but `__init__`
+  on Cloud TPU VMs (TensorFlow 2.21's distribute/failure_handling/failure_handling.py
+  and failure_handling_util.py): its class docstring lists TPUStrategy, but `__init__`
   decides by `failure_handling_util.detect_platform()`, which returns `GCE_TPU` on
   any Compute Engine VM (`on_gcp()`: the metadata server answers) that lists TPU
   devices; for `GCE_TPU` (and `GCE_CPU`) `__init__` only logs "PreemptionCheckpointHandler
