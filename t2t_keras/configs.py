@@ -444,6 +444,11 @@ class TrainConfig:
       "first call of each program (its trace or XLA compilation) is not bounded. A "
       "worker that dies is noticed within seconds whatever this is; 0 = wait forever.",
       check=AT_LEAST_0)
+  collective: str = setting(
+      "auto", "--strategy=multi_worker_mirrored: how the workers all-reduce gradients. "
+      "nccl: NVIDIA's NCCL between the GPUs of all workers (TensorFlow uses it only when "
+      "asked); ring: TensorFlow's ring all-reduce over gRPC (workers without GPUs); auto: "
+      "nccl where the workers have GPUs, else ring.", choices=("auto", "nccl", "ring"))
   jit_compile: bool = setting(False, "Compile train steps with XLA.")
   steps_per_loop: int = setting(1, "Train steps per host call (TPU).", check=POSITIVE)
   static_run_steps: int = setting(

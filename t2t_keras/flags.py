@@ -339,7 +339,8 @@ def check_train_flags(argv, fv=FLAGS) -> list:
   """Refuses flags typed for `train` that this run would silently ignore.
 
   Returns:
-    Warnings to log, one line each (deprecated flags).
+    Warnings to log, one line each (deprecated flags, --jit_compile without one batch
+    shape per program).
 
   Raises:
     flags.ValidationError: naming each such flag, why it is unused and what to do.
@@ -350,21 +351,32 @@ def check_train_flags(argv, fv=FLAGS) -> list:
                     "every epoch (no buffer); drop the flag")
   if "dry_run" in fv and fv.dry_run:
     return warnings  # builds the model from the model flags (including --vocab_size) only
+  if fv.jit_compile and not fv.static_shapes and not fv.packed_length:
+    # Bucketed batches without static shapes vary in rows and length from step to step;
+    # static shapes give one shape per bucket, packed rows one shape for all.
+    warnings.append(
+        "--jit_compile without --static_shapes or --packed_length: XLA compiles the train "
+        "step once per batch shape, and batches of dynamic shape (rows x length) come in "
+        "a new shape nearly every step, so the run would spend its time compiling; add "
+        "--static_shapes (one program per bucket) or --packed_length (one for all), or "
+        "drop --jit_compile")
   source = sources.SOURCE_CLASSES[fv.data_source]
   ignored = set(itertools.chain.from_iterable(
       _data_flags(cls.reads) for cls in sources.SOURCE_CLASSES.values()))
   ignored -= set(_data_flags(source.reads))
   if not source.is_text:
     ignored |= set(_data_flags(sources.TEXT_FIELDS))
-  if fv.strategy != "tpu":
-    ignored |= {"tpu", "tpu_zone", "gcp_project"}
+  # The flags of one strategy: {flag: the strategy that reads it}.
+  strategy_flags = {"tpu": "tpu", "tpu_zone": "tpu", "gcp_project": "tpu",
+                    "collective": "multi_worker_mirrored"}
+  ignored |= {name for name, strategy in strategy_flags.items() if fv.strategy != strategy}
   problems = []
   for name in command_line_flags(argv, fv):
     if name in ignored:
       reads = ", ".join(f"--{n}" for n in _data_flags(source.reads))
-      if name in ("tpu", "tpu_zone", "gcp_project"):
+      if name in strategy_flags:
         problems.append(f"--{name} is set but --strategy={fv.strategy} does not use it: "
-                        f"add --strategy=tpu, or drop --{name}")
+                        f"add --strategy={strategy_flags[name]}, or drop --{name}")
       else:
         problems.append(
             f"--{name}={_value(fv, name)} is set but --data_source={source.kind} does "

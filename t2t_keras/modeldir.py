@@ -37,9 +37,12 @@ worse, silently skip variables).
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import os
+import shutil
+import tempfile
 import time
 import uuid
 from typing import List, Optional
@@ -129,19 +132,44 @@ def last_dev_bleu(model_dir: str) -> Optional[dict]:
   return _read_json(os.path.join(model_dir, DEV_BLEU_FILE))
 
 
-def worker_dir(model_dir: str, worker_id: int) -> str:
-  """Where a non-chief worker saves: TensorFlow's multi-worker guide has every worker
-  take part in saving, and only the chief write into the model directory."""
-  return os.path.join(model_dir, f".worker-{worker_id}")
+def worker_scratch_dir(worker_id: int) -> str:
+  """A new local directory where a non-chief worker saves its share of each checkpoint.
+
+  Every worker of a MultiWorkerMirroredStrategy run takes part in saving, and only the
+  chief's files are kept: TensorFlow's guide to custom training loops with that
+  strategy ("Custom training loop with Keras and MultiWorkerMirroredStrategy", its
+  `write_filepath` and `_get_temp_dir`) has each other worker save to a directory of its
+  own and `tf.io.gfile.rmtree` it after every save. The guide's directory sits beside
+  the chief's (`workertemp_<task id>`): under a gs:// --model_dir that is a full
+  checkpoint uploaded by every other worker at every save, and deleted again (about
+  2.5 GB for the big model with Adam, inside a Spot VM's 30 s notice). Nothing ever
+  reads those files, so they go to this host's temporary directory (Python's
+  `tempfile`: $TMPDIR, else /tmp), emptied after each save (`discard_worker_dir`) and
+  removed when training ends (`remove_worker_dir`) or, at the latest, at exit.
+  """
+  directory = tempfile.mkdtemp(prefix=f"t2t_keras-worker-{worker_id}-")
+  atexit.register(remove_worker_dir, directory)
+  return directory
 
 
 def discard_worker_dir(directory: str) -> None:
-  """Deletes a non-chief worker's scratch directory (`worker_dir`, with its best/) once
-  a save is written: it exists only because every worker must take part in saving, and
-  TensorFlow's multi-worker guide deletes them too; kept, every save would leave a
-  full copy per worker beside the model (16 hosts: 16 copies on gs://)."""
-  if tf.io.gfile.exists(directory):
-    tf.io.gfile.rmtree(directory)
+  """Empties a non-chief worker's scratch directory (`worker_scratch_dir`, with its
+  best/) once a save is written: kept, every save would leave a full copy of the
+  checkpoint. The directory itself stays (it is this process's, from mkdtemp) for the
+  next save."""
+  if not os.path.isdir(directory):
+    return
+  for name in os.listdir(directory):
+    path = os.path.join(directory, name)
+    if os.path.isdir(path) and not os.path.islink(path):
+      shutil.rmtree(path, ignore_errors=True)
+    else:
+      os.remove(path)
+
+
+def remove_worker_dir(directory: str) -> None:
+  """Removes a scratch directory of `worker_scratch_dir` (nothing if already gone)."""
+  shutil.rmtree(directory, ignore_errors=True)
 
 
 def default_export_dir(model_dir: str, ctranslate2: bool = False) -> str:

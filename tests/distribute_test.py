@@ -8,7 +8,9 @@ TensorFlow's own constructor for local devices: one worker whose replicas are nu
 as a worker's are in a cluster. tests/multi_worker_test.py runs two workers for real.
 """
 
+import os
 import time
+from unittest import mock
 
 import pytest
 import tensorflow as tf
@@ -154,3 +156,145 @@ def test_the_first_call_of_each_program_is_not_bounded_by_the_watch(two_device_w
   # Watched: every train call but each bucket's first; evaluations after the first
   # (per dev bucket); agreements after their first.
   assert trainer.host_calls - len(buckets) <= len(armed)
+
+
+def _built_multi_worker(monkeypatch, collective, gpus):
+  """create_strategy for a worker of a one-worker TF_CONFIG on a host listing `gpus`
+  GPUs (a stand-in for `tf.config.list_physical_devices`): the strategy is TensorFlow's,
+  built with the options create_strategy passed, over this process's CPU (a real
+  cluster strategy can only start with the process: TensorFlow is initialised here)."""
+  from t2t_keras.configs import TrainConfig  # pylint: disable=import-outside-toplevel
+  listed = tf.config.list_physical_devices
+
+  def list_physical_devices(device_type=None):
+    if device_type == "GPU":
+      return [tf.config.PhysicalDevice(f"/physical_device:GPU:{i}", "GPU")
+              for i in range(gpus)]
+    return listed(device_type)
+
+  def multi_worker_mirrored(cluster_resolver=None, communication_options=None):
+    assert cluster_resolver is None and "TF_CONFIG" in os.environ  # TF_CONFIG's
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")][:1]
+    with mock.patch.dict(os.environ):  # a local strategy: TF_CONFIG's cluster not joined
+      del os.environ["TF_CONFIG"]
+      return collective_all_reduce_strategy.CollectiveAllReduceStrategy._from_local_devices(  # pylint: disable=protected-access
+          devices, communication_options=communication_options)
+
+  monkeypatch.setattr(tf.config, "list_physical_devices", list_physical_devices)
+  monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy", multi_worker_mirrored)
+  monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["127.0.0.1:2222"]}, '
+                     '"task": {"type": "worker", "index": 0}}')
+  return distribute.create_strategy(TrainConfig(strategy="multi_worker_mirrored",
+                                                collective=collective))
+
+
+def test_gpu_workers_all_reduce_with_nccl(monkeypatch):
+  """TensorFlow all-reduces a multi-worker run with its gRPC ring unless NCCL is asked
+  for: GPU workers (--collective=auto, the default) ask for it; CPU workers ring."""
+  implementation = tf.distribute.experimental.CommunicationImplementation
+  for collective, gpus, expected in (("auto", 8, implementation.NCCL),
+                                     ("auto", 0, implementation.RING),
+                                     ("nccl", 1, implementation.NCCL),
+                                     ("ring", 8, implementation.RING)):
+    strategy = _built_multi_worker(monkeypatch, collective, gpus)
+    assert isinstance(strategy, collective_all_reduce_strategy.CollectiveAllReduceStrategy)
+    options = strategy.extended._communication_options  # pylint: disable=protected-access
+    assert options.implementation == expected, (collective, gpus)
+
+
+def test_nccl_on_a_host_without_gpus_names_the_flag(monkeypatch):
+  with pytest.raises(distribute.StrategyError, match="--collective=nccl .* this host has "
+                     "none: use --collective=ring"):
+    _built_multi_worker(monkeypatch, "nccl", gpus=0)
+
+
+def test_a_non_chief_saves_on_its_local_disk_never_under_the_model_dir(
+    two_device_worker, monkeypatch, tmp_path):
+  """Every worker takes part in each save and only the chief's files are kept: a
+  non-chief wrote its full copy to <model_dir>/.worker-N and deleted it, an upload of
+  the whole checkpoint per worker per save on gs://. Here worker 1 (this process made a
+  non-chief) saves under a local temporary directory, emptied after each save and
+  removed when training ends, and writes nothing under a remote model_dir (ram://)."""
+  # pylint: disable=import-outside-toplevel
+  import keras
+
+  from t2t_keras import modeldir
+  from t2t_keras.configs import TrainConfig
+  from t2t_keras.training.trainer import Trainer
+  from tests.trainer_test import MODEL, make_dataset_fn
+  local_tmp = tmp_path / "local_tmp"
+  local_tmp.mkdir()
+  monkeypatch.setattr("tempfile.tempdir", str(local_tmp))
+  monkeypatch.setattr(distribute, "chief_and_worker_id", lambda strategy: (False, 1))
+  model_dir = "ram://non_chief_test/model"
+  scratch, saved = [], []
+  made, discard = modeldir.worker_scratch_dir, modeldir.discard_worker_dir
+
+  def worker_scratch_dir(worker_id):
+    scratch.append(made(worker_id))
+    return scratch[-1]
+
+  def discard_worker_dir(directory):
+    assert directory == scratch[-1]
+    saved.append(sorted(os.listdir(directory)))
+    assert not tf.io.gfile.exists(model_dir), tf.io.gfile.listdir(model_dir)
+    discard(directory)
+    assert os.listdir(directory) == []
+
+  monkeypatch.setattr(modeldir, "worker_scratch_dir", worker_scratch_dir)
+  monkeypatch.setattr(modeldir, "discard_worker_dir", discard_worker_dir)
+  keras.utils.set_random_seed(0)
+  trainer = Trainer(MODEL, TrainConfig(model_dir=model_dir, train_steps=4, log_every=2,
+                                       eval_every=100, save_checkpoint_steps=2),
+                    two_device_worker.strategy)
+  assert not trainer.chief and trainer.worker_id == 1
+  result = trainer.train(make_dataset_fn(), progress=lambda line: None)
+  assert result.steps == 4
+  assert len(scratch) == 1 and scratch[0].startswith(str(local_tmp))
+  # Two saves (steps 2 and 4), each a whole checkpoint in the scratch directory.
+  assert len(saved) == 2 and all(any(n.startswith("ckpt-") and n.endswith(".index")
+                                     for n in names) for names in saved), saved
+  assert not tf.io.gfile.exists(model_dir)
+  assert os.listdir(local_tmp) == []  # the scratch directory is gone with training
+
+
+def test_a_lost_tpu_host_ends_in_one_line_with_the_checkpoint_and_the_command(
+    monkeypatch, tmp_path):
+  """A TPU host that goes (a preempted Spot TPU, maintenance, a crash) fails the
+  client's host call with an UnavailableError: the train command printed TensorFlow's
+  op error and its stack. It ends as a lost worker does: one line with the step, the
+  last checkpoint and the command that resumes, exit code 1. TensorFlow's
+  PreemptionCheckpointHandler does nothing on a Cloud TPU VM (its platform check:
+  distribute.Agreement's docstring). Here the default strategy stands in for
+  TPUStrategy, and the host call of step 7 raises what the TPU client raises."""
+  # pylint: disable=import-outside-toplevel
+  from t2t_keras.training import trainer as trainer_module
+  from tests import inprocess
+  default = type(tf.distribute.get_strategy())
+  monkeypatch.setattr(distribute, "TPU_STRATEGIES", distribute.TPU_STRATEGIES + (default,))
+  iterator = trainer_module._Batches.iterator  # pylint: disable=protected-access
+
+  def lost_at_step_6(batches, step):
+    if step >= 6:
+      raise tf.errors.UnavailableError(
+          None, None, "Socket closed\nAdditional GRPC error information from remote target "
+          "/job:worker/replica:0/task:3")
+    return iterator(batches, step)
+
+  monkeypatch.setattr(trainer_module._Batches, "iterator", lost_at_step_6)  # pylint: disable=protected-access
+  model_dir = tmp_path / "tpu"
+  args = ["--flagfile=flags/tiny.cfg", f"--model_dir={model_dir}", "--train_steps=8",
+          "--save_checkpoint_steps=4", "--log_every=4", "--eval_every=100",
+          "--show_examples=0"]
+  run = inprocess.run("train", *args)
+  assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
+  assert "Traceback" not in run.stderr and "UnavailableError:" not in run.stderr
+  command = " ".join(run.args)  # this process's command line (train.relaunch_command)
+  assert command.endswith(" ".join(args))
+  assert (f"lost TPU host 3 after step 6: it stopped answering (preempted, under "
+          f"maintenance, or crashed): UnavailableError (Socket closed); training stopped. "
+          f"The last checkpoint is {model_dir}/ckpt-4 (step 4). Once the TPU is READY "
+          "again (`gcloud compute tpus tpu-vm describe NAME --zone=ZONE`; a preempted "
+          f"Spot TPU must be recreated), run the same command to resume: {command}"
+          ) in run.stderr, run.stderr[-3000:]
+  assert tf.train.latest_checkpoint(str(model_dir)).endswith("ckpt-4")

@@ -134,9 +134,10 @@ def test_two_workers_with_a_fast_clock_equal_two_replicas(tmp_path, shared_data)
     assert "budget is spent" not in out
   assert "(worker 1)" in results[1][1] and "bleu" in results[0][1]
   assert_chief_wrote_once(model_dir, results)
-  # Worker 1 saved with the chief (scratch checkpoints in .worker-1, as TensorFlow's
-  # multi-worker guide has it) and deleted them once written: no copy per worker.
-  scratch = [name for name in os.listdir(model_dir) if name.startswith(".worker")]
+  # Worker 1 saved with the chief, as TensorFlow's multi-worker guide has it, in a
+  # scratch directory on its local disk: nothing of its own under the model directory.
+  scratch = [str(path) for path in model_dir.rglob("*")
+             if path.name.startswith((".worker", "t2t_keras-worker"))]
   assert not scratch, scratch
 
   single_dir = tmp_path / "single"

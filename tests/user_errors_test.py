@@ -403,3 +403,30 @@ def test_a_command_ends_as_sys_exit_does_without_pythons_teardown(tmp_path):
   for env in ({"PYTHONINSPECT": "1"}, {"TF_CONFIG": '{"cluster": {}}'}):
     result, _ = end("3", "launcher", sleep=0, **env)
     assert "torn down" in result.stdout, (env, result.stdout)
+
+
+def test_jit_compile_without_one_shape_per_program_warns_at_the_start():
+  """XLA compiles once per batch shape: with dynamic shapes nearly every step. The
+  warning names both ways to one shape per program and says why; either of them, or
+  no XLA, is quiet."""
+  argv, fv = _parsed("--flagfile=flags/tiny.cfg", "--jit_compile")
+  (warning,) = t2t_flags.check_train_flags(argv, fv)
+  assert "--static_shapes" in warning and "--packed_length" in warning
+  assert "XLA compiles the train step once per batch shape" in warning
+  for quiet in (["--static_shapes"], ["--packed_length=64"], ["--static_shapes",
+                                                               "--packed_length=64"]):
+    argv, fv = _parsed("--flagfile=flags/tiny.cfg", "--jit_compile", *quiet)
+    assert t2t_flags.check_train_flags(argv, fv) == [], quiet
+  argv, fv = _parsed("--flagfile=flags/tiny.cfg")
+  assert t2t_flags.check_train_flags(argv, fv) == []
+
+
+def test_collective_is_for_multi_worker_runs():
+  argv, fv = _parsed("--flagfile=flags/tiny.cfg", "--collective=nccl")
+  with pytest.raises(flags.ValidationError, match="--collective is set but "
+                     "--strategy=default does not use it: add "
+                     "--strategy=multi_worker_mirrored, or drop --collective"):
+    t2t_flags.check_train_flags(argv, fv)
+  argv, fv = _parsed("--flagfile=flags/tiny.cfg", "--collective=ring",
+                     "--strategy=multi_worker_mirrored")
+  assert t2t_flags.check_train_flags(argv, fv) == []

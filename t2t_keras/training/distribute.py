@@ -70,7 +70,9 @@ def create_strategy(config: TrainConfig) -> tf.distribute.Strategy:
     except json.JSONDecodeError as error:
       raise StrategyError(f"TF_CONFIG is not valid JSON ({error}): see BUILD.md for its "
                           "form.") from None
-    return tf.distribute.MultiWorkerMirroredStrategy()
+    return tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=tf.distribute.experimental.CommunicationOptions(
+            implementation=collective_implementation(config.collective)))
   if config.strategy == "tpu":
     resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
         tpu=config.tpu, zone=config.tpu_zone, project=config.gcp_project)
@@ -78,6 +80,40 @@ def create_strategy(config: TrainConfig) -> tf.distribute.Strategy:
     tf.tpu.experimental.initialize_tpu_system(resolver)
     return tf.distribute.TPUStrategy(resolver)
   raise AssertionError(f"--strategy={config.strategy!r}")  # TrainConfig.validate refuses it
+
+
+def collective_implementation(collective: str):
+  """The all-reduce of a multi-worker run, from --collective.
+
+  TensorFlow's MultiWorkerMirroredStrategy all-reduces with its own ring over gRPC
+  unless NCCL is asked for (`CommunicationOptions`, AUTO picks RING): on GPU workers
+  NCCL moves the gradients between the GPUs themselves. "auto" asks for NCCL where this
+  host lists a GPU (every worker of a cluster runs the same command on the same kind
+  of host).
+
+  Raises:
+    StrategyError: --collective=nccl on a host without GPUs (TensorFlow only logs a
+      warning there, and the first all-reduce fails).
+  """
+  implementations = tf.distribute.experimental.CommunicationImplementation
+  gpus = tf.config.list_physical_devices("GPU")
+  if collective == "nccl" and not gpus:
+    raise StrategyError("--collective=nccl all-reduces between GPUs, and this host has "
+                        "none: use --collective=ring (or auto) on workers without GPUs.")
+  if collective == "nccl" or (collective == "auto" and gpus):
+    return implementations.NCCL
+  return implementations.RING
+
+
+# The strategies of a Cloud TPU: one client process drives every host of the slice.
+TPU_STRATEGIES = (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy)
+
+# What TensorFlow raises when a call cannot complete because another task (a worker of
+# a multi-worker run, a host of a TPU slice) is gone or does not answer: a peer's
+# connection failed, the coordination service declared a task dead, a collective was
+# aborted, the TPU runtime was restarted under the client.
+LOST_PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+                    tf.errors.AbortedError, tf.errors.CancelledError)
 
 
 def _resolver(strategy: tf.distribute.Strategy):
@@ -88,8 +124,12 @@ def _resolver(strategy: tf.distribute.Strategy):
 def chief_and_worker_id(strategy: tf.distribute.Strategy):
   """(is this process the chief, its worker index): (True, 0) outside multi-worker runs.
 
-  The chief is the "chief" task if TF_CONFIG names one, else worker 0.
+  The chief is the "chief" task if TF_CONFIG names one, else worker 0. A TPU's one
+  client process is the chief (its resolver's cluster_spec() would ask the Cloud TPU
+  API for the hosts: a network call every time).
   """
+  if isinstance(strategy, TPU_STRATEGIES):
+    return True, 0
   resolver = _resolver(strategy)
   if resolver is None or not resolver.task_type:
     return True, 0
@@ -113,6 +153,20 @@ class Agreement:
   trainer's steps and dev loss) runs inside `collective`, which turns a lost worker
   into one clear error within a bounded time.
 
+  On a Cloud TPU the one client process decides alone (nothing to agree), and
+  `collective` turns a lost TPU host (a preempted Spot TPU, host maintenance, a crash)
+  into the same kind of one-line error, `TpuLostError`, with the last checkpoint and
+  the command that resumes. TensorFlow's `PreemptionCheckpointHandler` does not do it
+  on Cloud TPU VMs (TensorFlow 2.21's distribute/failure_handling/failure_handling.py
+  and failure_handling_util.py): its class docstring lists TPUStrategy, but `__init__`
+  decides by `failure_handling_util.detect_platform()`, which returns `GCE_TPU` on
+  any Compute Engine VM (`on_gcp()`: the metadata server answers) that lists TPU
+  devices; for `GCE_TPU` (and `GCE_CPU`) `__init__` only logs "PreemptionCheckpointHandler
+  does not support usage with TPU or CPU device on GCP.", `run` calls the step
+  function unchanged and `save_checkpoint_if_preempted` returns without checking
+  anything. Only `INTERNAL_TPU` (Google's own Borg clusters, off GCP) gets the TPU
+  path (`_initialize_for_tpu_strategy`, `_run_for_tpu`, the `check_preemption` op).
+
   Args:
     strategy: the run's strategy.
     timeout_seconds: the longest one collective call (`collective`) may wait for the
@@ -123,6 +177,7 @@ class Agreement:
     self.strategy = strategy
     self.chief, self.worker_id = chief_and_worker_id(strategy)
     self.multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+    self.tpu = isinstance(strategy, TPU_STRATEGIES)
     self._sum = None
     self._watch = PeerWatch(timeout_seconds) if self.multi_worker else None
 
@@ -139,20 +194,25 @@ class Agreement:
 
     The errors caught are those TensorFlow raises when a collective cannot complete
     (a peer's connection failed, the coordination service declared a task dead, the
-    watch aborted the collectives); other errors (a model's bug) pass unchanged.
+    watch aborted the collectives); other errors (a model's bug) pass unchanged. On a
+    TPU the same errors of a host call (a host of the slice gone) become a
+    `TpuLostError`; nothing is watched there (the client waits on the TPU runtime,
+    which fails the call when a host goes).
     """
-    if self._watch is None:
+    if not (self.multi_worker or self.tpu):
       yield
       return
-    if bounded:
+    if bounded and self._watch is not None:
       self._watch.arm()
     try:
       yield
-    except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
-            tf.errors.AbortedError, tf.errors.CancelledError) as error:
+    except LOST_PEER_ERRORS as error:
+      if self.tpu:
+        raise TpuLostError(*_tpu_who_and_why(error)) from error
       raise WorkerLostError(*self._who_and_why(error)) from error
     finally:
-      self._watch.disarm()
+      if self._watch is not None:
+        self._watch.disarm()
 
   def _who_and_why(self, error: tf.errors.OpError):
     """(the lost worker, what happened) from TensorFlow's error message."""
@@ -255,6 +315,46 @@ class WorkerLostError(TrainingError):
     how = f": {self.command}" if self.command else ""
     return (f"lost {self.lost}{where}: {self.why}; this worker stopped too.{saved} "
             f"Relaunch every worker, each with its TF_CONFIG, to resume{how}")
+
+
+class TpuLostError(WorkerLostError):
+  """A host of the Cloud TPU (or the whole TPU) was lost during training: preempted
+  (Spot, preemptible), taken for maintenance, or crashed. One line says when, the last
+  checkpoint and the command that resumes from it, as `WorkerLostError` does for a
+  multi-worker run (the trainer and the entry point fill them in the same way)."""
+
+  def __str__(self) -> str:
+    where, saved = "", ""
+    if self.step is not None:
+      where = f" after step {self.step}"
+      saved = (f" The last checkpoint is {self.checkpoint} (step "
+               f"{self.checkpoint.rsplit('-', 1)[-1]})." if self.checkpoint else
+               " There is no checkpoint yet.")
+    how = f": {self.command}" if self.command else ""
+    return (f"lost {self.lost}{where}: {self.why}; training stopped.{saved} Once the TPU "
+            "is READY again (`gcloud compute tpus tpu-vm describe NAME --zone=ZONE`; a "
+            f"preempted Spot TPU must be recreated), run the same command to resume{how}")
+
+
+def _tpu_who_and_why(error: tf.errors.OpError):
+  """(the lost TPU host, what happened) from TensorFlow's error message."""
+  # The TPU's hosts are the tasks of job "worker"; the client names the one whose
+  # connection failed, when it knows it.
+  hosts = sorted({int(task) for task in
+                  re.findall(r"/job:worker/replica:\d+/task:(\d+)", error.message)})
+  if len(hosts) == 1:
+    who = f"TPU host {hosts[0]}"
+  elif hosts:
+    who = "TPU hosts " + ", ".join(map(str, hosts))
+  else:
+    who = "the TPU"
+  lines = error.message.strip().splitlines()
+  first = lines[0] if lines else ""
+  if len(first) > 160:
+    first = first[:157] + "..."
+  why = ("it stopped answering (preempted, under maintenance, or crashed): "
+         f"{type(error).__name__}" + (f" ({first})" if first else ""))
+  return who, why
 
 
 class PeerWatch:

@@ -396,6 +396,7 @@ class Trainer:
     evaluator = Evaluator(self, eval_dataset_fn, eval_hook, saver.save_dir, eval_writer, progress)
     step = start_step = self.current_step()
     if evaluator.finished(step):
+      saver.close()
       return TrainResult(steps=step, wall_seconds=0.0, target_tokens=0.0, flops=0.0,
                          final_loss=float("nan"), eval_metrics={}, stopped_early=True,
                          already_finished=True)
@@ -432,6 +433,7 @@ class Trainer:
           summaries.flush()
         except Exception:  # pylint: disable=broad-except
           logging.warning("could not flush the TensorBoard summaries", exc_info=True)
+      saver.close()
       if isinstance(error, distribute.WorkerLostError):  # the resume point, for its message
         raise error.at(step, tf.train.latest_checkpoint(cfg.model_dir))
       raise
@@ -440,6 +442,7 @@ class Trainer:
     if policy.preempted:
       progress(policy.preemption_line(step))
     saver.save_unless_saved(step)
+    saver.close()
     batches.release()
     wall = clock.elapsed(clock.now())
     logging.info("trained %d steps in %.1fs in %d host calls (%.1f steps a call)",
@@ -510,7 +513,8 @@ class _Checkpoints:
 
   Every worker of a multi-worker run takes part in saving (variables may need a
   collective read), but only the chief writes into model_dir; the others write to a
-  scratch directory of their own, as TensorFlow's multi-worker guide prescribes.
+  scratch directory of their own, as TensorFlow's multi-worker guide prescribes, on
+  their local disk and never under a remote model_dir (`modeldir.worker_scratch_dir`).
   Weights that are not finite are never saved.
   """
 
@@ -520,7 +524,7 @@ class _Checkpoints:
     checkpoint = trainer.checkpoint()
     chief = trainer.chief
     self.save_dir = (cfg.model_dir if chief
-                     else modeldir.worker_dir(cfg.model_dir, trainer.worker_id))
+                     else modeldir.worker_scratch_dir(trainer.worker_id))
     # The state file may name paths outside model_dir (a downloaded directory), which the
     # manager would read and, rotating, delete: refused before the manager reads it.
     checkpoints.check_checkpoint_state(cfg.model_dir)
@@ -551,6 +555,11 @@ class _Checkpoints:
       modeldir.discard_worker_dir(self.save_dir)
     if self.trainer.chief and self.trainer.on_save is not None:
       self.trainer.on_save(step)
+
+  def close(self) -> None:
+    """Removes a non-chief worker's scratch directory: training is over."""
+    if not self.trainer.chief:
+      modeldir.remove_worker_dir(self.save_dir)
 
   def save_unless_saved(self, step: int) -> None:
     """Saves at the end of the loop unless this run's last checkpoint is of `step`
