@@ -181,10 +181,10 @@ def test_the_tpu_settings_train_one_program_in_few_host_calls(tmp_path, monkeypa
   (trainer, run), = trained
   assert trainer.strategy.num_replicas_in_sync == 2
   assert trainer.model.dtype_policy.name == "mixed_bfloat16"
-  assert "packed rows: every batch [1, 256]" in result.stdout
   assert run.steps == steps and np.isfinite(run.final_loss)
   assert trainer.train_fn.experimental_get_tracing_count() == 1
   assert len(trainer.train_fn._list_all_concrete_functions()) == 1  # pylint: disable=protected-access
+  assert "packed rows: every batch [1, 256]" in result.stdout
   # Evaluations at 100 and 200 (tiny.cfg), checkpoints at 100 and 200: both at calls'
   # ends, so no more calls than the loop needs.
   assert run.host_calls == math.ceil(steps / 100) == 2
