@@ -9,10 +9,15 @@ and prints, for each: the programs the training step was traced for (each an XLA
 compile under --jit_compile), the fraction of padding in the batches it trained on
 (both sides, of the first --steps batches), target tokens/s over the whole run (traces
 and compiles included) and over its second half (the log windows after --steps / 2),
-and the dev loss at the last step. Results: docs/benchmarks.md.
+the host calls, and the dev loss at the last step. Results: docs/benchmarks.md.
 
     python bench/packing.py [--steps=600] [--configs=dynamic,static,packed,packed:128] \\
-        [--data=../shared/data/multi30k] [--work_dir=/tmp/packing_bench]
+        [--data=../shared/data/multi30k] [--work_dir=/tmp/packing_bench] \\
+        [--hidden_size=128] [--steps_per_loop=1]
+
+--steps_per_loop=100 is flags/tpu.cfg's: packed runs then make a host call per 100
+steps, bucketed static shapes still one a step (their calls end where the bucket
+changes, every step at the default --static_run_steps=1).
 """
 
 from __future__ import annotations
@@ -41,6 +46,9 @@ flags.DEFINE_string("data", os.path.join(os.path.dirname(ROOT), "shared", "data"
 flags.DEFINE_string("work_dir", "/tmp/packing_bench", "Vocabulary, caches and models.")
 flags.DEFINE_integer("max_length", 64, "--max_length (and --packed_length when packed).")
 flags.DEFINE_integer("batch_size", 1024, "Tokens per batch.")
+flags.DEFINE_integer("hidden_size", 128, "d_model (d_ff is 4 times it; 2+2 layers).")
+flags.DEFINE_integer("steps_per_loop", 1, "--steps_per_loop (flags/tpu.cfg: 100).")
+flags.DEFINE_integer("warmup_steps", 500, "--learning_rate_warmup_steps.")
 FLAGS = flags.FLAGS
 
 RATE = re.compile(r"step (\d+)/\d+ \|.*\| ([0-9,]+) tok/s \|")
@@ -92,12 +100,16 @@ def run(name: str) -> dict:
   data = pipeline.make_datasets(data_config(name))
   model_dir = os.path.join(FLAGS.work_dir, name.replace(":", "_"))
   shutil.rmtree(model_dir, ignore_errors=True)
-  model = ModelConfig(vocab_size=data.vocab_size, hidden_size=128, filter_size=512,
+  model = ModelConfig(vocab_size=data.vocab_size, hidden_size=FLAGS.hidden_size,
+                      filter_size=4 * FLAGS.hidden_size,
                       num_heads=4, num_hidden_layers=2, pre_norm=True)
   config = TrainConfig(model_dir=model_dir, train_steps=FLAGS.steps, train_minutes=0,
-                       jit_compile=name != "dynamic", learning_rate_warmup_steps=500,
-                       log_every=25, eval_every=FLAGS.steps,
-                       save_checkpoint_steps=FLAGS.steps, seed=1)
+                       jit_compile=name != "dynamic",
+                       learning_rate_warmup_steps=FLAGS.warmup_steps,
+                       # A log line ends a host call: none between a loop's steps.
+                       log_every=max(25, FLAGS.steps_per_loop), eval_every=FLAGS.steps,
+                       save_checkpoint_steps=FLAGS.steps, seed=1,
+                       steps_per_loop=FLAGS.steps_per_loop)
   keras.utils.set_random_seed(1)
   trainer = Trainer(model, config)
   lines = []
@@ -110,7 +122,7 @@ def run(name: str) -> dict:
   return {"programs": programs, "padding": padding(data.train_fn, FLAGS.steps),
           "tok/s": result.target_tokens / result.wall_seconds,
           "tok/s late": statistics.median(late), "seconds": seconds,
-          "train seconds": result.wall_seconds,
+          "train seconds": result.wall_seconds, "host calls": result.host_calls,
           "dev loss": result.eval_metrics.get("loss", float("nan"))}
 
 
@@ -121,10 +133,11 @@ def main(_):
     results[name] = run(name)
     print(f"{name}: {results[name]}", flush=True)
   rows = [[name, str(r["programs"]), f"{100 * r['padding']:.2f}%", f"{r['tok/s']:,.0f}",
-           f"{r['tok/s late']:,.0f}", f"{r['train seconds']:.0f}", f"{r['dev loss']:.3f}"]
+           f"{r['tok/s late']:,.0f}", f"{r['train seconds']:.0f}", str(r["host calls"]),
+           f"{r['dev loss']:.3f}"]
           for name, r in results.items()]
   print_table(rows, ["input", "programs traced", "padding", "target tok/s (run)",
-                     "tok/s (2nd half)", "train s", f"dev loss @ {FLAGS.steps}"])
+                     "tok/s (2nd half)", "train s", "host calls", f"dev loss @ {FLAGS.steps}"])
 
 
 if __name__ == "__main__":

@@ -63,6 +63,13 @@ def split_list(value: Optional[str]) -> List[str]:
   return [part.strip() for part in value.split(",")] if value else []
 
 
+def dtype_name(dtype: Optional[str]) -> Optional[str]:
+  """--dtype's one name for a precision: "mixed_bfloat16" (Keras' policy name, which
+  t2t's TPU users know) is "bfloat16", so that config.json, the restart check and
+  decode's check of the model flags see one value whichever name a command used."""
+  return "bfloat16" if dtype == "mixed_bfloat16" else dtype
+
+
 def flag_name(field: dataclasses.Field) -> str:
   """The flag a config field is read from."""
   return field.metadata.get("flag") or field.name
@@ -146,9 +153,12 @@ class ModelConfig:
       "source token it points at): for targets that copy their source in order between "
       "tokens of their own, e.g. parsing with --parsing_linearization=words; the decoder "
       "then always knows its place.")
-  # "mixed_bfloat16" is accepted as another name of "bfloat16" in code.
   dtype: str = setting("float32", "Compute precision; variables, logits and loss stay "
-                       "float32.", choices=("float32", "bfloat16", "mixed_float16"))
+                       "float32. mixed_bfloat16 (Keras' policy name) is bfloat16.",
+                       choices=("float32", "bfloat16", "mixed_bfloat16", "mixed_float16"))
+
+  def __post_init__(self):
+    object.__setattr__(self, "dtype", dtype_name(self.dtype))
 
   @property
   def encoder_layers(self) -> int:
@@ -189,9 +199,9 @@ class ModelConfig:
       problems.append("--source_pointer cannot be used with --separate_vocabularies: "
                       "it compares target ids with source ids, which needs one "
                       "vocabulary for both sides")
-    if self.dtype not in ("float32", "bfloat16", "mixed_float16", "mixed_bfloat16"):
-      problems.append(f"--dtype={self.dtype!r} must be float32, bfloat16 or "
-                      "mixed_float16")
+    if self.dtype not in ("float32", "bfloat16", "mixed_float16"):
+      problems.append(f"--dtype={self.dtype!r} must be float32, bfloat16 (or "
+                      "mixed_bfloat16) or mixed_float16")
     raise_problems(problems, "model configuration")
     return self
 

@@ -35,8 +35,8 @@ from absl import flags
 
 from t2t_keras import errors
 from t2t_keras.configs import (SHARED_EMBEDDINGS_PROBLEM, DataConfig, DecodeConfig,
-                               ModelConfig, TrainConfig, WeightsConfig, flag_name,
-                               guided_alignment_problems)
+                               ModelConfig, TrainConfig, WeightsConfig, dtype_name,
+                               flag_name, guided_alignment_problems)
 from t2t_keras.data import sources
 
 FLAGS = flags.FLAGS
@@ -464,7 +464,7 @@ def check_inference_flags(argv, saved_model, command: str, reads=(), fv=FLAGS,
       saved = getattr(saved_model, name)
       if name == "vocab_size" and fv[name].value == requested_vocab_size:
         continue
-      if fv[name].value != saved:
+      if (dtype_name(fv[name].value) if name == "dtype" else fv[name].value) != saved:
         fix = " (use --decode_dtype to decode in another precision)" if name == "dtype" else ""
         problems.append(f"--{name}={_value(fv, name)} but the model in --model_dir was "
                         f"trained with {str(saved).lower() if isinstance(saved, bool) else saved}"

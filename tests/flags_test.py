@@ -32,9 +32,11 @@ def test_flagfiles_exist():
           "parsing_wsj.cfg", "tiny.cfg"} <= names
 
 
-# Presets for the user's own files (README's "Train on your own data"): they parse once
-# the command line names the files, and are refused, naming the flag, without them.
-USER_FILES = {"small_cpu.cfg": ["--train_src=my/train.en", "--train_tgt=my/train.de"]}
+# Presets for the user's own files (README's "Train on your own data") and the TPU
+# settings (which TPU is the user's): they parse once the command line names the files
+# or the TPU, and are refused, naming the flag, without them.
+USER_FILES = {"small_cpu.cfg": ["--train_src=my/train.en", "--train_tgt=my/train.de"],
+              "tpu.cfg": ["--tpu=local"]}
 
 
 @pytest.mark.parametrize("path", FLAGFILES, ids=os.path.basename)
@@ -42,7 +44,7 @@ def test_every_flagfile_parses(path):
   flagfile = f"--flagfile={os.path.relpath(path, REPO_ROOT)}"
   files = USER_FILES.get(os.path.basename(path), [])
   if files:
-    with pytest.raises(flags.IllegalFlagValueError, match="--train_src"):
+    with pytest.raises(flags.IllegalFlagValueError, match=files[0].split("=")[0]):
       parse(flagfile, "--model_dir=/tmp/x")
   values, model, _ = parse(flagfile, "--model_dir=/tmp/x", *files)
   assert model.hidden_size % model.num_heads == 0 or model.key_size

@@ -60,6 +60,11 @@ def _steps(num_steps, step):
   return totals
 
 
+# The step counter crosses to the host in float32 as (step // this, step % this): each
+# part is exact (see Trainer._train_call).
+_STEP_SPLIT = 1 << 24
+
+
 # Exit code of a run that saved a checkpoint and stopped on SIGTERM (preemption): the
 # code TensorFlow's PreemptionCheckpointHandler uses, so that cluster managers restart
 # the job and the same command resumes.
@@ -240,6 +245,22 @@ class Trainer:
                           for t, v in zip(totals, per_replica))
     return _steps(num_steps, step)
 
+  def _train_call(self, iterator, num_steps):
+    """One host call: `_train_loop`'s four sums and the step counter it reached, in one
+    float32 vector [loss_sum, target_tokens, flops, overflows, step // 2**24,
+    step % 2**24], so that the host reads a call's results in one transfer (`_run`), as
+    orbit reads its metrics once a loop; on a remote TPU each read is a round trip.
+
+    The counter is `optimizer.iterations`, read after the loop (automatic control
+    dependencies order the read after the loop's updates of it), so skipped float16
+    steps count (`_LossScaleOptimizer`). It travels as two float32 parts, each exact
+    below 2**24, as TPUs have no float64.
+    """
+    totals = self._train_loop(iterator, num_steps)
+    step = tf.cast(self.optimizer.iterations, tf.int64)
+    parts = (step // _STEP_SPLIT, step % _STEP_SPLIT)
+    return tf.stack(list(totals) + [tf.cast(p, tf.float32) for p in parts])
+
   def _eval_replica(self, batch):
     logits = self.model(batch, training=False)
     return losses.loss_sums(logits, batch["targets"], self.config.label_smoothing)
@@ -391,7 +412,7 @@ class Trainer:
                                             progress)
     # One host call: --steps_per_loop steps. Kept on the trainer so that its traces can
     # be counted (one program per bucket shape, tests/trainer_test.py).
-    self.train_fn = tf.function(self._train_loop, autograph=False)
+    self.train_fn = tf.function(self._train_call, autograph=False)
     writer, eval_writer = self._summary_writers()
     evaluator = Evaluator(self, eval_dataset_fn, eval_hook, saver.save_dir, eval_writer, progress)
     step = start_step = self.current_step()
@@ -466,14 +487,16 @@ class Trainer:
     program = ("train", batches.bucket_of_step(step))
     try:
       with self.agreement.collective(bounded=program in self._programs_run):
-        sums = np.array([float(v) for v in self.train_fn(batches.iterator(step),
-                                                          tf.constant(n))])
+        # The call's one read back: the sums and the step counter together.
+        result = self.train_fn(batches.iterator(step), tf.constant(n)).numpy()
     except tf.errors.OutOfRangeError:
       raise TrainingError("the training dataset ran out of batches: it is empty or every "
                           "pair was filtered (see the data log above).") from None
     self._programs_run.add(program)
     self.host_calls += 1
-    step = self.current_step()  # the one counter (skipped float16 steps count)
+    sums = result[:4].astype(np.float64)
+    # The one counter (skipped float16 steps count), as _train_call splits it.
+    step = int(result[4]) * _STEP_SPLIT + int(result[5])
     self._check_finite(sums, step, n)
     return sums, step
 
