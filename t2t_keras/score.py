@@ -6,7 +6,8 @@ the source (natural log, EOS included), a tab, the number of target tokens (EOS
 included); with `--per_token`, a tab and every token's log probability. Used to filter
 back-translations, to rerank, and to compare engines (CTranslate2's `score_batch`
 gives the same numbers for an exported model). `--model_dir=A,B` scores with the
-ensemble's averaged log probabilities.
+ensemble's averaged log probabilities, renormalised as decode's search renormalises them
+(the scores decode gives the ensemble's outputs).
 """
 
 from __future__ import annotations
