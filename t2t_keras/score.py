@@ -78,9 +78,10 @@ def run() -> None:
   tokenizer = loaded[0].tokenizer
   tag = [tokenizer.tag_id(language)] if language else []  # the source's first piece
   origin = recipe.describe(SCORING_FLAGS)
-  print(f"scoring {len(sources)} pairs with "
-        f"{'; '.join(', '.join(l.checkpoints) for l in loaded)}"
-        f"{f'; {origin}' if origin else ''}", file=sys.stderr, flush=True)
+  used = "; ".join(("the average of " if len(l.checkpoints) > 1 else "")
+                   + ", ".join(l.checkpoints) for l in loaded)
+  print(f"scoring {len(sources)} pairs with {used}{f'; {origin}' if origin else ''}",
+        file=sys.stderr, flush=True)
   source_ids = [scoring.with_eos(tag + s) for s in tokenizer.tokenize(tf.constant(
       sources or [""])).to_list()]
   target_ids = [scoring.with_eos(t) for t in tokenizer.target.tokenize(tf.constant(targets or

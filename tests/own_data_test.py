@@ -172,6 +172,14 @@ def test_a_model_directory_decodes_as_its_recipe_says(tmp_path, shared_data):
                                 loaded.tokenizer, sources, config, progress=False)
   assert [r.texts[0] for r in results] == hypotheses
 
+  # score weighs with the recipe's average too.
+  result = inprocess.run("score", "--model_dir=runs/r", "--source_file=my/test.en",
+                         f"--target_file={tmp_path / 'hyp.txt'}", cwd=str(tmp_path))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert ("scoring 6 pairs with the average of runs/r/ckpt-5, runs/r/ckpt-10; from the "
+          "model directory's recipe: --average_last_n=2 --decode_batch_size=64"
+          ) in result.stderr, result.stderr
+
   # Flags given to decode win over the recipe's, and the line says so.
   line, _ = decode("--beam_size=2", "--average_last_n=1")
   assert "with runs/r/ckpt-10 (beam 2, alpha 0.3, extra length 7;" in line, line
