@@ -18,7 +18,10 @@ in its entry point. Names follow tensor2tensor's hparams so its users recognise 
 Every entry point that reads a model directory defines the model, data, training and
 decoding groups, so one recipe flagfile serves train, decode and export; a flag typed
 on the command line that the command would ignore is refused or warned about
-(`check_train_flags`, `check_inference_flags`).
+(`check_train_flags`, `check_inference_flags`). Training records the decoding flags it
+was given in the model directory (`recipe_decoding`), and decode, score and export
+default to them where they are not given (`use_recipe`), so a model decodes as its
+recipe says without the recipe's flagfile.
 
 Presets are flagfiles under flags/ (`--flagfile=flags/base_en_de.cfg`); a flagfile can
 include another, and later flags override earlier ones. Relative paths in flagfiles
