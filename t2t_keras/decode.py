@@ -34,7 +34,9 @@ model trained with `--train_alignments`, from its guided head unless those are g
 
 Paper settings: beam 4, alpha 0.6, input length + 50, average of the last 5 (base)
 or 20 (big) checkpoints: `--beam_size=4 --alpha=0.6 --extra_decode_length=50
---average_last_n=5` (the presets set them).
+--average_last_n=5` (the presets set them). A model directory records the decoding
+flags its training run was given (its recipe's): decode uses them where not given
+them (`flags.use_recipe`), and its first line says which came from where.
 """
 
 from __future__ import annotations
@@ -106,11 +108,18 @@ def with_language(config: DecodeConfig, data_config) -> DecodeConfig:
   return dataclasses.replace(config, target_language=language)
 
 
-def choose_xla(decode_config: DecodeConfig, sentences: int) -> DecodeConfig:
-  """--decode_jit_compile as given (command line or flagfile); when not given, XLA for
-  greedy search and sampling of `AUTO_XLA_SENTENCES` sentences or more, graph mode for
-  beam search (see AUTO_XLA_SENTENCES)."""
-  if FLAGS["decode_jit_compile"].present:
+def _xla_chosen(recipe=None) -> bool:
+  """Whether --decode_jit_compile was given (command line, flagfile or the model
+  directory's recipe, `flags.RecipeUse`)."""
+  return FLAGS["decode_jit_compile"].present or (
+      recipe is not None and "decode_jit_compile" in recipe.applied)
+
+
+def choose_xla(decode_config: DecodeConfig, sentences: int, recipe=None) -> DecodeConfig:
+  """--decode_jit_compile as given (command line, flagfile or the model's recipe); when
+  not given, XLA for greedy search and sampling of `AUTO_XLA_SENTENCES` sentences or
+  more, graph mode for beam search (see AUTO_XLA_SENTENCES)."""
+  if _xla_chosen(recipe):
     return decode_config
   return dataclasses.replace(
       decode_config,
@@ -223,8 +232,10 @@ def read_inputs() -> tuple:
   return sentences, aligned
 
 
-def describe(decode_config: DecodeConfig, sentences: int, loaded) -> str:
-  """The line printed before decoding: what decodes, how, and in which mode."""
+def describe(decode_config: DecodeConfig, sentences: int, loaded, recipe=None) -> str:
+  """The line printed before decoding: what decodes (the checkpoints; several: their
+  average), how, in which mode, and which settings came from the model directory's
+  recipe (`recipe`, a `flags.RecipeUse`)."""
   if decode_config.sampling:
     how = (f"sampling {decode_config.num_samples} per input: top-k "
            f"{decode_config.sampling_topk or 'all'}, top-p {decode_config.sampling_topp:g}, "
@@ -233,18 +244,21 @@ def describe(decode_config: DecodeConfig, sentences: int, loaded) -> str:
     how = f"beam {decode_config.beam_size}, alpha {decode_config.alpha}"
   how += (f"; {decode_config.parallel_batches} batches at a time"
           if decode_config.parallel_batches > 1 else "")
-  used = "; ".join(", ".join(l.checkpoints) for l in loaded)
+  used = "; ".join(("the average of " if len(l.checkpoints) > 1 else "")
+                   + ", ".join(l.checkpoints) for l in loaded)
   if decode_config.jit_compile:
-    mode = "XLA" + ("" if FLAGS["decode_jit_compile"].present else
+    mode = "XLA" + ("" if _xla_chosen(recipe) else
                     f" (one row per input from {AUTO_XLA_SENTENCES} sentences on; "
                     "--nodecode_jit_compile for graph mode)")
   else:
-    mode = "graph mode" + ("" if FLAGS["decode_jit_compile"].present else
+    mode = "graph mode" + ("" if _xla_chosen(recipe) else
                            " (beam search drops finished sentences from the batch; "
                            "--decode_jit_compile for XLA)")
+  origin = recipe.describe(t2t_flags.decoding_flags("decode")) if recipe else ""
   return (f"decoding {sentences} sentences with {used}"
           f"{' (ensemble)' if len(loaded) > 1 else ''} ({how}, extra length "
-          f"{decode_config.extra_decode_length}; {mode})")
+          f"{decode_config.extra_decode_length}; {mode})"
+          + (f"; {origin}" if origin else ""))
 
 
 def tree_constraint(decode_config: DecodeConfig, loaded):
@@ -289,8 +303,9 @@ def run() -> None:
 
   tf.get_logger().setLevel("WARNING")
   # Every flag is checked before any work: the model's shape, the outputs, the inputs.
-  decode_config = config_from_flags()
   model_dirs = t2t_flags.model_dirs()
+  recipe = t2t_flags.use_recipe(model_dirs[0])  # before the flags are read
+  decode_config = config_from_flags()
   model_config = modeldir.load_model_config(model_dirs[0])
   data_config = modeldir.data_config_of(model_dirs[0])
   for warning in t2t_flags.check_inference_flags(
@@ -307,8 +322,9 @@ def run() -> None:
   model, loaded = loading.load_ensemble(model_dirs, weights.checkpoint_path,
                                         weights.average_last_n, weights.dtype)
   tokenizer = loaded[0].tokenizer
-  decode_config = choose_xla(decode_config, len(sentences))
-  print(describe(decode_config, len(sentences), loaded), file=sys.stderr, flush=True)
+  decode_config = choose_xla(decode_config, len(sentences), recipe)
+  print(describe(decode_config, len(sentences), loaded, recipe), file=sys.stderr,
+        flush=True)
   decode_fn = decoding.make_decode_fn(model, decode_config,
                                       tree_constraint(decode_config, loaded))
   results = translate.translate(decode_fn, tokenizer, sentences, decode_config,

@@ -18,7 +18,10 @@ in its entry point. Names follow tensor2tensor's hparams so its users recognise 
 Every entry point that reads a model directory defines the model, data, training and
 decoding groups, so one recipe flagfile serves train, decode and export; a flag typed
 on the command line that the command would ignore is refused or warned about
-(`check_train_flags`, `check_inference_flags`).
+(`check_train_flags`, `check_inference_flags`). Training records the decoding flags it
+was given in the model directory (`recipe_decoding`), and decode, score and export
+default to them where they are not given (`use_recipe`), so a model decodes as its
+recipe says without the recipe's flagfile.
 
 Presets are flagfiles under flags/ (`--flagfile=flags/base_en_de.cfg`); a flagfile can
 include another, and later flags override earlier ones. Relative paths in flagfiles
@@ -298,6 +301,73 @@ def weights_config(argv, fv=FLAGS) -> WeightsConfig:
   checkpoint_path, average_last_n = checkpoint_choice(argv, fv)
   return settings_from_flags(WeightsConfig, fv, checkpoint_path=checkpoint_path,
                              average_last_n=average_last_n)
+
+
+# ------------------------------------------------------------ the recipe's decoding
+# Not recorded: a checkpoint path names weights of one place and time, not a setting.
+_NOT_RECORDED = ("checkpoint_path",)
+
+
+def recipe_decoding(fv=FLAGS) -> dict:
+  """The decoding flags a training run was given (command line or flagfile), by name:
+  what the model directory records as its recipe's way to decode (config.json,
+  `modeldir.recipe_decoding_of`). Flags left at their defaults are not recorded, so a
+  command's own default (decode's choice of XLA, ...) still applies to them."""
+  return {name: fv[name].value for name in decoding_flags()
+          if name in fv and fv[name].present and name not in _NOT_RECORDED}
+
+
+@dataclasses.dataclass(frozen=True)
+class RecipeUse:
+  """How a command's decoding flags relate to the model directory's recipe.
+
+  Attributes:
+    applied: flag -> the recipe's value, for the flags the command was not given.
+    overridden: flag -> the recipe's value, for the flags given (command line or
+      flagfile) with another value, which wins.
+  """
+
+  applied: dict
+  overridden: dict
+
+  def describe(self, names=None, fv=FLAGS) -> str:
+    """Where the settings came from, for the command's first line ("" when the
+    recipe set nothing); `names`: only these flags (those the command reads)."""
+    def shown(record):
+      return " ".join(f"--{n}={_as_flag(v)}" for n, v in sorted(record.items())
+                      if names is None or n in names)
+    parts = []
+    if shown(self.applied):
+      parts.append(f"from the model directory's recipe: {shown(self.applied)}")
+    if shown(self.overridden):
+      given = " ".join(f"--{n}={_value(fv, n)}" for n in sorted(self.overridden)
+                       if names is None or n in names)
+      parts.append(f"given here instead of the recipe's {shown(self.overridden)}: {given}")
+    return "; ".join(parts)
+
+
+def _as_flag(value) -> str:
+  return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def use_recipe(model_dir: str, fv=FLAGS) -> RecipeUse:
+  """Sets the decoding flags that were not given (on the command line or in a
+  flagfile) to the values the model directory's recipe recorded at training, so that
+  decode, score and export decode a model as its recipe says, as tensor2tensor's
+  hparams and OpenNMT-tf's model configuration do. Given flags win; a directory
+  without a record keeps the flags' defaults. Call before reading the configs."""
+  from t2t_keras import modeldir  # pylint: disable=import-outside-toplevel
+  applied, overridden = {}, {}
+  for name, value in modeldir.recipe_decoding_of(model_dir).items():
+    if name not in fv or name in _NOT_RECORDED:
+      continue
+    if fv[name].present:
+      if fv[name].value != value:
+        overridden[name] = value
+    else:
+      fv[name].value = value  # a default, not "given": `present` stays False
+      applied[name] = value
+  return RecipeUse(applied, overridden)
 
 
 # ------------------------------------------------------------ flags a run does not use

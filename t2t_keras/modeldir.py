@@ -7,7 +7,9 @@ learning curves and visualise attention. This module is the one place that knows
 the directory holds, so that a new file (or a renamed one) is one edit:
 
   config.json          the resolved ModelConfig and the data, training and decoding
-                       settings (`write_or_check_config`, `load_model_config`)
+                       settings (`write_or_check_config`, `load_model_config`), and
+                       the decoding flags the recipe set, which decode, score, export
+                       and `loading.load` default to (`recipe_decoding_of`)
   flags.txt            the flags of every run, as a flagfile (`append_flags`)
   data_plan.json       what the batch plan depends on, checked at a restart
                        (`plan_key`, `check_plan`)
@@ -50,7 +52,8 @@ from typing import List, Optional
 import tensorflow as tf
 from absl import logging
 
-from t2t_keras.configs import DataConfig, ModelConfig, TrainConfig
+from t2t_keras.configs import (DataConfig, DecodeConfig, ModelConfig, TrainConfig,
+                               WeightsConfig, flag_name)
 from t2t_keras.errors import ModelDirError
 
 CONFIG_FILE = "config.json"
@@ -307,6 +310,35 @@ def load_model_config(model_dir: str) -> ModelConfig:
 def data_config_of(model_dir: str) -> DataConfig:
   """The DataConfig recorded in model_dir/config.json."""
   return _section(DataConfig, load_run_config(model_dir).get("data", {}))
+
+
+# config.json's section of the decoding flags the training recipe set (flag -> value).
+RECIPE_SECTION = "recipe_decoding"
+
+
+def recipe_decoding_of(model_dir: str) -> dict:
+  """The decoding flags (DecodeConfig's and WeightsConfig's, by flag name) that the
+  training run was given, on its command line or in its flagfile: the recipe's way to
+  decode this model (beam, alpha, --average_last_n, ...). Empty for a directory
+  written before they were recorded, or trained without any."""
+  return dict(load_run_config(model_dir).get(RECIPE_SECTION) or {})
+
+
+def _from_recipe(config_class, recipe: dict):
+  """`config_class` with the fields whose flags `recipe` sets, the others default."""
+  return config_class(**{f.name: recipe[flag_name(f)] for f in dataclasses.fields(config_class)
+                         if flag_name(f) in recipe})
+
+
+def recipe_decode_config(model_dir: str) -> DecodeConfig:
+  """The DecodeConfig the model's recipe decodes with (`recipe_decoding_of`; the
+  defaults where it set nothing)."""
+  return _from_recipe(DecodeConfig, recipe_decoding_of(model_dir))
+
+
+def recipe_weights(model_dir: str) -> WeightsConfig:
+  """The WeightsConfig of the model's recipe (--average_last_n, --decode_dtype)."""
+  return _from_recipe(WeightsConfig, recipe_decoding_of(model_dir))
 
 
 def guided_alignment_of(model_dir: str) -> Optional[dict]:

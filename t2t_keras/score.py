@@ -6,7 +6,8 @@ the source (natural log, EOS included), a tab, the number of target tokens (EOS
 included); with `--per_token`, a tab and every token's log probability. Used to filter
 back-translations, to rerank, and to compare engines (CTranslate2's `score_batch`
 gives the same numbers for an exported model). `--model_dir=A,B` scores with the
-ensemble's averaged log probabilities.
+ensemble's averaged log probabilities, renormalised as decode's search renormalises them
+(the scores decode gives the ensemble's outputs).
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ flags.DEFINE_bool("per_token", False, "Append each token's log probability (spac
                   "separated, EOS last) after a tab.")
 
 
+# The decoding flags scoring reads (which weights, how sources are cut and batched).
+SCORING_FLAGS = ("average_last_n", "checkpoint_path", "decode_dtype", "decode_batch_size",
+                 "max_input_length", "target_language")
+
+
 def run() -> None:
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
@@ -46,6 +52,7 @@ def run() -> None:
 
   tf.get_logger().setLevel("WARNING")
   model_dirs = t2t_flags.model_dirs()
+  recipe = t2t_flags.use_recipe(model_dirs[0])  # its --average_last_n, ...
   for warning in t2t_flags.check_inference_flags(
       sys.argv, modeldir.load_model_config(model_dirs[0]), "score",
       reads=("source_file", "target_file", "output_file", "per_token"),
@@ -70,9 +77,11 @@ def run() -> None:
                                         weights.average_last_n, weights.dtype)
   tokenizer = loaded[0].tokenizer
   tag = [tokenizer.tag_id(language)] if language else []  # the source's first piece
-  print(f"scoring {len(sources)} pairs with "
-        f"{'; '.join(', '.join(l.checkpoints) for l in loaded)}", file=sys.stderr,
-        flush=True)
+  origin = recipe.describe(SCORING_FLAGS)
+  used = "; ".join(("the average of " if len(l.checkpoints) > 1 else "")
+                   + ", ".join(l.checkpoints) for l in loaded)
+  print(f"scoring {len(sources)} pairs with {used}{f'; {origin}' if origin else ''}",
+        file=sys.stderr, flush=True)
   source_ids = [scoring.with_eos(tag + s) for s in tokenizer.tokenize(tf.constant(
       sources or [""])).to_list()]
   target_ids = [scoring.with_eos(t) for t in tokenizer.target.tokenize(tf.constant(targets or

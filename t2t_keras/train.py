@@ -121,8 +121,11 @@ def prepare(agreement, data_config, train_config, decode_config):
     return datasets, model_config, modeldir.vocab_file_of(datasets.tokenizer, model_dir)
   try:
     datasets, model_config = load()
+    # The decoding flags this run was given are the recipe's way to decode the model:
+    # decode, score and export read them back when not given them (flags.use_recipe).
     modeldir.write_or_check_config(model_dir, model_config, data=data_config,
-                                   train=train_config, decode=decode_config)
+                                   train=train_config, decode=decode_config,
+                                   recipe_decoding=t2t_flags.recipe_decoding())
     vocab = modeldir.save_vocab(datasets.tokenizer, model_dir)
     modeldir.append_flags(model_dir, FLAGS.flags_into_string())
   except BaseException:

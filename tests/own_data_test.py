@@ -8,14 +8,16 @@ preset's 60 minutes and 8k pieces are for real corpora); every other flag is the
 README's.
 """
 
+import json
 import os
 import re
 import shlex
 
+import numpy as np
 import pytest
 
 from tests import inprocess
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, SessionModel
 
 # What the test changes in the training command, appended after the README's flags.
 BUDGET = ["--train_steps=20", "--train_minutes=0", "--vocab_size=600",
@@ -61,17 +63,140 @@ def test_own_data_section_trains_translates_scores_and_exports(tmp_path, shared_
     assert result.returncode == 0, f"{command}\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
     outputs.append(result.stdout + result.stderr)
 
-  train_out, _, evaluate_out, export_out = outputs
+  train_out, decode_out, evaluate_out, export_out = outputs
   assert re.search(r"step 20/20 \| loss \d", train_out), train_out[-2000:]
   assert re.search(r"eval at step 20: loss .* \| bleu \d", train_out), train_out[-2000:]
   model_dir = tmp_path / "runs" / "mine"
   # The vocabulary was built from my/train.* at the start.
   assert re.search(r"Wrote vocabulary runs/mine/vocab\S*\.model", train_out), train_out
+  # The recipe decodes with beam 4 over the average of the last 5 checkpoints (of the
+  # 10 kept: --save_checkpoint_minutes=0 saves every step), though README's decode
+  # command names neither: the model directory recorded them at training.
+  last_5 = ", ".join(f"runs/mine/ckpt-{step}" for step in range(16, 21))
+  assert f"with the average of {last_5} (beam 4, alpha 0.6, extra length 50;" in \
+      decode_out, decode_out[-2000:]
   hypotheses = (model_dir / "test.hyp").read_text(encoding="utf-8").splitlines()
   assert len(hypotheses) == 24
-  # evaluate prints sacreBLEU's score and signature for the 24 references.
-  assert re.search(r"BLEU\S* = \d+\.\d+", evaluate_out), evaluate_out
+  # evaluate prints sacreBLEU's score of these files, as sacreBLEU computes it.
+  import sacrebleu  # pylint: disable=import-outside-toplevel
+  with open(tmp_path / "my" / "test.de", encoding="utf-8") as f:
+    references = f.read().splitlines()
+  # (chrF as well: after 20 steps BLEU may well be 0, chrF is not.)
+  for name, score in (("BLEU", sacrebleu.corpus_bleu(hypotheses, [references]).score),
+                      ("chrF", sacrebleu.corpus_chrf(hypotheses, [references]).score)):
+    printed = re.search(rf"^{name} (\d+\.\d+) \(", evaluate_out, re.M)
+    assert printed, evaluate_out
+    assert float(printed.group(1)) == pytest.approx(score, abs=0.0051), (name, score,
+                                                                        evaluate_out)
+  assert re.search(r"^chrF [1-9]", evaluate_out, re.M), evaluate_out
   assert "nrefs:1" in evaluate_out, evaluate_out
   exported = re.search(r"exported (\S+)", export_out).group(1)
   assert exported.startswith("runs/mine/export/"), export_out
-  assert (tmp_path / exported / "saved_model.pb").exists()
+  # The export, loaded as TensorFlow Serving loads it, translates the test file as
+  # decode did, with the same averaged weights.
+  served = SessionModel(str(tmp_path / exported))
+  with open(tmp_path / "my" / "test.en", encoding="utf-8") as f:
+    sources = f.read().splitlines()
+  outputs = served.run(inputs=np.array(sources, object))["outputs"]
+  assert [t.decode("utf-8") for t in outputs] == hypotheses
+  with open(tmp_path / exported / "assets.extra" / "model_card.json", encoding="utf-8") as f:
+    card = json.load(f)
+  assert card["checkpoints"] == [f"ckpt-{step}" for step in range(16, 21)], card
+
+
+# A recipe of README's kind whose decoding differs from the commands' defaults (beam 4,
+# alpha 0.6, input + 50, the latest checkpoint), on a model a quick test can train.
+RECIPE = """--flagfile=flags/small_cpu.cfg
+--hidden_size=16
+--filter_size=32
+--num_heads=2
+--num_hidden_layers=1
+--vocab_size=300
+--batch_size=512
+--eval_bleu_sentences=0
+--beam_size=3
+--alpha=0.3
+--extra_decode_length=7
+--average_last_n=2
+"""
+
+
+def test_a_model_directory_decodes_as_its_recipe_says(tmp_path, shared_data):
+  """Trained with a flagfile's decoding settings, a model directory decodes with them
+  when decode is given none (README's decode command passes no flagfile): its beam,
+  alpha, extra length and the average of its last 2 checkpoints, which the first line
+  names; a flag given to decode wins; the Python API loads the same; a directory
+  without the record decodes as before (the latest checkpoint, the defaults)."""
+  # pylint: disable=import-outside-toplevel
+  from t2t_keras.configs import DecodeConfig
+  from t2t_keras.inference import decoding, loading, translate
+  os.symlink(os.path.join(REPO_ROOT, "flags"), tmp_path / "flags")
+  (tmp_path / "my").mkdir()
+  (tmp_path / "my" / "recipe.cfg").write_text(RECIPE, encoding="utf-8")
+  multi30k = os.path.join(shared_data, "multi30k")
+  for name, upstream, lines in (("train", "train", 600), ("dev", "valid", 8),
+                                ("test", "test2016", 6)):
+    for side in ("en", "de"):
+      write_slice(os.path.join(multi30k, f"{upstream}.{side}"),
+                  tmp_path / "my" / f"{name}.{side}", lines)
+  result = inprocess.run(
+      "train", "--flagfile=my/recipe.cfg", "--model_dir=runs/r", "--train_src=my/train.en",
+      "--train_tgt=my/train.de", "--dev_src=my/dev.en", "--dev_tgt=my/dev.de",
+      "--train_steps=10", "--train_minutes=0", "--save_checkpoint_steps=5",
+      "--eval_every=10", "--log_every=10", cwd=str(tmp_path))
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+  def decode(*flags):
+    out = tmp_path / "hyp.txt"
+    result = inprocess.run("decode", "--model_dir=runs/r", "--input_file=my/test.en",
+                           f"--output_file={out}", *flags, cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = [l for l in result.stderr.splitlines() if l.startswith("decoding ")]
+    assert len(line) == 1, result.stderr[-3000:]
+    return line[0], out.read_text(encoding="utf-8").splitlines()
+
+  line, hypotheses = decode()
+  assert "with the average of runs/r/ckpt-5, runs/r/ckpt-10 (" in line, line
+  assert "(beam 3, alpha 0.3, extra length 7;" in line, line
+  assert re.search(r"from the model directory's recipe: .*--average_last_n=2 "
+                   r".*--beam_size=3 ", line), line
+  # The Python API loads the same weights and settings, and translates as decode did.
+  model_dir = str(tmp_path / "runs" / "r")
+  loaded = loading.load(model_dir)
+  assert [os.path.basename(c) for c in loaded.checkpoints] == ["ckpt-5", "ckpt-10"]
+  config = loaded.decode_config
+  assert (config.beam_size, config.alpha, config.extra_decode_length) == (3, 0.3, 7)
+  with open(tmp_path / "my" / "test.en", encoding="utf-8") as f:
+    sources = f.read().splitlines()
+  results = translate.translate(decoding.make_decode_fn(loaded.model, config),
+                                loaded.tokenizer, sources, config, progress=False)
+  assert [r.texts[0] for r in results] == hypotheses
+
+  # score weighs with the recipe's average too.
+  result = inprocess.run("score", "--model_dir=runs/r", "--source_file=my/test.en",
+                         f"--target_file={tmp_path / 'hyp.txt'}", cwd=str(tmp_path))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert ("scoring 6 pairs with the average of runs/r/ckpt-5, runs/r/ckpt-10; from the "
+          "model directory's recipe: --average_last_n=2 --decode_batch_size=64"
+          ) in result.stderr, result.stderr
+
+  # Flags given to decode win over the recipe's, and the line says so.
+  line, _ = decode("--beam_size=2", "--average_last_n=1")
+  assert "with runs/r/ckpt-10 (beam 2, alpha 0.3, extra length 7;" in line, line
+  assert ("given here instead of the recipe's --average_last_n=2 --beam_size=3: "
+          "--average_last_n=1 --beam_size=2") in line, line
+  # A checkpoint named in code (as --checkpoint_path on a command line) is not averaged.
+  assert loading.load(model_dir, os.path.join(model_dir, "ckpt-5")).checkpoints == [
+      os.path.join(model_dir, "ckpt-5")]
+
+  # A model directory written before the recipe was recorded: as before.
+  path = tmp_path / "runs" / "r" / "config.json"
+  record = json.loads(path.read_text(encoding="utf-8"))
+  del record["recipe_decoding"]
+  path.write_text(json.dumps(record), encoding="utf-8")
+  line, _ = decode()
+  assert "with runs/r/ckpt-10 (beam 4, alpha 0.6, extra length 50;" in line, line
+  assert "recipe" not in line, line
+  loaded = loading.load(model_dir)
+  assert [os.path.basename(c) for c in loaded.checkpoints] == ["ckpt-10"]
+  assert loaded.decode_config == DecodeConfig()

@@ -260,6 +260,55 @@ def test_decode_cli_ensembles_and_refuses_other_vocabularies(trained_reverse_dir
   assert f"--model_dir {tiny_model_dir} was trained with another vocabulary" in message
 
 
+def second_member(model_dir, path, seed):
+  """A model directory sharing `model_dir`'s config and vocabulary with weights of its
+  own (random, from `seed`): an ensemble member that disagrees with it."""
+  import os  # pylint: disable=import-outside-toplevel
+  import shutil  # pylint: disable=import-outside-toplevel
+  from t2t_keras import modeldir  # pylint: disable=import-outside-toplevel
+  os.makedirs(path)
+  for name in os.listdir(model_dir):
+    if name == "config.json" or name.startswith("vocab"):
+      shutil.copy(os.path.join(model_dir, name), path)
+  keras.utils.set_random_seed(seed)
+  model = create_model(modeldir.load_model_config(path))
+  tf.train.CheckpointManager(tf.train.Checkpoint(model=model), path, 1).save(1)
+  return path
+
+
+@pytest.mark.slow
+def test_score_gives_an_ensembles_decode_scores(trained_reverse_dir, tmp_path):
+  """score --model_dir=A,B gives the outputs of decode --model_dir=A,B (alpha 0) the
+  scores decode printed: both renormalise the members' average log probabilities.
+  The members differ (a trained model and random weights), so their average is far
+  from normalised (a quarter of a nat per token and more)."""
+  members = f"{trained_reverse_dir},{second_member(trained_reverse_dir, tmp_path / 'b', 4)}"
+  src, out = tmp_path / "src.txt", tmp_path / "out.txt"
+  src.write_text("\n".join(REVERSE_INPUTS) + "\n", encoding="utf-8")
+  extra = 5
+  result = run_cli("decode", f"--model_dir={members}", f"--input_file={src}",
+                   f"--output_file={out}", "--alpha=0", "--return_beams", "--beam_size=4",
+                   f"--extra_decode_length={extra}")
+  assert result.returncode == 0 and "(ensemble)" in result.stderr, result.stderr[-3000:]
+  blocks = [b.splitlines() for b in out.read_text(encoding="utf-8").split("\n\n")[:-1]]
+  assert len(blocks) == len(REVERSE_INPUTS)
+  # The best output of each line that ended with EOS (score adds EOS to an output cut
+  # at the length limit, which decode did not score).
+  best = [(source, *block[0].split("\t")) for source, block in zip(REVERSE_INPUTS, blocks)]
+  ended = [(s, float(score), text) for s, score, text in best
+           if len(text.split()) < len(s.split()) + extra]
+  assert len(ended) >= 4, best
+  (tmp_path / "s.txt").write_text("".join(s + "\n" for s, _, _ in ended), encoding="utf-8")
+  (tmp_path / "t.txt").write_text("".join(t + "\n" for _, _, t in ended), encoding="utf-8")
+  result = run_cli("score", f"--model_dir={members}", f"--source_file={tmp_path / 's.txt'}",
+                   f"--target_file={tmp_path / 't.txt'}", f"--output_file={tmp_path / 'sc'}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  scored = [float(line.split("\t")[0]) for line in
+            (tmp_path / "sc").read_text(encoding="utf-8").splitlines()]
+  # Both files round to 4 decimals: equal numbers may print 1e-4 apart.
+  np.testing.assert_allclose(scored, [score for _, score, _ in ended], rtol=0, atol=1.01e-4)
+
+
 @pytest.mark.slow
 def test_two_seeds_ensemble_on_the_reverse_task(trained_reverse_dir, tmp_path):
   """Two trained models of different seeds, loaded as decode --model_dir=A,B loads

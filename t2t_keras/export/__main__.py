@@ -3,7 +3,9 @@
 whose serving_default signature takes strings and returns translations).
 
 Beam size, alpha and extra decode length are fixed at export (the --beam_size,
---alpha, --extra_decode_length flags); --average_last_n exports averaged weights.
+--alpha, --extra_decode_length flags); --average_last_n exports averaged weights. The
+decoding flags not given default to the model directory's recipe (those its training
+run was given, `flags.use_recipe`), as decode's do.
 --export_dir defaults to <model_dir>/export; the version defaults to the Unix time.
 
 `--format=ctranslate2 [--quantization=int8|...]` writes a CTranslate2 model directory
@@ -77,6 +79,10 @@ def run() -> None:
   from t2t_keras import modeldir
   tf.get_logger().setLevel("ERROR")
   export_format = export.FORMATS[FLAGS.format]
+  recipe = t2t_flags.use_recipe(FLAGS.model_dir)  # before the flags are read
+  origin = recipe.describe(export_format.carries + ("average_last_n", "checkpoint_path"))
+  if origin:
+    print(f"exporting {FLAGS.model_dir}: {origin}", flush=True)
   for warning in t2t_flags.check_inference_flags(
       sys.argv, modeldir.load_model_config(FLAGS.model_dir), "export",
       reads=("export_dir",),

@@ -5,8 +5,10 @@
 or sampling over it unchanged, with and without XLA: each member encodes the source
 and keeps its own key/value cache, and each step's scores are the average of the
 members' log probabilities (as OpenNMT-py and Marian combine them; beam search then
-renormalises them, a normalised geometric mean of the members' distributions). A model
-ensembled with itself translates exactly as the model alone.
+renormalises them, a normalised geometric mean of the members' distributions). Teacher
+forcing (`forced`: score, --output_alignments) renormalises the same average, so it
+scores an output as the search did. A model ensembled with itself translates exactly
+as the model alone.
 """
 
 from __future__ import annotations
@@ -75,14 +77,18 @@ class Ensemble:
     return tf.add_n(log_probs) / float(len(log_probs)), tuple(caches)
 
   def forced(self, inputs, targets, layer: int = -1):
-    """Teacher forcing: the members' average log probabilities (B, T, V) and average
-    cross-attention of decoder layer `layer` (B, H, T, S)."""
+    """Teacher forcing: the members' average log probabilities, renormalised (B, T, V),
+    and average cross-attention of decoder layer `layer` (B, H, T, S)."""
     log_probs, attention = [], []
     for model in self.models:
       lp, att = forced_pass(model, inputs, targets, layer)
       log_probs.append(lp)
       attention.append(att)
-    return tf.add_n(log_probs) / len(log_probs), tf.add_n(attention) / len(attention)
+    # Renormalised as the searches renormalise `decode_step`'s average (their log
+    # softmax of each step's scores): without it, score --model_dir=A,B would give a
+    # beam's output another number than decode gave it.
+    mean = tf.add_n(log_probs) / len(log_probs)
+    return tf.nn.log_softmax(mean), tf.add_n(attention) / len(attention)
 
 
 def forced_pass(model, inputs, targets, layer: int = -1):

@@ -16,14 +16,14 @@ import tensorflow as tf
 from absl import logging
 
 from t2t_keras import averaging, checkpoints
-from t2t_keras.configs import DataConfig, ModelConfig
+from t2t_keras.configs import DataConfig, DecodeConfig, ModelConfig
 from t2t_keras.data import sources
 from t2t_keras.data import tokenizer as tokenizer_lib
 from t2t_keras.inference.ensemble import Ensemble
 from t2t_keras.errors import ModelDirError
 from t2t_keras.model import create_model
 from t2t_keras.modeldir import (VOCAB_FILE, data_config_of, load_model_config,
-                                vocab_paths)
+                                recipe_decode_config, recipe_weights, vocab_paths)
 
 
 def load_tokenizer(model_dir: str, data_config: Optional[DataConfig] = None):
@@ -53,22 +53,32 @@ class Loaded:
   model_config: ModelConfig
   data_config: DataConfig
   checkpoints: Sequence[str]  # the checkpoint(s) the weights come from
+  # The decoding settings of the model's training recipe (DecodeConfig's defaults where
+  # it set none): decode with `dataclasses.replace(loaded.decode_config, ...)`.
+  decode_config: DecodeConfig = DecodeConfig()
 
 
-def load(model_dir: str, checkpoint_path: Optional[str] = None, average_last_n: int = 0,
-         dtype: Optional[str] = None) -> Loaded:
+def load(model_dir: str, checkpoint_path: Optional[str] = None,
+         average_last_n: Optional[int] = None, dtype: Optional[str] = None) -> Loaded:
   """Builds the model of model_dir and restores a checkpoint (or an average).
 
   Args:
     model_dir: a model directory written by training.
     checkpoint_path: a specific checkpoint (default: the latest).
-    average_last_n: average the weights of the last N checkpoints in memory.
-    dtype: override the compute dtype (e.g. "float32" to decode a bfloat16 model).
+    average_last_n: average the weights of the last N checkpoints in memory; None: as
+      the model's training recipe says (its --average_last_n; with `checkpoint_path`,
+      or without a recipe, none).
+    dtype: override the compute dtype (e.g. "float32" to decode a bfloat16 model);
+      None: the recipe's --decode_dtype, else the model's own.
 
   Raises:
     ModelDirError / CheckpointError with what to do.
   """
   model_config = load_model_config(model_dir)
+  recipe = recipe_weights(model_dir)
+  if average_last_n is None:
+    average_last_n = 0 if checkpoint_path else recipe.average_last_n
+  dtype = dtype or recipe.dtype
   if dtype:
     model_config = dataclasses.replace(model_config, dtype=dtype)
   data_config = data_config_of(model_dir)
@@ -86,12 +96,14 @@ def load(model_dir: str, checkpoint_path: Optional[str] = None, average_last_n: 
     # Optimizer slots and counters are not needed to decode: only the model is checked.
     checkpoints.restore(tf.train.Checkpoint(model=model), used[0], expect_partial=True)
   logging.info("Loaded %s", ", ".join(used))
-  return Loaded(model, tokenizer, model_config, data_config, used)
+  return Loaded(model, tokenizer, model_config, data_config, used,
+                recipe_decode_config(model_dir))
 
 
 def load_ensemble(model_dirs: Sequence[str], checkpoint_path: Optional[str] = None,
-                  average_last_n: int = 0, dtype: Optional[str] = None):
-  """Loads one model, or several that share a vocabulary as an `ensemble.Ensemble`.
+                  average_last_n: Optional[int] = None, dtype: Optional[str] = None):
+  """Loads one model, or several that share a vocabulary as an `ensemble.Ensemble`
+  (`load`'s arguments, for each model).
 
   Returns:
     (the model to decode with, the Loaded of every model directory).
