@@ -136,7 +136,11 @@ def test_train_and_decode_commands_with_target_languages(tmp_path):
   decode: the same English sentences go into German or English as --target_language
   says (the tag alone decides: an ignored or swapped tag fails), the model refuses a
   language it has no tag for, naming its languages. The entry points run in this
-  process (tests/inprocess.py), the CTranslate2 tool as a process."""
+  process (tests/inprocess.py), the CTranslate2 tool as a process; decode, score and
+  export run once more each as a fresh process with the flags only they define
+  (--target_language, --target_prefix_file, --output_alignments): in this process
+  every command's flags are defined, so a command reading a flag it does not define
+  would pass here and fail for users."""
   path = _corpus(tmp_path)
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
   model_dir = str(tmp_path / "m")
@@ -163,6 +167,14 @@ def test_train_and_decode_commands_with_target_languages(tmp_path):
                          "--extra_decode_length=3", *extra,
                          stdin="".join(s + "\n" for s in sentences))
 
+  def fresh(module, *args, stdin=None):
+    """`python -m t2t_keras.MODULE ARGS` as a process of its own: its flags only."""
+    result = subprocess.run([sys.executable, "-m", f"t2t_keras.{module}", *args],
+                            input=stdin, cwd=REPO_ROOT, env=env, capture_output=True,
+                            text=True, timeout=600, check=False)
+    assert result.returncode == 0, (module, result.stderr[-3000:])
+    return result
+
   decoded = {}
   for language in ("en", "de"):
     result = decode(f"--target_language={language}")
@@ -177,6 +189,20 @@ def test_train_and_decode_commands_with_target_languages(tmp_path):
     assert en_words > de_words and de_in_de > en_in_de, decoded
   default = decode()
   assert default.stdout.splitlines() == decoded["de"]  # the dev files' language
+  # The decode command's own flags in a process of its own: a target language, target
+  # prefixes and alignments, as in this process.
+  (tmp_path / "prefix.txt").write_text("the\n" * len(sentences), encoding="utf-8")
+  own = ["--target_language=en", f"--target_prefix_file={tmp_path}/prefix.txt"]
+  here = decode(*own, f"--output_alignments={tmp_path}/here.align")
+  assert here.returncode == 0, here.stderr[-3000:]
+  assert all(line.startswith("the") for line in here.stdout.splitlines()), here.stdout
+  alone = fresh("decode", f"--model_dir={model_dir}", "--beam_size=1",
+                "--extra_decode_length=3", *own, f"--output_alignments={tmp_path}/alone.align",
+                stdin="".join(s + "\n" for s in sentences))
+  assert alone.stdout == here.stdout
+  alignments = (tmp_path / "alone.align").read_text(encoding="utf-8")
+  assert alignments == (tmp_path / "here.align").read_text(encoding="utf-8")
+  assert len(alignments.splitlines()) == len(sentences) and "-" in alignments
   # Scoring reads the tag too: a pair scores as the decoder saw it.
   (tmp_path / "src.txt").write_text("the dog runs\n", encoding="utf-8")
   (tmp_path / "tgt.txt").write_text(decoded["en"][0] + "\n", encoding="utf-8")
@@ -189,6 +215,9 @@ def test_train_and_decode_commands_with_target_languages(tmp_path):
     assert scored.returncode == 0, scored.stderr[-3000:]
     scores[language] = float(scored.stdout.split()[0])
   assert scores["en"] > scores["de"]  # English output: likelier as English
+  alone = fresh("score", f"--model_dir={model_dir}", f"--source_file={tmp_path}/src.txt",
+                f"--target_file={tmp_path}/tgt.txt", "--target_language=en")
+  assert float(alone.stdout.split()[0]) == pytest.approx(scores["en"], abs=1e-5)
   refused = decode("--target_language=fr")
   assert refused.returncode != 0
   assert "--target_language=fr: this model has tags for de, en only" in refused.stderr
@@ -208,11 +237,10 @@ def test_train_and_decode_commands_with_target_languages(tmp_path):
   plain = served.run(inputs=np.array(["the dog runs"], object))
   assert [t.decode() for t in plain["outputs"]] == decoded["de"][:1]
   # --target_language at export: serving_default translates into it.
-  to_english = inprocess.run("export", f"--model_dir={model_dir}",
-                             f"--export_dir={export_dir}", "--export_version=2",
-                             "--beam_size=1", "--extra_decode_length=3",
-                             "--target_language=en")
-  assert to_english.returncode == 0, to_english.stderr[-3000:]
+  # (The export command's own flags in a process of its own.)
+  fresh("export", f"--model_dir={model_dir}", f"--export_dir={export_dir}",
+        "--export_version=2", "--beam_size=1", "--extra_decode_length=3",
+        "--target_language=en")
   english = SessionModel(os.path.join(export_dir, "2")).run(
       inputs=np.array(["the dog runs"], object))
   assert [t.decode() for t in english["outputs"]] == decoded["en"][:1]
