@@ -1,10 +1,11 @@
 """tools/ct2_translate.py decodes with the project decoder's length limits (sources cut
 to --max_input_length, translations at most source length + --extra_decode_length, per
-sentence), says in one line what was cut, and reads and writes gs://-style paths
-(ram:// here) through tf.io.gfile."""
+sentence): its translations are the decode command's; it says in one line what was cut,
+and reads and writes gs://-style paths (ram:// here) through tf.io.gfile."""
 # pylint: disable=redefined-outer-name  (pytest fixtures)
 
 import os
+import re
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ import pytest
 from t2t_keras import modeldir
 from t2t_keras.inference import loading
 from t2t_keras.export import ctranslate2 as ct2_export
+from tests import inprocess
 from tests.conftest import REPO_ROOT
 
 ctranslate2 = pytest.importorskip("ctranslate2")
@@ -40,27 +42,32 @@ def run(*args):
 
 
 @pytest.mark.slow
-def test_limits_are_the_decoders_per_sentence_and_cuts_are_reported(ct2_dir, tmp_path):
+def test_limits_and_cuts_are_the_decode_commands(tiny_model_dir, ct2_dir, tmp_path):
+  """Greedy (where CTranslate2's search and ours agree), the tool's translations are
+  the decode command's with the same flags: sources cut to --max_input_length, each
+  translation at most its source's length + --extra_decode_length; its note on cut
+  sentences is decode's."""
   source = tmp_path / "in.txt"
   source.write_text("".join(s + "\n" for s in SENTENCES), encoding="utf-8")
-  result = run(TOOL, f"--model={ct2_dir}", f"--input_file={source}", *LIMITS)
+  limits = ["--max_input_length=8", "--extra_decode_length=2", "--beam_size=1"]
+  result = run(TOOL, f"--model={ct2_dir}", f"--input_file={source}", *limits)
   assert result.returncode == 0, result.stderr[-3000:]
-  assert ("note: 1 of 4 input sentences were longer than --max_input_length=8 subwords "
-          "(EOS included) and were cut to it") in result.stderr
-  lines = result.stdout.split("\n")[:-1]
-  assert len(lines) == len(SENTENCES)
-  # Each line is what CTranslate2 gives that sentence alone, cut to 7 pieces (+ EOS)
-  # and limited to its own length + 2.
-  processor = sentencepiece.SentencePieceProcessor(
-      model_file=os.path.join(ct2_dir, "sentencepiece.model"))
-  translator = ctranslate2.Translator(ct2_dir, device="cpu")
-  for sentence, line in zip(SENTENCES, lines):
-    tokens = processor.encode(sentence, out_type=str)[:7]
-    (alone,) = translator.translate_batch([tokens], beam_size=2, length_penalty=0.0,
-                                          max_decoding_length=len(tokens) + 2,
-                                          max_input_length=0)
-    assert len(alone.hypotheses[0]) <= len(tokens) + 2
-    assert line == processor.decode_pieces(alone.hypotheses[0]), sentence
+  decoded = inprocess.run("decode", f"--model_dir={tiny_model_dir}",
+                          f"--input_file={source}", *limits)
+  assert decoded.returncode == 0, decoded.stderr[-3000:]
+  ours, theirs = decoded.stdout.split("\n")[:-1], result.stdout.split("\n")[:-1]
+  assert len(ours) == len(theirs) == len(SENTENCES)
+  # An empty line: CTranslate2 returns no translation for an empty source, where our
+  # decoder translates the source EOS alone; every other line is decode's.
+  for sentence, mine, tool in zip(SENTENCES, ours, theirs):
+    assert tool == (mine if sentence else ""), (sentence, theirs, ours)
+  cut = ("note: 1 of 4 input sentences were longer than --max_input_length=8 subwords "
+         "(EOS included) and were cut to it")
+  assert cut in decoded.stderr and cut in result.stderr
+  # Both limits bind here, so equal outputs say the limits are equal: a sentence was
+  # cut (above), and translations stopped at their length limit.
+  assert re.search(r"note: [1-4] of 4 translations reached their length limit",
+                   result.stderr), result.stderr[-3000:]
 
 
 RAM_SCRIPT = r"""

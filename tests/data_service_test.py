@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -44,22 +45,34 @@ def corpus(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def service():
+def service(tmp_path_factory):
   """A dispatcher in this process and one worker in another process, started by the
-  tool users start theirs with."""
+  tool users start theirs with. Its output goes to files (a pipe nobody reads would
+  fill and block it), read until its first line with a deadline."""
   dispatcher = tf.data.experimental.service.DispatchServer(
       tf.data.experimental.service.DispatcherConfig(port=0))
   address = dispatcher.target.split("://")[1]
-  worker = subprocess.Popen(
-      [sys.executable, "-m", "t2t_keras.tools.data_service", "--worker",
-       f"--dispatcher_address={address}", "--host=127.0.0.1"],
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO_ROOT))
-  line = worker.stdout.readline()
-  assert line.startswith("worker at 127.0.0.1:"), line + worker.stderr.read()
-  yield dispatcher
-  worker.kill()
-  worker.wait()
+  logs = tmp_path_factory.mktemp("data_service_worker")
+  with open(logs / "stdout", "w", encoding="utf-8") as out, \
+      open(logs / "stderr", "w", encoding="utf-8") as err:
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "t2t_keras.tools.data_service", "--worker",
+         f"--dispatcher_address={address}", "--host=127.0.0.1"],
+        stdout=out, stderr=err, text=True, cwd=REPO_ROOT,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO_ROOT))
+  try:
+    deadline = time.monotonic() + 300
+    while "\n" not in (logs / "stdout").read_text(encoding="utf-8"):
+      if worker.poll() is not None or time.monotonic() > deadline:
+        pytest.fail("the data service worker did not start (exit code "
+                    f"{worker.poll()}): " + (logs / "stderr").read_text()[-3000:])
+      time.sleep(0.1)
+    line = (logs / "stdout").read_text(encoding="utf-8").splitlines()[0]
+    assert line.startswith("worker at 127.0.0.1:"), line + (logs / "stderr").read_text()
+    yield dispatcher
+  finally:
+    worker.kill()
+    worker.wait()
 
 
 def _batches(dataset):
@@ -200,11 +213,13 @@ def test_bad_or_absent_dispatchers_are_refused_with_what_to_do(tmp_path):
   assert bad.returncode != 0
   assert "--data_service=dispatcher must be grpc://HOST:PORT" in bad.stderr
   assert "t2t_keras.tools.data_service --dispatcher --worker" in bad.stderr
-  with socket.socket() as free:  # a port nobody listens on once closed
+  # A port nobody listens on: held bound (not listening, so connections are refused)
+  # while the command runs, so that no other process can take it meanwhile.
+  with socket.socket() as free:
     free.bind(("127.0.0.1", 0))
     port = free.getsockname()[1]
-  absent = inprocess.run("train", "--flagfile=flags/tiny.cfg", f"--model_dir={tmp_path}",
-                         f"--data_service=grpc://127.0.0.1:{port},localhost:{port}")
+    absent = inprocess.run("train", "--flagfile=flags/tiny.cfg", f"--model_dir={tmp_path}",
+                           f"--data_service=grpc://127.0.0.1:{port},localhost:{port}")
   assert absent.returncode == 1, absent.stderr[-2000:]
   assert (f"--data_service: no tf.data service dispatcher answers at "
           f"grpc://127.0.0.1:{port}") in absent.stderr

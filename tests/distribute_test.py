@@ -10,6 +10,7 @@ as a worker's are in a cluster. tests/multi_worker_test.py runs two workers for 
 
 import os
 import time
+import types
 from unittest import mock
 
 import pytest
@@ -84,23 +85,34 @@ def test_a_worker_that_waits_too_long_stops_with_one_line(two_device_worker, mon
   checkpoint and the command. Disarmed in time, the watch does nothing. (The abort is
   replaced: a real one would fail every later collective of this test process;
   multi_worker_test loses a real worker.)"""
+  # The watch's clock is the test's: it moves only when the test says, so a busy host
+  # that delays this thread cannot make a call "wait too long" (real sleeps below
+  # only give the watch's thread the time to act, and an abort needs the clock).
+  clock = [0.0]
+  monkeypatch.setattr(distribute, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
   agreement = distribute.Agreement(two_device_worker.strategy, timeout_seconds=0.3)
   aborted = []
-  monkeypatch.setattr(agreement._watch, "abort", lambda: aborted.append(time.monotonic()))  # pylint: disable=protected-access
+  monkeypatch.setattr(agreement._watch, "abort", lambda: aborted.append(clock[0]))  # pylint: disable=protected-access
   for _ in range(3):  # calls that end in time
     with agreement.collective():
-      time.sleep(0.05)
+      clock[0] += 0.2
+  clock[0] += 100  # disarmed: no call is waiting
   time.sleep(0.5)
   assert not aborted
-  start = time.monotonic()
+  start = clock[0]
   with pytest.raises(distribute.WorkerLostError) as caught:
     with agreement.collective():
-      while not aborted and time.monotonic() < start + 10:
+      clock[0] += 0.29  # not yet
+      time.sleep(0.5)
+      assert not aborted
+      clock[0] += 0.02  # past the timeout: the watch aborts at its next look
+      deadline = time.monotonic() + 60
+      while not aborted and time.monotonic() < deadline:
         time.sleep(0.01)
       # What the blocked collective raises once aborted.
       raise tf.errors.DeadlineExceededError(
           None, None, f"{distribute.PeerWatch.MESSAGE} in 0.3 s [[{{node CollectiveReduceV2}}]]")
-  assert aborted and 0.25 < aborted[0] - start < 5
+  assert aborted == [pytest.approx(start + 0.31)]
   error = caught.value.at(13, "/runs/mw/ckpt-10")
   error.command = "python -m t2t_keras.train --model_dir=/runs/mw"
   assert str(error) == (
@@ -120,9 +132,10 @@ def test_the_first_call_of_each_program_is_not_bounded_by_the_watch(two_device_w
   """Each worker traces (and with XLA compiles) a program in its first call, and one
   worker may take minutes longer than another: a --peer_timeout_minutes shorter than
   that stopped healthy runs with "no answer" (a loaded host, a pod slice compiling the
-  big model). Here every trace takes longer than the 1 s timeout: the first call of
-  each bucket's train loop and the first evaluation go unwatched, and every later call
-  is watched."""
+  big model). Here no trace runs while the watch is armed (the model's Python runs
+  only when a program is traced): the first call of each bucket's train loop and the
+  first evaluation go unwatched, and every later call is watched. The watch's clock is
+  the test's and stands still, so a busy host cannot make a watched call too long."""
   # pylint: disable=import-outside-toplevel
   import dataclasses
 
@@ -142,16 +155,25 @@ def test_the_first_call_of_each_program_is_not_bounded_by_the_watch(two_device_w
   keras.utils.set_random_seed(0)
   trainer = Trainer(dataclasses.replace(MODEL, vocab_size=data.vocab_size), config,
                     two_device_worker.strategy)
+  monkeypatch.setattr(distribute, "time", types.SimpleNamespace(monotonic=lambda: 0.0))
   watch = trainer.agreement._watch  # pylint: disable=protected-access
-  armed, aborted = [], []
+  armed, aborted, traced_armed = [], [], []
   arm = watch.arm
   monkeypatch.setattr(watch, "arm", lambda: (armed.append(1), arm()))
-  monkeypatch.setattr(watch, "abort", lambda: aborted.append(time.monotonic()))
+  monkeypatch.setattr(watch, "abort", lambda: aborted.append(1))
+  call = trainer.model.call
+
+  def traced(*args, **kwargs):  # runs at each trace of a program that calls the model
+    traced_armed.append(watch._deadline is not None)  # pylint: disable=protected-access
+    return call(*args, **kwargs)
+  monkeypatch.setattr(trainer.model, "call", traced)
   buckets = {data.train_fn.plan(2, 1).bucket_of_step(s) for s in range(8)}
   assert len(buckets) >= 2
   result = trainer.train(data.train_fn, eval_dataset_fn=data.eval_fn,
                          progress=lambda line: None)
   assert result.steps == 8 and not aborted
+  # Each bucket's train program and the eval program traced, none while watched.
+  assert len(traced_armed) >= len(buckets) + 1 and not any(traced_armed), traced_armed
   assert trainer.host_calls == 8 and len(armed) > 0
   # Watched: every train call but each bucket's first; evaluations after the first
   # (per dev bucket); agreements after their first.

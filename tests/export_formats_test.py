@@ -2,15 +2,18 @@
 command's refusal of the decoding flags a format would drop silently."""
 
 
+import numpy as np
 import pytest
 
 from t2t_keras import export
 from t2t_keras import flags as t2t_flags
 from t2t_keras.errors import ExportError
 from tests import inprocess
+from tests.conftest import SessionModel
 
 # Flags that choose the weights: every format exports the weights they choose.
 WEIGHT_FLAGS = {"checkpoint_path", "average_last_n"}
+MIN_LENGTH = 6  # --min_decode_length of the export that must honour it
 
 
 def test_every_format_declares_every_decoding_flag_of_the_command():
@@ -81,3 +84,30 @@ def test_export_command_refuses_typed_settings_but_not_a_recipes(tiny_model_dir,
                     f"--export_dir={tmp_path / 'b'}", "--format=ctranslate2")
   assert written.returncode == 0, written.stderr[-3000:]
   assert (tmp_path / "b" / "model.bin").exists()
+
+
+@pytest.mark.slow
+def test_saved_model_honours_min_decode_length(trained_reverse_dir, tmp_path):
+  """--min_decode_length, carried by the SavedModel (loaded as TF Serving loads it):
+  its translations are the decode command's with the same setting, which differ from
+  those without it. The reverse model ends a translation after as many tokens as its
+  source: MIN_LENGTH = 6 makes the short ones longer."""
+  sentences = ["5 9 12", "7 4", "10 11 12 13 14 15 16", "20"]
+  (tmp_path / "in.txt").write_text("".join(s + "\n" for s in sentences), encoding="utf-8")
+  flags = ["--beam_size=2", "--extra_decode_length=8", f"--min_decode_length={MIN_LENGTH}"]
+
+  def decode(*extra):
+    result = inprocess.run("decode", f"--model_dir={trained_reverse_dir}",
+                           f"--input_file={tmp_path / 'in.txt'}", *extra)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.split("\n")[:-1]
+
+  at_least, unbounded = decode(*flags), decode(*flags[:-1])
+  assert [len(line.split()) for line in unbounded][:2] == [3, 2], unbounded  # reversed
+  assert all(len(line.split()) >= MIN_LENGTH for line in at_least), at_least
+  written = _export(f"--model_dir={trained_reverse_dir}", f"--export_dir={tmp_path / 'e'}",
+                    "--export_version=1", *flags)
+  assert written.returncode == 0, written.stderr[-3000:]
+  served = SessionModel(str(tmp_path / "e" / "1"))
+  out = served.run(inputs=np.array(sentences, object))["outputs"]
+  assert [t.decode("utf-8") for t in out] == at_least

@@ -303,6 +303,34 @@ def test_xla_export_in_a_fresh_session_equals_eager(model_dir, xla_export_path, 
   assert_served_equals_eager(model_dir, fresh_process[xla_export_path])
 
 
+def _loops_of_must_compile_functions(export_path):
+  """{the number of while loops in each function marked for XLA}: the beam search's
+  loops, one per batch size (`beam_search.HalvingBatch`)."""
+  from tensorflow.core.protobuf import saved_model_pb2  # pylint: disable=import-outside-toplevel
+  with open(os.path.join(export_path, "saved_model.pb"), "rb") as f:
+    proto = saved_model_pb2.SavedModel.FromString(f.read())
+  return {sum(node.op in ("While", "StatelessWhile") for node in function.node_def)
+          for meta in proto.meta_graphs for function in meta.graph_def.library.function
+          if function.attr["_XlaMustCompile"].b}
+
+
+@pytest.mark.slow
+def test_xla_export_carries_decode_xla_halvings(model_dir, xla_export_path, tmp_path):
+  """--decode_xla_halvings: the XLA beam search's batch halves that many times, a loop
+  per batch size, so the compiled programs of an export hold 1 + that many loops: the
+  default's 2 (XLA_ROWS = 8 rows allow 3) in the module's export, 0 here. (The
+  results are the same: beam_search_test and decoding_test compare them.)"""
+  result = inprocess.run(
+      "export", f"--model_dir={model_dir}", f"--export_dir={tmp_path}", "--export_version=1",
+      "--export_jit_compile", f"--beam_size={DECODE.beam_size}",
+      f"--max_input_length={MAX_INPUT}", f"--max_request_rows={MAX_ROWS}",
+      f"--export_xla_max_rows={XLA_ROWS}", "--decode_xla_halvings=0")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert DecodeConfig().xla_halvings == 2
+  assert _loops_of_must_compile_functions(xla_export_path) == {3}
+  assert _loops_of_must_compile_functions(str(tmp_path / "1")) == {1}
+
+
 @pytest.mark.slow
 def test_xla_export_warmup_requests_compile_every_program(xla_export_path, xla_served):
   """The XLA export carries TF Serving's warm-up file: PredictionLog records of

@@ -4,6 +4,7 @@ decode's --target_language (issue 35)."""
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 
@@ -123,39 +124,85 @@ def test_translate_puts_the_tag_first_and_counts_it(tmp_path):
   assert tagged[0].source_ids[1:-1] == plain[0].source_ids[:1] and tagged[0].truncated
 
 
+def _language_votes(line):
+  """(English words, German words) of an output line: the two word lists share none."""
+  words = line.split()
+  return sum(w in WORDS_EN for w in words), sum(w in WORDS_DE for w in words)
+
+
 @pytest.mark.slow
 def test_train_and_decode_commands_with_target_languages(tmp_path):
-  """`python -m t2t_keras.train` on EN->DE and DE->EN tagged, then decode: the model
-  answers --target_language=en and de, refuses a language it has no tag for, naming
-  its languages. The entry points run in this process (tests/inprocess.py), the
-  CTranslate2 tool as a process."""
+  """`python -m t2t_keras.train` on EN->DE and EN->EN (a copy) tagged de and en, then
+  decode: the same English sentences go into German or English as --target_language
+  says (the tag alone decides: an ignored or swapped tag fails), the model refuses a
+  language it has no tag for, naming its languages. The entry points run in this
+  process (tests/inprocess.py), the CTranslate2 tool as a process; decode, score and
+  export run once more each as a fresh process with the flags only they define
+  (--target_language, --target_prefix_file, --output_alignments): in this process
+  every command's flags are defined, so a command reading a flag it does not define
+  would pass here and fail for users."""
   path = _corpus(tmp_path)
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
   model_dir = str(tmp_path / "m")
+  # 150 steps (about 10 s): enough for each tag to pick its language's words, not for
+  # the translations to be right.
   train = inprocess.run(
       "train", "--data_source=files",
-       f"--train_src={path}/train.en,{path}/train.de",
+       f"--train_src={path}/train.en,{path}/train.en",
        f"--train_tgt={path}/train.de,{path}/train.en", "--target_language_tags=de,en",
        f"--dev_src={path}/dev.en", f"--dev_tgt={path}/dev.de", "--vocab_size=80",
-       "--hidden_size=16", "--filter_size=32", "--num_heads=2", "--num_hidden_layers=1",
-       "--batch_size=256", "--max_length=32", "--train_steps=3", "--log_every=1",
-       "--save_checkpoint_steps=3", "--eval_every=3", "--eval_bleu_sentences=4",
-       "--show_examples=0", f"--model_dir={model_dir}")
+       "--hidden_size=32", "--filter_size=64", "--num_heads=2", "--num_hidden_layers=1",
+       "--layer_prepostprocess_dropout=0", "--batch_size=1024", "--max_length=32",
+       "--learning_rate=2", "--learning_rate_warmup_steps=40", "--train_steps=150",
+       "--log_every=50", "--save_checkpoint_steps=150", "--eval_every=150",
+       "--eval_bleu_sentences=4", "--show_examples=0", f"--model_dir={model_dir}")
   assert train.returncode == 0, train.stderr[-3000:]
-  assert "bleu" in train.stdout + train.stderr  # dev BLEU, decoded with dev's tag
+  # dev BLEU, decoded with dev's tag
+  assert re.search(r"eval at step 150: .* \| bleu \d+\.\d\d", train.stdout), train.stdout
+  sentences = ["the dog runs", "a man sits in the park", "the small cat",
+               "a red woman on the street"]
 
   def decode(*extra):
     return inprocess.run("decode", f"--model_dir={model_dir}", "--beam_size=1",
-                         "--extra_decode_length=3", *extra, stdin="the dog runs\n")
+                         "--extra_decode_length=3", *extra,
+                         stdin="".join(s + "\n" for s in sentences))
+
+  def fresh(module, *args, stdin=None):
+    """`python -m t2t_keras.MODULE ARGS` as a process of its own: its flags only."""
+    result = subprocess.run([sys.executable, "-m", f"t2t_keras.{module}", *args],
+                            input=stdin, cwd=REPO_ROOT, env=env, capture_output=True,
+                            text=True, timeout=600, check=False)
+    assert result.returncode == 0, (module, result.stderr[-3000:])
+    return result
 
   decoded = {}
   for language in ("en", "de"):
     result = decode(f"--target_language={language}")
     assert result.returncode == 0, result.stderr[-3000:]
     decoded[language] = result.stdout.splitlines()
-    assert len(decoded[language]) == 1
+    assert len(decoded[language]) == len(sentences)
+  # Each line in the language asked for: more of its words than the other's (an empty
+  # line has neither), so the two languages' lines differ.
+  for english, german in zip(decoded["en"], decoded["de"]):
+    (en_words, de_words), (en_in_de, de_in_de) = (_language_votes(english),
+                                                  _language_votes(german))
+    assert en_words > de_words and de_in_de > en_in_de, decoded
   default = decode()
   assert default.stdout.splitlines() == decoded["de"]  # the dev files' language
+  # The decode command's own flags in a process of its own: a target language, target
+  # prefixes and alignments, as in this process.
+  (tmp_path / "prefix.txt").write_text("the\n" * len(sentences), encoding="utf-8")
+  own = ["--target_language=en", f"--target_prefix_file={tmp_path}/prefix.txt"]
+  here = decode(*own, f"--output_alignments={tmp_path}/here.align")
+  assert here.returncode == 0, here.stderr[-3000:]
+  assert all(line.startswith("the") for line in here.stdout.splitlines()), here.stdout
+  alone = fresh("decode", f"--model_dir={model_dir}", "--beam_size=1",
+                "--extra_decode_length=3", *own, f"--output_alignments={tmp_path}/alone.align",
+                stdin="".join(s + "\n" for s in sentences))
+  assert alone.stdout == here.stdout
+  alignments = (tmp_path / "alone.align").read_text(encoding="utf-8")
+  assert alignments == (tmp_path / "here.align").read_text(encoding="utf-8")
+  assert len(alignments.splitlines()) == len(sentences) and "-" in alignments
   # Scoring reads the tag too: a pair scores as the decoder saw it.
   (tmp_path / "src.txt").write_text("the dog runs\n", encoding="utf-8")
   (tmp_path / "tgt.txt").write_text(decoded["en"][0] + "\n", encoding="utf-8")
@@ -167,7 +214,10 @@ def test_train_and_decode_commands_with_target_languages(tmp_path):
                            f"--target_language={language}")
     assert scored.returncode == 0, scored.stderr[-3000:]
     scores[language] = float(scored.stdout.split()[0])
-  assert scores["en"] != scores["de"]
+  assert scores["en"] > scores["de"]  # English output: likelier as English
+  alone = fresh("score", f"--model_dir={model_dir}", f"--source_file={tmp_path}/src.txt",
+                f"--target_file={tmp_path}/tgt.txt", "--target_language=en")
+  assert float(alone.stdout.split()[0]) == pytest.approx(scores["en"], abs=1e-5)
   refused = decode("--target_language=fr")
   assert refused.returncode != 0
   assert "--target_language=fr: this model has tags for de, en only" in refused.stderr
@@ -183,18 +233,17 @@ def test_train_and_decode_commands_with_target_languages(tmp_path):
   served = SessionModel(os.path.join(export_dir, "1"))
   out = served.run("translate_to_language", inputs=np.array(["the dog runs"] * 2, object),
                    target_language=np.array(["en", "de"], object))
-  assert [t.decode() for t in out["outputs"]] == decoded["en"] + decoded["de"]
+  assert [t.decode() for t in out["outputs"]] == [decoded["en"][0], decoded["de"][0]]
   plain = served.run(inputs=np.array(["the dog runs"], object))
-  assert [t.decode() for t in plain["outputs"]] == decoded["de"]
+  assert [t.decode() for t in plain["outputs"]] == decoded["de"][:1]
   # --target_language at export: serving_default translates into it.
-  to_english = inprocess.run("export", f"--model_dir={model_dir}",
-                             f"--export_dir={export_dir}", "--export_version=2",
-                             "--beam_size=1", "--extra_decode_length=3",
-                             "--target_language=en")
-  assert to_english.returncode == 0, to_english.stderr[-3000:]
+  # (The export command's own flags in a process of its own.)
+  fresh("export", f"--model_dir={model_dir}", f"--export_dir={export_dir}",
+        "--export_version=2", "--beam_size=1", "--extra_decode_length=3",
+        "--target_language=en")
   english = SessionModel(os.path.join(export_dir, "2")).run(
       inputs=np.array(["the dog runs"], object))
-  assert [t.decode() for t in english["outputs"]] == decoded["en"]
+  assert [t.decode() for t in english["outputs"]] == decoded["en"][:1]
   with pytest.raises(tf.errors.InvalidArgumentError,
                      match=r"target_language \W{0,2}fr\W{0,2}: this model translates "
                      "into de, en only"):
@@ -206,7 +255,7 @@ def test_train_and_decode_commands_with_target_languages(tmp_path):
   converted = inprocess.run("export", f"--model_dir={model_dir}", f"--export_dir={ct2_dir}",
                             "--format=ctranslate2")
   assert converted.returncode == 0, converted.stderr[-3000:]
-  (tmp_path / "in.txt").write_text("the dog runs\n", encoding="utf-8")
+  (tmp_path / "in.txt").write_text("".join(s + "\n" for s in sentences), encoding="utf-8")
 
   def ct2(language):
     return subprocess.run(

@@ -12,13 +12,14 @@ Two stand-ins for Cloud Storage, each failing wherever a Python `open()`, `os.pa
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from tests import inprocess
+from tests import inprocess, reported_scores
 from tests.conftest import REPO_ROOT
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
@@ -67,6 +68,8 @@ def test_training_entry_point_on_ram_filesystem(tmp_path, shared_data):
         print("LISTED", path)
       print("VERSIONS", tf.io.gfile.listdir("ram://run/m/export"))
       print("BEST", tf.train.latest_checkpoint("ram://run/m/best"))
+      with tf.io.gfile.GFile("ram://run/m/dev_bleu.json") as f:
+        print("DEV_BLEU", f.read().replace("\\n", " "))
   """)
   work = tmp_path / "cwd"
   work.mkdir()
@@ -78,7 +81,13 @@ def test_training_entry_point_on_ram_filesystem(tmp_path, shared_data):
   for name in ("config.json", "flags.txt", "vocab.model", "checkpoint", "ckpt-12.index",
                "best_eval.json", "data_plan.json", "train", "eval", "export", "best"):
     assert name in listed, (name, sorted(listed))
-  assert "bleu" in result.stdout and "exported ram://run/m/export/" in result.stdout
+  assert "exported ram://run/m/export/" in result.stdout
+  # The dev BLEU printed at the last eval is the one recorded on ram:// for its step.
+  (record,) = [json.loads(line.split(" ", 1)[1]) for line in result.stdout.splitlines()
+               if line.startswith("DEV_BLEU ")]
+  assert record["step"] == 12 and record["sentences"] == 8, record
+  assert re.search(rf"eval at step 12: .* \| bleu {record['bleu']:.2f}(\s|$)",
+                   result.stdout), (record, result.stdout[-3000:])
   assert "BEST ram://run/m/best/ckpt-" in result.stdout
   assert not os.listdir(work)  # nothing went to a local "ram:" folder
 
@@ -140,8 +149,12 @@ def test_whole_path_on_file_urls(tmp_path, shared_data):
                  f"--input_file={url(data / 'valid.en')}",
                  f"--output_file={url(tmp_path / 'hyp.txt')}",
                  f"--reference_file={url(data / 'valid.de')}", "--beam_size=2"], work)
-  assert "BLEU" in decoded.stdout + decoded.stderr
-  assert len((tmp_path / "hyp.txt").read_text(encoding="utf-8").splitlines()) == 30
+  hypotheses = (tmp_path / "hyp.txt").read_text(encoding="utf-8").splitlines()
+  assert len(hypotheses) == 30
+  # The scores printed: of the file written, against the reference read (file:// both).
+  references = (data / "valid.de").read_text(encoding="utf-8").splitlines()
+  assert reported_scores.printed(decoded.stderr) == reported_scores.recomputed(
+      hypotheses, references), decoded.stderr[-2000:]
   here("score", [f"--model_dir={url(tmp_path / 'avg')}",
        f"--source_file={url(data / 'valid.en')}", f"--target_file={url(tmp_path / 'hyp.txt')}",
        f"--output_file={url(tmp_path / 'scores.txt')}"], work)

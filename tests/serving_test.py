@@ -11,6 +11,7 @@ subprocess, must print what calling the signature directly gives.
 # pylint: disable=redefined-outer-name  (pytest fixtures)
 
 import base64
+import contextlib
 import http.server
 import json
 import os
@@ -284,11 +285,14 @@ def grpc_server(servable):
   server.stop(grace=None)
 
 
-def unused_port() -> int:
-  """A port nobody listens on (bound, read, released)."""
+@contextlib.contextmanager
+def unused_port():
+  """A port nobody listens on, for the `with` block: bound by the test and not
+  listening, so connections are refused and no other process (a server of another
+  test) can take it meanwhile, as it could once a released port is reused."""
   with socket.socket() as sock:
     sock.bind(("127.0.0.1", 0))
-    return sock.getsockname()[1]
+    yield sock.getsockname()[1]
 
 
 def query(*args, process=False):
@@ -363,8 +367,9 @@ def test_rest_row_format_carries_every_output(servable, rest_server):
 
 @pytest.mark.parametrize("protocol", ["rest", "grpc"])
 def test_unreachable_server_is_a_clear_error(protocol):
-  server = f"127.0.0.1:{unused_port()}"
-  result = query(f"--protocol={protocol}", f"--server={server}", "a dog")
+  with unused_port() as port:
+    server = f"127.0.0.1:{port}"
+    result = query(f"--protocol={protocol}", f"--server={server}", "a dog")
   assert result.returncode == 1, result.stderr[-3000:]
   assert result.stdout == ""
   last = result.stderr.strip().splitlines()[-1]

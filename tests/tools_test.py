@@ -9,7 +9,7 @@ import numpy as np
 
 from t2t_keras.inference import attention_maps, loading
 from t2t_keras.configs import DecodeConfig
-from tests import inprocess
+from tests import inprocess, reported_scores
 from tests.conftest import REPO_ROOT
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
@@ -40,7 +40,10 @@ def test_decode_cli_keeps_input_order_and_scores(tiny_model_dir, tmp_path):
   lines = output.read_text(encoding="utf-8").split("\n")[:-1]
   assert len(lines) == len(sentences)
   assert "decoded 5/5 sentences" in result.stderr and "sentences/s" in result.stderr
-  assert "BLEU" in result.stderr and "chrF" in result.stderr
+  # The scores of the output file against the reference (here the sources), as
+  # sacreBLEU computes them.
+  assert reported_scores.printed(result.stderr) == reported_scores.recomputed(
+      lines, sentences), (lines, result.stderr[-2000:])
   # (XLA decoding through the command: decoding_test's command test.)
   # A line equals decoding that sentence alone through stdin (the empty one and the
   # longest: both were batched with others above).
