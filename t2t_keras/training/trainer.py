@@ -198,13 +198,15 @@ class Trainer:
     made the program (a TPU's, or any that XLA compiles whole) and its compile time
     k times bigger. Iteration i takes micro-batch i through a `tf.switch_case` whose
     branches only pass a batch on, so micro-batches of different shapes (dynamic
-    shapes: each its own length) go through unchanged. Stacking them instead would
-    need padding to a common shape, which changes the dropout masks (drawn for the
-    padded shape) and adds work; as it is, each micro-batch's gradients are those of
-    the unrolled passes and their sum is taken in the same order from zero, so the
-    update is bitwise today's too. `parallel_iterations=1`: one micro-batch's
-    activations live at a time, which is what accumulating is for, and the dropout
-    seeds advance in micro-batch order.
+    shapes: each its own length) go through unchanged; where XLA compiles the step
+    whole (a TPU), the branches must agree in shape, as --static_shapes (one bucket for
+    all micro-batches of a step) and --packed_length make them. Stacking the batches
+    instead would need padding to a common shape, which changes the dropout masks
+    (drawn for the padded shape) and adds work; as it is, each micro-batch's gradients
+    are those of k unrolled passes and are summed in the same order (from zero), so the
+    update is bitwise theirs. `parallel_iterations=1`: one micro-batch's activations
+    live at a time, which is what accumulating is for, and the dropout seeds advance
+    in micro-batch order.
 
     Returns:
       (summed gradients, loss_sum, tokens, flops), as `_gradients`.
