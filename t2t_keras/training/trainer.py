@@ -183,17 +183,50 @@ class Trainer:
 
     The loss is normalised by the target tokens of ALL micro-batches on all replicas,
     so k accumulated micro-batches make exactly the update of one k-times-bigger batch.
+    The k micro-batches are all read first (data, not compute) for that token count;
+    their gradients are then summed in one loop (`_accumulate`), not k copies.
     """
     tokens = tf.add_n([tf.reduce_sum(tf.cast(tf.not_equal(b["targets"], PAD_ID), tf.float32))
                        for b in batches])
     global_tokens = tf.distribute.get_replica_context().all_reduce(SUM, tokens)
-    grads, loss_sum, tokens, step_flops = self._compute_gradients(batches[0], global_tokens)
-    for batch in batches[1:]:
-      more = self._compute_gradients(batch, global_tokens)
-      grads = [g + h for g, h in zip(grads, more[0])]
-      loss_sum, tokens, step_flops = loss_sum + more[1], tokens + more[2], step_flops + more[3]
+    if len(batches) == 1:
+      grads, loss_sum, tokens, step_flops = self._compute_gradients(batches[0], global_tokens)
+    else:
+      grads, loss_sum, tokens, step_flops = self._accumulate(batches, global_tokens)
     overflows = self._apply(grads)
     return loss_sum, tokens, step_flops, overflows
+
+  def _accumulate(self, batches, global_tokens):
+    """`_compute_gradients` of every micro-batch, summed in one `tf.while_loop`.
+
+    One forward and backward pass in the program whatever k is: unrolled, k passes
+    made the program (a TPU's, or any that XLA compiles whole) and its compile time
+    k times bigger. Iteration i takes micro-batch i through a `tf.switch_case` whose
+    branches only pass a batch on, so micro-batches of different shapes (dynamic
+    shapes: each its own length) go through unchanged; where XLA compiles the step
+    whole (a TPU), the branches must agree in shape, as --static_shapes (one bucket for
+    all micro-batches of a step) and --packed_length make them. Stacking the batches
+    instead would need padding to a common shape, which changes the dropout masks
+    (drawn for the padded shape) and adds work; as it is, each micro-batch's gradients
+    are those of k unrolled passes and are summed in the same order (from zero), so the
+    update is bitwise theirs. `parallel_iterations=1`: one micro-batch's activations
+    live at a time, which is what accumulating is for, and the dropout seeds advance
+    in micro-batch order.
+
+    Returns:
+      (summed gradients, loss_sum, tokens, flops), as `_gradients`.
+    """
+    def body(i, grads, sums):
+      batch = tf.switch_case(i, [lambda b=b: b for b in batches])
+      more = self._compute_gradients(batch, global_tokens)
+      return (i + 1, [g + h for g, h in zip(grads, more[0])],
+              tuple(s + m for s, m in zip(sums, more[1:])))
+
+    zeros = [tf.zeros(v.shape, v.dtype) for v in self.model.trainable_variables]
+    _, grads, sums = tf.while_loop(lambda i, *_: i < len(batches), body,
+                                   (tf.constant(0), zeros, (tf.constant(0.0),) * 3),
+                                   parallel_iterations=1)
+    return (grads,) + tuple(sums)
 
   def _apply(self, grads):
     """Applies one replica's gradients once all replicas agree they are finite.
