@@ -273,8 +273,12 @@ def run_training() -> None:
     if not tf.train.latest_checkpoint(train_config.model_dir):
       init_checkpoint = init_from.agreed_checkpoint(train_config.init_from, agreement)
     data_config = init_from_data_config(train_config, data_config, init_checkpoint)
-  datasets, model_config, vocab = prepare(agreement, data_config, train_config,
-                                          decode_config)
+  # Under a remote master (a pod slice) the vocabulary, the tokenizer and the cache (a
+  # tf.data pipeline of tokenizer ops) are made in this process, not on the TPU hosts,
+  # which have no tensorflow-text (distribute.on_client).
+  with distribute.on_client():
+    datasets, model_config, vocab = prepare(agreement, data_config, train_config,
+                                            decode_config)
   print(f"training {model_config.encoder_layers}+{model_config.decoder_layers} layers, "
         f"d_model {model_config.hidden_size}, vocabulary {model_config.vocab_size} on "
         f"{strategy.num_replicas_in_sync} replica(s)"
