@@ -295,7 +295,9 @@ def run_training() -> None:
     print(change, flush=True)
   trainer = Trainer(model_config, train_config, strategy)
   if init_checkpoint:
-    start_from(trainer, datasets.tokenizer, train_config, init_checkpoint, agreement.chief)
+    with distribute.on_client():  # the source's tokenizer (--init_from_vocab=new)
+      start_from(trainer, datasets.tokenizer, train_config, init_checkpoint,
+                 agreement.chief)
   # The key describes what the checkpoints were trained on: recorded with the first
   # checkpoint of this run, not before (a run that fails before saving changes nothing).
   trainer.on_save = lambda step: modeldir.record_plan(train_config.model_dir, plan_key)
