@@ -15,6 +15,9 @@ the real `experimental_connect_to_cluster` connects to it and makes it the defau
 device), the TPU system needs no initialisation, and the strategy is one device, the
 master's CPU: variables, steps and the input pipelines run in the server process, as
 they run on the TPU and its hosts, and decoding takes the TPU's branch (a host copy).
+The command also prints where each tokenizer and each decoding copy of the weights
+lives: an op that fails on the master may report its error later or never (a tokenizer
+only read in Python), so the test reads their devices too.
 """
 
 import os
@@ -71,6 +74,13 @@ def say_where(weights, *args, **kwargs):  # where each copy that decodes lives
   made(weights, *args, **kwargs)
   print("decoding weights on", weights.model.weights[0].value.device, flush=True)
 evaluator.DecodingWeights.__init__ = say_where
+
+from t2t_keras.data import tokenizer
+loaded = tokenizer.SentencePieceTokenizer.__init__
+def say_where_too(self, *args, **kwargs):  # each tokenizer's SentencePiece model
+  loaded(self, *args, **kwargs)  # (an error on the master may surface later, or never)
+  print("tokenizer on", self._sp._model_resource.resource_handle.device, flush=True)
+tokenizer.SentencePieceTokenizer.__init__ = say_where_too
 runpy.run_module("t2t_keras.train", run_name="__main__", alter_sys=True)
 """
 
@@ -143,6 +153,10 @@ def test_tpu_run_with_a_remote_master_keeps_string_ops_in_the_client(
   versions = tf.io.gfile.listdir(str(model_dir / "export"))
   assert len(versions) == 1, versions
   assert (model_dir / "export" / versions[0].strip("/") / "saved_model.pb").exists()
-  # Every copy that decodes lives in the client (the training weights on the master).
+  # Every tokenizer (this run's, the source's) and every copy that decodes live in the
+  # client; the training weights live on the master.
+  client = "/job:localhost/replica:0/task:0/device:CPU:0"
+  tokenizers = re.findall(r"tokenizer on (\S+)", out)
+  assert len(tokenizers) >= 2 and set(tokenizers) == {client}, tokenizers
   places = re.findall(r"decoding weights on (\S+)", out)
-  assert places and set(places) == {"/job:localhost/replica:0/task:0/device:CPU:0"}, places
+  assert places and set(places) == {client}, places
