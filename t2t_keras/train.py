@@ -276,8 +276,12 @@ def run_training() -> None:
     if not tf.train.latest_checkpoint(train_config.model_dir):
       init_checkpoint = init_from.agreed_checkpoint(train_config.init_from, agreement)
     data_config = init_from_data_config(train_config, data_config, init_checkpoint)
-  datasets, model_config, vocab = prepare(agreement, data_config, train_config,
-                                          decode_config)
+  # Under a remote master (a pod slice) the vocabulary, the tokenizer and the cache (a
+  # tf.data pipeline of tokenizer ops) are made in this process, not on the TPU hosts,
+  # which have no tensorflow-text (distribute.on_client).
+  with distribute.on_client():
+    datasets, model_config, vocab = prepare(agreement, data_config, train_config,
+                                            decode_config)
   print(f"training {model_config.encoder_layers}+{model_config.decoder_layers} layers, "
         f"d_model {model_config.hidden_size}, vocabulary {model_config.vocab_size} on "
         f"{strategy.num_replicas_in_sync} replica(s)"
@@ -294,7 +298,9 @@ def run_training() -> None:
     print(change, flush=True)
   trainer = Trainer(model_config, train_config, strategy)
   if init_checkpoint:
-    start_from(trainer, datasets.tokenizer, train_config, init_checkpoint, agreement.chief)
+    with distribute.on_client():  # the source's tokenizer (--init_from_vocab=new)
+      start_from(trainer, datasets.tokenizer, train_config, init_checkpoint,
+                 agreement.chief)
   # The key describes what the checkpoints were trained on: recorded with the first
   # checkpoint of this run, not before (a run that fails before saving changes nothing).
   trainer.on_save = lambda step: modeldir.record_plan(train_config.model_dir, plan_key)

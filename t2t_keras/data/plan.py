@@ -66,6 +66,7 @@ import numpy as np
 import tensorflow as tf
 
 from t2t_keras.data import alignments
+from t2t_keras.training import distribute
 
 EPOCHS_KEPT = 8  # epochs of the unit order the host keeps (bucket_of_step)
 
@@ -349,7 +350,10 @@ class BatchPlan:
       if number in self._epochs:
         self._epochs.move_to_end(number)
         return self._epochs[number]
-    with tf.device("/cpu:0"):
+    # This process's CPU: under a remote master (a pod slice) "/cpu:0" is the master's,
+    # where these eager ops fail ("Seed must have shape [3]": index_shuffle's shape
+    # check sees a remote input's shape as unknown), one network round trip each.
+    with tf.device(distribute.client_cpu()):
       epoch = tuple(t.numpy() for t in self.epoch_order(tf.constant(number, tf.int64)))
     with self._lock:
       self._epochs[number] = epoch

@@ -41,6 +41,43 @@ def split_cpu(num_devices: int) -> None:
         "before any TensorFlow op runs.") from error
 
 
+# The client process's CPU once a remote master is connected (connect_to_cluster names
+# the local process's job "localhost").
+CLIENT_CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
+
+
+def remote_master() -> bool:
+  """Whether this process drives a remote master (a pod slice's --tpu=NAME).
+
+  `tf.config.experimental_connect_to_cluster` with a remote master joins the cluster
+  as the job "localhost" and makes the master's CPU the default device of every op
+  this process runs next. A TPU VM's own TPU (--tpu=local) and multi-worker runs
+  (each worker is a task of the cluster itself) have none.
+  """
+  from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
+  server_def = context.get_server_def()
+  return server_def is not None and server_def.job_name == "localhost"
+
+
+def client_cpu() -> str:
+  """This process's CPU as a device name, the client's under a remote master."""
+  return CLIENT_CPU if remote_master() else "/device:CPU:0"
+
+
+def on_client():
+  """A scope for work that must run in this process: under a remote master, its CPU.
+
+  The TPU hosts of a pod slice run TensorFlow alone (tensorflow-text's SentencePiece
+  ops are not registered there), so the tokenizer and the tokenized cache (a tf.data
+  pipeline: a dataset made inside the scope runs on its device) are made in the
+  client, and dev BLEU decodes a copy of the weights there (`client_cpu`,
+  `evaluator.DecodingWeights`). The input pipelines that
+  `strategy.distribute_datasets_from_function` places on the hosts read the cache
+  with core ops only. Without a remote master nothing changes.
+  """
+  return tf.device(CLIENT_CPU) if remote_master() else contextlib.nullcontext()
+
+
 def create_strategy(config: TrainConfig) -> tf.distribute.Strategy:
   """Creates the strategy; raises StrategyError with what to do when it cannot.
 

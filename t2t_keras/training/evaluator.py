@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from t2t_keras import modeldir
 from t2t_keras.errors import TrainingError
+from t2t_keras.training import distribute
 
 
 class DecodingWeights:
@@ -30,12 +31,13 @@ class DecodingWeights:
   `strategy.run` would be placed there op by op, at shapes that change every step of
   the search, which TPUs cannot run. So under any strategy but the default one the
   decode runs on a plain copy, refreshed from the training weights (one read of each
-  variable) before every decode: on the host's CPU under TPUStrategy, on the first
-  replica's device otherwise (a GPU decodes faster than the host). One path for every
-  strategy, the one tests check on 2 logical CPU devices; a compiled static-shape
-  search inside `strategy.run` would spare the copy but ties decoding to the training
-  topology. Under the default strategy the weights are ordinary variables and the
-  model decodes as it is.
+  variable) before every decode: on this process's CPU under TPUStrategy (the client's
+  when it drives a pod slice: `distribute.on_client`), on the first replica's device
+  otherwise (a GPU decodes faster than the host). One path for every strategy, the one
+  tests check on 2 logical CPU devices; a compiled static-shape search inside
+  `strategy.run` would spare the copy but ties decoding to the training topology.
+  Under the default strategy the weights are ordinary variables and the model decodes
+  as it is.
 
   Args:
     model: the training model.
@@ -48,7 +50,9 @@ class DecodingWeights:
     if strategy is not None and strategy is not tf.distribute.get_strategy():
       tpu = isinstance(strategy, (tf.distribute.TPUStrategy,
                                   tf.distribute.experimental.TPUStrategy))
-      self.device = "/device:CPU:0" if tpu else strategy.extended.worker_devices[0]
+      # This process's CPU: under a remote master "/device:CPU:0" is the master's.
+      self.device = (distribute.client_cpu() if tpu
+                     else strategy.extended.worker_devices[0])
     self.model = model
     if self.device is not None:
       from t2t_keras.model import create_model  # pylint: disable=import-outside-toplevel
