@@ -1,0 +1,214 @@
+"""Bulk translation with the decode command (t2t_keras/inference/bulk.py): the input in
+windows whose translations appear in the output as the run goes on, a run interrupted
+at any point and run again gives the uninterrupted run's bytes, a resume onto another
+input or other settings is refused, N shards concatenated are the whole output, and
+memory does not grow with the input."""
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from t2t_keras.inference import bulk
+from tests import inprocess
+
+WORDS = ("a the man woman dog cat runs sits on in park street red blue small big plays "
+         "with ball . ein der Mann Frau Hund läuft spielt").split()
+
+
+def write_lines(path, n, seed=0):
+  rng = np.random.default_rng(seed)
+  with open(path, "w", encoding="utf-8") as f:
+    for _ in range(n):
+      f.write(" ".join(rng.choice(WORDS, rng.integers(2, 9))) + "\n")
+  return path
+
+
+def decode(model_dir, *args, stdin=None):
+  result = inprocess.run("decode", f"--model_dir={model_dir}", *args, stdin=stdin)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return result
+
+
+# Every beam with its score, alignments and target prefixes: each output the windows
+# must keep byte for byte.
+RICH = ("--beam_size=2", "--return_beams", "--extra_decode_length=3")
+
+
+def test_three_shards_concatenated_are_the_whole_output(tiny_model_dir, tmp_path):
+  """Shard ranges that do not fall on window boundaries (40 lines, windows of 6)."""
+  source = write_lines(tmp_path / "src.txt", 40)
+  prefixes = tmp_path / "prefix.txt"
+  prefixes.write_text("".join("ein\n" if i % 7 == 3 else "\n" for i in range(40)),
+                      encoding="utf-8")
+  common = (f"--input_file={source}", f"--target_prefix_file={prefixes}", *RICH,
+            "--decode_buffer_lines=6")
+  decode(tiny_model_dir, *common, f"--output_file={tmp_path / 'whole.txt'}",
+         f"--output_alignments={tmp_path / 'whole.align'}")
+  for k in range(3):
+    decode(tiny_model_dir, *common, "--num_shards=3", f"--shard_index={k}",
+           f"--output_file={tmp_path / f'out.{k}'}",
+           f"--output_alignments={tmp_path / f'align.{k}'}")
+  assert [len((tmp_path / f"out.{k}").read_text().split("\n\n")) - 1
+          for k in range(3)] == [13, 13, 14]  # blocks of beams: 40 lines split 13/13/14
+  for whole, part in (("whole.txt", "out"), ("whole.align", "align")):
+    assert b"".join((tmp_path / f"{part}.{k}").read_bytes() for k in range(3)) == (
+        tmp_path / whole).read_bytes()
+  assert not list(tmp_path.glob(".*"))  # the completed runs left no resume state
+  result = inprocess.run("decode", f"--model_dir={tiny_model_dir}", f"--input_file={source}",
+                         "--num_shards=3", "--shard_index=3")
+  assert result.returncode == 1 and ("error: --shard_index=3 with --num_shards=3: give "
+                                     "0..2") in result.stderr, result.stderr[-2000:]
+  result = inprocess.run("decode", f"--model_dir={tiny_model_dir}", "--num_shards=2",
+                         stdin="a dog\n")
+  assert result.returncode == 1 and "--num_shards=2 needs --input_file" in result.stderr
+
+
+class Interrupted(Exception):
+  """A crash after some windows."""
+
+
+def interrupted_run(monkeypatch, model_dir, windows, *args):
+  """A decode that crashes once `windows` windows are committed."""
+  commit = bulk.Job.commit
+  count = []
+
+  def crash_after(self, window, texts):
+    commit(self, window, texts)
+    count.append(1)
+    if len(count) == windows:
+      raise Interrupted
+
+  with monkeypatch.context() as patch:
+    patch.setattr(bulk.Job, "commit", crash_after)
+    with pytest.raises(Interrupted):
+      inprocess.run("decode", f"--model_dir={model_dir}", *args)
+
+
+def test_resume_continues_a_crashed_run_and_refuses_other_inputs_or_settings(
+    tiny_model_dir, tmp_path, monkeypatch):
+  source = write_lines(tmp_path / "src.txt", 30)
+  reference = write_lines(tmp_path / "ref.txt", 30, seed=1)
+  out, align = tmp_path / "out.txt", tmp_path / "out.align"
+  common = (f"--input_file={source}", *RICH, "--decode_buffer_lines=7",
+            f"--output_alignments={align}", f"--reference_file={reference}")
+  whole = decode(tiny_model_dir, *common, f"--output_file={tmp_path / 'whole.txt'}",
+                 f"--output_alignments={tmp_path / 'whole.align'}")
+  interrupted_run(monkeypatch, tiny_model_dir, 2, *common, f"--output_file={out}")
+  state = tmp_path / ".out.txt.resume.json"
+  assert state.exists()
+  assert len(out.read_text().split("\n\n")) - 1 == 14  # two windows of 7 inputs
+  with open(out, "a", encoding="utf-8") as f:
+    f.write("0.0\thalf of a window a kill left behind\n")
+
+  # Other settings, another input or an input changed since: refused, naming it.
+  refusals = [
+      (("--beam_size=3",), "--beam_size 2 then, 3 now"),
+      (("--decode_buffer_lines=8",), "--decode_buffer_lines=7, not 8"),
+      ((f"--input_file={reference}",), f"--input_file={source}, not {reference}"),
+      (("--num_shards=2", "--shard_index=1"), "was shard 0 of 1"),
+  ]
+  for flags, message in refusals:
+    result = inprocess.run("decode", f"--model_dir={tiny_model_dir}", *common,
+                           f"--output_file={out}", *flags)
+    assert result.returncode == 1 and message in result.stderr, (flags, result.stderr[-2000:])
+    assert "--nodecode_resume" in result.stderr and "decoding " not in result.stderr
+  lines = source.read_text(encoding="utf-8").splitlines()
+  changed = tmp_path / "changed.txt"
+  changed.write_text("\n".join(lines[:5] + ["a changed line"] + lines[6:]) + "\n",
+                     encoding="utf-8")
+  os.replace(source, tmp_path / "saved.txt")
+  os.replace(changed, source)
+  result = inprocess.run("decode", f"--model_dir={tiny_model_dir}", *common,
+                         f"--output_file={out}")
+  assert result.returncode == 1 and (f"the first 14 lines of --input_file {source} are not "
+                                     "those it was decoded from") in result.stderr
+  os.replace(tmp_path / "saved.txt", source)
+
+  resumed = decode(tiny_model_dir, *common, f"--output_file={out}")
+  assert f"resuming {out} after 14 of 30 lines" in resumed.stderr
+  assert out.read_bytes() == (tmp_path / "whole.txt").read_bytes()
+  assert align.read_bytes() == (tmp_path / "whole.align").read_bytes()
+  assert not state.exists()  # complete: a rerun decodes it again
+  bleu = [line for line in whole.stderr.splitlines() if "BLEU" in line]
+  assert bleu and bleu == [line for line in resumed.stderr.splitlines() if "BLEU" in line]
+
+  interrupted_run(monkeypatch, tiny_model_dir, 1, *common, f"--output_file={out}",
+                  "--beam_size=3")
+  over = decode(tiny_model_dir, *common, f"--output_file={out}", "--nodecode_resume")
+  assert "resuming" not in over.stderr and out.read_bytes() == (
+      tmp_path / "whole.txt").read_bytes()
+
+
+def test_stdin_to_stdout_in_windows_and_sampling_keys_are_line_numbers(tiny_model_dir,
+                                                                       tmp_path):
+  """Windows of stdin give the whole-input output; a sample depends on its line number
+  in the whole input, so windows and shards sample as one run does."""
+  source = write_lines(tmp_path / "src.txt", 25)
+  text = source.read_text(encoding="utf-8")
+  sampling = ("--sampling_topk=0", "--seed=5", "--extra_decode_length=3")
+  whole = decode(tiny_model_dir, *sampling, "--decode_buffer_lines=100", stdin=text)
+  windows = decode(tiny_model_dir, *sampling, "--decode_buffer_lines=4", stdin=text)
+  assert windows.stdout == whole.stdout and len(whole.stdout.splitlines()) == 25
+  assert "decoding 4+ sentences" in windows.stderr  # stdin longer than a window
+  shards = [decode(tiny_model_dir, *sampling, f"--input_file={source}", "--num_shards=2",
+                   f"--shard_index={k}").stdout for k in range(2)]
+  assert "".join(shards) == whole.stdout
+
+
+def _pipe_free_env():
+  return dict(os.environ, TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="2")
+
+
+@pytest.mark.slow
+def test_a_killed_decode_writes_as_it_goes_and_resumes_to_the_same_bytes(tiny_model_dir,
+                                                                          tmp_path):
+  """A real `python -m t2t_keras.decode`: while it runs, the output holds complete
+  windows (a part of the file, then the rest); SIGKILLed there and run again, the
+  output is the uninterrupted run's byte for byte."""
+  lines, window = 3000, 100
+  source = write_lines(tmp_path / "src.txt", lines)
+  out = tmp_path / "out.txt"
+  args = [f"--model_dir={tiny_model_dir}", f"--input_file={source}", "--beam_size=1",
+          "--extra_decode_length=2", f"--decode_buffer_lines={window}",
+          "--nodecode_jit_compile", "--decode_batch_size=50"]
+  process = subprocess.Popen([sys.executable, "-m", "t2t_keras.decode", *args,
+                              f"--output_file={out}"], stderr=subprocess.PIPE,
+                             env=_pipe_free_env())
+  seen = 0
+  deadline = time.time() + 300
+  while process.poll() is None and time.time() < deadline:
+    seen = out.read_bytes().count(b"\n") if out.exists() else 0
+    if seen >= window:
+      break
+    time.sleep(0.01)
+  running = process.poll() is None
+  process.kill()
+  stderr = process.communicate()[1].decode()
+  assert running and window <= seen < lines, (
+      f"the output had {seen} of {lines} lines while the decode ran: nothing is written "
+      f"before the end?\n{stderr[-2000:]}")
+  assert os.path.exists(bulk.state_path(str(out)))
+  resumed = decode(tiny_model_dir, *args, f"--output_file={out}")
+  assert "resuming" in resumed.stderr and f"of {lines} lines" in resumed.stderr
+  decode(tiny_model_dir, *args, f"--output_file={tmp_path / 'whole.txt'}")
+  assert out.read_bytes() == (tmp_path / "whole.txt").read_bytes()
+  assert len(out.read_bytes().splitlines()) == lines
+
+
+def _peak_rss_mb(args):
+  """Runs a decode in a fresh process; its peak resident memory (VmHWM) in MB."""
+  code = ("import runpy, sys\n"
+          "sys.argv = ['t2t_keras.decode'] + sys.argv[1:]\n"
+          "try:\n"
+          "  runpy.run_module('t2t_keras.decode', run_name='__main__')\n"
+          "finally:\n"
+          "  print('PEAK', open('/proc/self/status').read().split('VmHWM:')[1].split()[0],"
+          " file=sys.stderr)\n")
+  result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
+                          text=True, env=_pipe_free_env(), check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return int(result.stderr.split("PEAK")[1].split()[0]) / 1024
