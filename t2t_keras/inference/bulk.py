@@ -42,6 +42,9 @@ from t2t_keras import outputs
 from t2t_keras.errors import DataError, InputError
 
 STATE_VERSION = 1
+# The inputs whose lines decide the output (--reference_file only scores it): a resume
+# checks that their lines done are the same bytes as then.
+DECIDING = ("--input_file", "--target_prefix_file")
 _CHUNK = 1 << 20  # bytes read at a time
 
 
@@ -295,6 +298,8 @@ class Job:
     if state.get("version") != STATE_VERSION:
       raise InputError(f"{what}: a state of another version of this command; {advice}")
     for key, path in [("--input_file", self.input.path), *self.aligned_paths.items()]:
+      if key not in DECIDING:
+        continue
       then = state["inputs"].get(key, {}).get("path")
       now = outputs.normalized(path) if path else None
       if then != now:
@@ -326,8 +331,10 @@ class Job:
         got = len(reader.read(min(self.buffer_lines, done - (reader.line - self.start))))
         if not got:
           break
-      recorded = state["inputs"][key]
-      if (reader.line - self.start != done or reader.hash.hexdigest() != recorded["sha256"]):
+      if key not in DECIDING:
+        continue
+      if (reader.line - self.start != done
+          or reader.hash.hexdigest() != state["inputs"][key]["sha256"]):
         raise InputError(f"{what}: the first {done} lines of {key} {reader.name} are not "
                          f"those it was decoded from (they changed since); {advice}")
     self.done = done
@@ -353,7 +360,8 @@ class Job:
   def _write_state(self) -> None:
     inputs = {key: {"path": outputs.normalized(reader.path) if reader.path else None,
                     "sha256": reader.hash.hexdigest()}
-              for key, reader in [("--input_file", self.input), *self.readers.items()]}
+              for key, reader in [("--input_file", self.input), *self.readers.items()]
+              if key in DECIDING}
     files = {"output": self._files.get("output"), "alignments": self._files.get("alignments")}
     state = {"version": STATE_VERSION, "lines_done": self.done,
              "inputs": inputs, "shard": list(self.shard), "buffer_lines": self.buffer_lines,
