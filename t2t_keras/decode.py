@@ -6,6 +6,11 @@ sorted by length internally; a progress line with sentences/s goes to stderr. Wi
 `--return_beams` every beam is written as `score<TAB>translation`, beams of one input
 on consecutive lines, inputs separated by an empty line. With `--reference_file`,
 sacreBLEU (cased and uncased) and chrF of the output are printed at the end.
+The input is read `--decode_buffer_lines` lines at a time, and each window's
+translations are appended to the output as soon as it is done; run again after an
+interruption, the command continues after the last complete window of a local
+`--output_file` (`--nodecode_resume` starts over), and `--num_shards=N --shard_index=k`
+decodes the k-th of N contiguous ranges of the input (`inference/bulk.py`).
 Beam search runs in graph mode, where a sentence leaves the batch once its result is
 final; greedy search and sampling use XLA (`translate.translate` pads batches so that
 it compiles once per source-width bucket) from `AUTO_XLA_SENTENCES` input sentences on,

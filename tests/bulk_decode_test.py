@@ -169,12 +169,12 @@ def test_a_killed_decode_writes_as_it_goes_and_resumes_to_the_same_bytes(tiny_mo
   """A real `python -m t2t_keras.decode`: while it runs, the output holds complete
   windows (a part of the file, then the rest); SIGKILLed there and run again, the
   output is the uninterrupted run's byte for byte."""
-  lines, window = 3000, 100
+  lines, window = 1500, 50
   source = write_lines(tmp_path / "src.txt", lines)
   out = tmp_path / "out.txt"
   args = [f"--model_dir={tiny_model_dir}", f"--input_file={source}", "--beam_size=1",
           "--extra_decode_length=2", f"--decode_buffer_lines={window}",
-          "--nodecode_jit_compile", "--decode_batch_size=50"]
+          "--nodecode_jit_compile", "--decode_batch_size=25"]
   process = subprocess.Popen([sys.executable, "-m", "t2t_keras.decode", *args,
                               f"--output_file={out}"], stderr=subprocess.PIPE,
                              env=_pipe_free_env())
@@ -212,3 +212,21 @@ def _peak_rss_mb(args):
                           text=True, env=_pipe_free_env(), check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   return int(result.stderr.split("PEAK")[1].split()[0]) / 1024
+
+
+@pytest.mark.slow
+def test_memory_does_not_grow_with_the_input(tiny_model_dir, tmp_path):
+  """Peak memory of 200,000 short lines within 1.3x of 2,000's, and within 60 MB of it:
+  the TensorFlow runtime (about 900 MB) dwarfs the lines, so the ratio alone passes
+  even when the input is held whole (the whole-file decode: +170 MB at 200,000)."""
+  peaks = {}
+  for lines in (2000, 200000):
+    source = write_lines(tmp_path / f"src{lines}.txt", lines)
+    # Greedy, sources cut at 2 pieces, outputs of at most 2: the time goes to the lines,
+    # not the model.
+    peaks[lines] = _peak_rss_mb([f"--model_dir={tiny_model_dir}", f"--input_file={source}",
+                                 f"--output_file={tmp_path / f'out{lines}.txt'}",
+                                 "--beam_size=1", "--max_input_length=2",
+                                 "--extra_decode_length=0", "--decode_batch_size=2000"])
+    assert len((tmp_path / f"out{lines}.txt").read_bytes().splitlines()) == lines
+  assert peaks[200000] <= 1.3 * peaks[2000] and peaks[200000] - peaks[2000] < 60, peaks
