@@ -8,9 +8,11 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from t2t_keras.inference import bulk
 from tests import inprocess
@@ -157,6 +159,18 @@ def test_stdin_to_stdout_in_windows_and_sampling_keys_are_line_numbers(tiny_mode
   shards = [decode(tiny_model_dir, *sampling, f"--input_file={source}", "--num_shards=2",
                    f"--shard_index={k}").stdout for k in range(2)]
   assert "".join(shards) == whole.stdout
+  # An object store cannot append: the output is written whole, renamed at the end.
+  remote = f"ram://bulk_test_{uuid.uuid4().hex}/out.txt"
+  tf.io.gfile.makedirs(os.path.dirname(remote))
+  decode(tiny_model_dir, *sampling, "--decode_buffer_lines=4", f"--input_file={source}",
+         f"--output_file={remote}")
+  with tf.io.gfile.GFile(remote) as f:
+    assert f.read() == whole.stdout
+  assert tf.io.gfile.listdir(os.path.dirname(remote)) == ["out.txt"]
+  # file:// is local disk: appended, resumable.
+  decode(tiny_model_dir, *sampling, "--decode_buffer_lines=4", f"--input_file={source}",
+         f"--output_file=file://{tmp_path / 'url.txt'}")
+  assert (tmp_path / "url.txt").read_text(encoding="utf-8") == whole.stdout
 
 
 def _pipe_free_env():
