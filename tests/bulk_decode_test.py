@@ -4,6 +4,7 @@ at any point and run again gives the uninterrupted run's bytes, a resume onto an
 input or other settings is refused, N shards concatenated are the whole output, and
 memory does not grow with the input."""
 
+import json
 import os
 import subprocess
 import sys
@@ -48,17 +49,14 @@ def test_three_shards_concatenated_are_the_whole_output(tiny_model_dir, tmp_path
                       encoding="utf-8")
   common = (f"--input_file={source}", f"--target_prefix_file={prefixes}", *RICH,
             "--decode_buffer_lines=6")
-  decode(tiny_model_dir, *common, f"--output_file={tmp_path / 'whole.txt'}",
-         f"--output_alignments={tmp_path / 'whole.align'}")
+  decode(tiny_model_dir, *common, f"--output_file={tmp_path / 'whole.txt'}")
   for k in range(3):
     decode(tiny_model_dir, *common, "--num_shards=3", f"--shard_index={k}",
-           f"--output_file={tmp_path / f'out.{k}'}",
-           f"--output_alignments={tmp_path / f'align.{k}'}")
+           f"--output_file={tmp_path / f'out.{k}'}")
   assert [len((tmp_path / f"out.{k}").read_text().split("\n\n")) - 1
           for k in range(3)] == [13, 13, 14]  # blocks of beams: 40 lines split 13/13/14
-  for whole, part in (("whole.txt", "out"), ("whole.align", "align")):
-    assert b"".join((tmp_path / f"{part}.{k}").read_bytes() for k in range(3)) == (
-        tmp_path / whole).read_bytes()
+  assert b"".join((tmp_path / f"out.{k}").read_bytes() for k in range(3)) == (
+      tmp_path / "whole.txt").read_bytes()
   assert not list(tmp_path.glob(".*"))  # the completed runs left no resume state
   result = inprocess.run("decode", f"--model_dir={tiny_model_dir}", f"--input_file={source}",
                          "--num_shards=3", "--shard_index=3")
@@ -95,21 +93,21 @@ def test_resume_continues_a_crashed_run_and_refuses_other_inputs_or_settings(
   source = write_lines(tmp_path / "src.txt", 30)
   reference = write_lines(tmp_path / "ref.txt", 30, seed=1)
   out, align = tmp_path / "out.txt", tmp_path / "out.align"
-  common = (f"--input_file={source}", *RICH, "--decode_buffer_lines=7",
+  common = (f"--input_file={source}", *RICH, "--decode_buffer_lines=10",
             f"--output_alignments={align}", f"--reference_file={reference}")
   whole = decode(tiny_model_dir, *common, f"--output_file={tmp_path / 'whole.txt'}",
                  f"--output_alignments={tmp_path / 'whole.align'}")
   interrupted_run(monkeypatch, tiny_model_dir, 2, *common, f"--output_file={out}")
   state = tmp_path / ".out.txt.resume.json"
   assert state.exists()
-  assert len(out.read_text().split("\n\n")) - 1 == 14  # two windows of 7 inputs
+  assert len(out.read_text().split("\n\n")) - 1 == 20  # two windows of 10 inputs
   with open(out, "a", encoding="utf-8") as f:
     f.write("0.0\thalf of a window a kill left behind\n")
 
   # Other settings, another input or an input changed since: refused, naming it.
   refusals = [
       (("--beam_size=3",), "--beam_size 2 then, 3 now"),
-      (("--decode_buffer_lines=8",), "--decode_buffer_lines=7, not 8"),
+      (("--decode_buffer_lines=8",), "--decode_buffer_lines=10, not 8"),
       ((f"--input_file={reference}",), f"--input_file={source}, not {reference}"),
       (("--num_shards=2", "--shard_index=1"), "was shard 0 of 1"),
   ]
@@ -118,6 +116,9 @@ def test_resume_continues_a_crashed_run_and_refuses_other_inputs_or_settings(
                            f"--output_file={out}", *flags)
     assert result.returncode == 1 and message in result.stderr, (flags, result.stderr[-2000:])
     assert "--nodecode_resume" in result.stderr and "decoding " not in result.stderr
+  result = inprocess.run("decode", f"--model_dir={tiny_model_dir}", *common[:-2],
+                         f"--reference_file={reference}", f"--output_file={out}")
+  assert result.returncode == 1 and "was decoded with --output_alignments" in result.stderr
   lines = source.read_text(encoding="utf-8").splitlines()
   changed = tmp_path / "changed.txt"
   changed.write_text("\n".join(lines[:5] + ["a changed line"] + lines[6:]) + "\n",
@@ -126,23 +127,27 @@ def test_resume_continues_a_crashed_run_and_refuses_other_inputs_or_settings(
   os.replace(changed, source)
   result = inprocess.run("decode", f"--model_dir={tiny_model_dir}", *common,
                          f"--output_file={out}")
-  assert result.returncode == 1 and (f"the first 14 lines of --input_file {source} are not "
+  assert result.returncode == 1 and (f"the first 20 lines of --input_file {source} are not "
                                      "those it was decoded from") in result.stderr
   os.replace(tmp_path / "saved.txt", source)
 
   resumed = decode(tiny_model_dir, *common, f"--output_file={out}")
-  assert f"resuming {out} after 14 of 30 lines" in resumed.stderr
+  assert f"resuming {out} after 20 of 30 lines" in resumed.stderr
   assert out.read_bytes() == (tmp_path / "whole.txt").read_bytes()
   assert align.read_bytes() == (tmp_path / "whole.align").read_bytes()
   assert not state.exists()  # complete: a rerun decodes it again
   bleu = [line for line in whole.stderr.splitlines() if "BLEU" in line]
   assert bleu and bleu == [line for line in resumed.stderr.splitlines() if "BLEU" in line]
 
+  # --nodecode_resume: the state of a run with other settings is dropped, not refused.
   interrupted_run(monkeypatch, tiny_model_dir, 1, *common, f"--output_file={out}",
                   "--beam_size=3")
-  over = decode(tiny_model_dir, *common, f"--output_file={out}", "--nodecode_resume")
-  assert "resuming" not in over.stderr and out.read_bytes() == (
-      tmp_path / "whole.txt").read_bytes()
+  interrupted_run(monkeypatch, tiny_model_dir, 1, *common, f"--output_file={out}",
+                  "--nodecode_resume")
+  recorded = json.loads(state.read_text(encoding="utf-8"))
+  assert recorded["lines_done"] == 10 and recorded["settings"]["--beam_size"] == 2
+  assert out.read_bytes() == b"\n\n".join(
+      (tmp_path / "whole.txt").read_bytes().split(b"\n\n")[:10]) + b"\n\n"
 
 
 def test_stdin_to_stdout_in_windows_and_sampling_keys_are_line_numbers(tiny_model_dir,

@@ -190,8 +190,9 @@ class Job:
   Use: `Job(...)` (checks the files and flags, counts lines, reads the state of an
   interrupted run and passes over the lines it did; before the model loads), then
   `check_settings` with what decides the output (once before the model loads, once
-  with its checkpoints after), then `with job.open_outputs(): for window in
-  job.windows(): ... job.commit(texts)`.
+  with its checkpoints after), then inside `with job:` `job.open_outputs()`,
+  `job.commit(window, texts)` for each window of `job.windows()`, and `job.finish()`
+  (leaving the `with` early keeps the complete windows and the state).
   """
 
   def __init__(self, input_file: Optional[str], aligned: Dict[str, Optional[str]],
@@ -297,11 +298,10 @@ class Job:
               "to start the output over.")
     if state.get("version") != STATE_VERSION:
       raise InputError(f"{what}: a state of another version of this command; {advice}")
-    for key, path in [("--input_file", self.input.path), *self.aligned_paths.items()]:
-      if key not in DECIDING:
-        continue
+    paths = {"--input_file": self.input.path, **self.aligned_paths}
+    for key in DECIDING:  # given then and now, or neither; the same file
       then = state["inputs"].get(key, {}).get("path")
-      now = outputs.normalized(path) if path else None
+      now = outputs.normalized(paths[key]) if paths.get(key) else None
       if then != now:
         raise InputError(f"{what} was decoded with {key}={then or '<not given>'}, not "
                          f"{now or '<not given>'}; {advice}")
@@ -368,7 +368,7 @@ class Job:
              "outputs": {name: {"path": outputs.normalized(f.name), "bytes": f.tell()}
                          for name, f in files.items() if f is not None},
              "settings": self.settings}
-    temporary = f"{self.state_file}.tmp-{os.getpid()}"
+    temporary = f"{self.state_file}.tmp"  # one writer per output: one name
     with open(temporary, "w", encoding="utf-8") as f:
       json.dump(state, f, indent=1, sort_keys=True)
       f.flush()
