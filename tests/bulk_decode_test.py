@@ -151,14 +151,24 @@ def test_resume_continues_a_crashed_run_and_refuses_other_inputs_or_settings(
 
 
 def test_stdin_to_stdout_in_windows_and_sampling_keys_are_line_numbers(tiny_model_dir,
-                                                                       tmp_path):
-  """Windows of stdin give the whole-input output; a sample depends on its line number
-  in the whole input, so windows and shards sample as one run does."""
+                                                                       tmp_path, monkeypatch):
+  """Windows of stdin give the whole-input output, on stdout window by window; a
+  sample depends on its line number in the whole input, so windows and shards sample
+  as one run does."""
   source = write_lines(tmp_path / "src.txt", 25)
   text = source.read_text(encoding="utf-8")
   sampling = ("--sampling_topk=0", "--seed=5", "--extra_decode_length=3")
   whole = decode(tiny_model_dir, *sampling, "--decode_buffer_lines=100", stdin=text)
+  commit, written = bulk.Job.commit, []
+
+  def commit_and_look(self, window, texts):  # what stdout holds after each window
+    commit(self, window, texts)
+    written.append(sys.stdout.getvalue().count("\n"))
+
+  monkeypatch.setattr(bulk.Job, "commit", commit_and_look)
   windows = decode(tiny_model_dir, *sampling, "--decode_buffer_lines=4", stdin=text)
+  monkeypatch.undo()
+  assert written == [4, 8, 12, 16, 20, 24, 25]
   assert windows.stdout == whole.stdout and len(whole.stdout.splitlines()) == 25
   assert "decoding 4+ sentences" in windows.stderr  # stdin longer than a window
   shards = [decode(tiny_model_dir, *sampling, f"--input_file={source}", "--num_shards=2",
