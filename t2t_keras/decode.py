@@ -320,8 +320,12 @@ def output_settings(decode_config: DecodeConfig, model_dirs, weights, attention)
   settings = {f"--{flag_name(field)}": getattr(decode_config, field.name)
               for field in dataclasses.fields(decode_config)
               if field.name != "parallel_batches"}  # batches at a time: same output
-  settings.update({"--model_dir": ",".join(model_dirs), "--average_last_n":
-                   weights.average_last_n, "--checkpoint_path": weights.checkpoint_path,
+
+  def path(given):  # a relative path and its absolute form are the same
+    return given and outputs.normalized(given)
+
+  settings.update({"--model_dir": [path(d) for d in model_dirs], "--average_last_n":
+                   weights.average_last_n, "--checkpoint_path": path(weights.checkpoint_path),
                    "--dtype": weights.dtype, "alignment (layer, head)": list(attention)})
   return settings
 
@@ -356,7 +360,8 @@ def run() -> None:
     job.check_settings(output_settings(decode_config, model_dirs, weights, attention))
     model, loaded = loading.load_ensemble(model_dirs, weights.checkpoint_path,
                                           weights.average_last_n, weights.dtype)
-    job.check_settings({"checkpoints": [list(m.checkpoints) for m in loaded]})
+    job.check_settings({"checkpoints": [[outputs.normalized(c) for c in m.checkpoints]
+                                        for m in loaded]})
     tokenizer = loaded[0].tokenizer
     print(describe(decode_config, job.count_text(), loaded), file=sys.stderr, flush=True)
     decode_fn = decoding.make_decode_fn(model, decode_config,

@@ -346,6 +346,7 @@ class Job:
     Raises:
       InputError: naming each setting that differs, then and now.
     """
+    settings = json.loads(json.dumps(settings))  # as the state file holds them
     self.settings.update(settings)
     if self.state is None:
       return
