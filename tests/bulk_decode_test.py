@@ -110,6 +110,8 @@ def test_resume_continues_a_crashed_run_and_refuses_other_inputs_or_settings(
       (("--decode_buffer_lines=8",), "--decode_buffer_lines=10, not 8"),
       ((f"--input_file={reference}",), f"--input_file={source}, not {reference}"),
       (("--num_shards=2", "--shard_index=1"), "was shard 0 of 1"),
+      ((f"--output_alignments={tmp_path / 'other.align'}",),
+       f"--output_alignments={align}, not {tmp_path / 'other.align'}"),
   ]
   for flags, message in refusals:
     result = inprocess.run("decode", f"--model_dir={tiny_model_dir}", *common,

@@ -312,6 +312,9 @@ class Job:
       if (then is None) != (path is None):
         raise InputError(f"{what} was decoded {'with' if then else 'without'} {flag}; "
                          f"{advice}")
+      if path and then["path"] != outputs.normalized(_local(path)):
+        raise InputError(f"{what} was decoded with {flag}={then['path']}, not {path}; "
+                         f"{advice}")
       if path and (not os.path.exists(_local(path))
                    or os.path.getsize(_local(path)) < then["bytes"]):
         raise InputError(f"{what}: {flag}={path} is missing or shorter than the "
