@@ -319,7 +319,8 @@ def output_settings(decode_config: DecodeConfig, model_dirs, weights, attention)
   from t2t_keras.configs import flag_name  # pylint: disable=import-outside-toplevel
   settings = {f"--{flag_name(field)}": getattr(decode_config, field.name)
               for field in dataclasses.fields(decode_config)
-              if field.name != "parallel_batches"}  # batches at a time: same output
+              # batches at a time: the same output; XLA: resolved after the model loads
+              if field.name not in ("parallel_batches", "jit_compile")}
 
   def path(given):  # a relative path and its absolute form are the same
     return given and outputs.normalized(given)
@@ -350,26 +351,55 @@ def run() -> None:
   if FLAGS.output_alignments:
     check_alignment_flags(model_config)
   decode_config = with_language(decode_config, data_config)
+  job = read_inputs()  # its outputs are opened by decode_windows
+  sentences = job.sentences_for_choices()
   weights = t2t_flags.weights_config(sys.argv)
-  with read_inputs() as job:
-    sentences = job.sentences_for_choices()
-    decode_config = choose_parallel_batches(decode_config, sentences,
-                                            alignments=bool(FLAGS.output_alignments))
-    decode_config = choose_xla(decode_config, sentences)
-    attention = alignment_attention(model_dirs) if FLAGS.output_alignments else (-1, -1)
-    job.check_settings(output_settings(decode_config, model_dirs, weights, attention))
-    model, loaded = loading.load_ensemble(model_dirs, weights.checkpoint_path,
-                                          weights.average_last_n, weights.dtype)
-    job.check_settings({"checkpoints": [[outputs.normalized(c) for c in m.checkpoints]
-                                        for m in loaded]})
-    tokenizer = loaded[0].tokenizer
-    print(describe(decode_config, job.count_text(), loaded), file=sys.stderr, flush=True)
-    decode_fn = decoding.make_decode_fn(model, decode_config,
-                                        tree_constraint(decode_config, loaded))
-    multiple = decode_config.return_beams or decode_config.num_samples > 1
-    meter = console.Progress(job.lines, done=job.done)
-    cut = count = 0
-    best, references = [], []  # --reference_file: for BLEU at the end
+  decode_config = choose_parallel_batches(decode_config, sentences,
+                                          alignments=bool(FLAGS.output_alignments))
+  attention = alignment_attention(model_dirs) if FLAGS.output_alignments else (-1, -1)
+  job.check_settings(output_settings(decode_config, model_dirs, weights, attention))
+  model, loaded = loading.load_ensemble(model_dirs, weights.checkpoint_path,
+                                        weights.average_last_n, weights.dtype)
+  tokenizer = loaded[0].tokenizer
+  decode_config = choose_xla(decode_config, sentences)
+  job.check_settings({"--decode_jit_compile": decode_config.jit_compile,
+                      "checkpoints": [[outputs.normalized(c) for c in m.checkpoints]
+                                      for m in loaded]})
+  print(describe(decode_config, job.count_text(), loaded), file=sys.stderr, flush=True)
+  decode_fn = decoding.make_decode_fn(model, decode_config,
+                                      tree_constraint(decode_config, loaded))
+  results = decode_windows(job, decode_fn, tokenizer, decode_config, model, attention)
+  note = translate.truncation_note(results.cut, results.count,
+                                   decode_config.max_input_length)
+  if note:
+    print(note, file=sys.stderr, flush=True)
+  if FLAGS.reference_file:
+    from t2t_keras import metrics
+    report = metrics.bleu_report(results.best, [results.references])
+    print(metrics.format_report(report), file=sys.stderr, flush=True)
+
+
+@dataclasses.dataclass
+class Decoded:
+  """What `decode_windows` reports: inputs cut to --max_input_length and decoded (this
+  run's), and with --reference_file the best translations and references of the whole
+  range (a resumed run's earlier ones read back)."""
+
+  cut: int = 0
+  count: int = 0
+  best: list = dataclasses.field(default_factory=list)
+  references: list = dataclasses.field(default_factory=list)
+
+
+def decode_windows(job, decode_fn, tokenizer, decode_config: DecodeConfig, model,
+                   attention) -> Decoded:
+  """Decodes `job`'s windows in order, each appended to the outputs when done
+  (interrupted: the complete windows stay, and the state to resume them)."""
+  from t2t_keras.inference import translate  # pylint: disable=import-outside-toplevel
+  multiple = decode_config.return_beams or decode_config.num_samples > 1
+  meter = console.Progress(job.lines, done=job.done)
+  done = Decoded()
+  with job:
     job.open_outputs()
     for window in job.windows():
       results = translate.translate(
@@ -377,22 +407,16 @@ def run() -> None:
           target_prefixes=window.aligned.get("--target_prefix_file"), progress=meter,
           first_key=window.first)
       write_outputs(job, window, results, multiple, model, tokenizer, attention)
-      cut, count = cut + sum(r.truncated for r in results), count + len(results)
+      done.cut += sum(r.truncated for r in results)
+      done.count += len(results)
       if FLAGS.reference_file:
-        best += [r.texts[0] for r in results]
-        references += window.aligned["--reference_file"]
+        done.best += [r.texts[0] for r in results]
+        done.references += window.aligned["--reference_file"]
     job.finish()
-  note = translate.truncation_note(cut, count, decode_config.max_input_length)
-  if note:
-    print(note, file=sys.stderr, flush=True)
-  if FLAGS.reference_file:
-    from t2t_keras import metrics
-    if job.done > count:  # resumed: the earlier windows' translations are in the file
-      before, before_references = earlier_translations(job, job.done - count, multiple)
-      best, references = before + best, before_references + references
-    report = metrics.bleu_report(best, [references])
-    print(metrics.format_report(report), file=sys.stderr, flush=True)
-
+  if FLAGS.reference_file and job.done > done.count:  # resumed: read the earlier back
+    best, references = earlier_translations(job, job.done - done.count, multiple)
+    done.best, done.references = best + done.best, references + done.references
+  return done
 
 command = console.Command(run)
 main, console_main = command.main, command.console_main  # console_main: python -m
