@@ -135,6 +135,7 @@ def test_resume_continues_a_crashed_run_and_refuses_other_inputs_or_settings(
 
   resumed = decode(tiny_model_dir, *common, f"--output_file={out}")
   assert f"resuming {out} after 20 of 30 lines" in resumed.stderr
+  assert "decoded 30/30 sentences" in resumed.stderr  # the progress counts the earlier
   assert out.read_bytes() == (tmp_path / "whole.txt").read_bytes()
   assert align.read_bytes() == (tmp_path / "whole.align").read_bytes()
   assert not state.exists()  # complete: a rerun decodes it again
