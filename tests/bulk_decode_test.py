@@ -270,3 +270,15 @@ def test_memory_does_not_grow_with_the_input(tiny_model_dir, tmp_path):
                                  "--extra_decode_length=0", "--decode_batch_size=2000"])
     assert len((tmp_path / f"out{lines}.txt").read_bytes().splitlines()) == lines
   assert peaks[200000] <= 1.3 * peaks[2000] and peaks[200000] - peaks[2000] < 60, peaks
+
+
+def test_alignments_of_every_window_share_one_trace(tiny_model_dir, tmp_path):
+  """--output_alignments runs the forced pass on each window: traced once, not once per
+  window (TensorFlow warns from the fifth retrace on)."""
+  source = write_lines(tmp_path / "src.txt", 14)
+  result = decode(tiny_model_dir, f"--input_file={source}", "--decode_buffer_lines=2",
+                  "--beam_size=1", "--extra_decode_length=2",
+                  f"--output_file={tmp_path / 'out.txt'}",
+                  f"--output_alignments={tmp_path / 'align.txt'}")
+  assert len((tmp_path / "align.txt").read_text(encoding="utf-8").splitlines()) == 14
+  assert "retracing" not in result.stderr, result.stderr[-2000:]
