@@ -215,22 +215,31 @@ def setup_logging(argv: Optional[Sequence[str]] = None) -> None:
 
 
 class Progress:
-  """A progress line on stderr every `every` seconds: done/total, rate, ETA."""
+  """A progress line on stderr every `every` seconds: done/total, rate, ETA.
 
-  def __init__(self, total: int, unit: str = "sentences", every: float = 5.0,
-               stream=None, verb: str = "decoded"):
+  `total` None: unknown (a stream), the line shows done and rate only. `done`: work
+  done before this run (a resumed decode); the rate and ETA count this run's work.
+  """
+
+  def __init__(self, total: Optional[int], unit: str = "sentences", every: float = 5.0,
+               stream=None, verb: str = "decoded", done: int = 0):
     self.total, self.unit, self.every, self.verb = total, unit, every, verb
     self.stream = stream or sys.stderr
     self.start = self.last = time.time()
-    self.done = 0
+    self.done = self.before = done
 
   def update(self, n: int, force: bool = False):
     self.done += n
     now = time.time()
-    if force or now - self.last >= self.every or self.done >= self.total:
+    if force or now - self.last >= self.every or (self.total is not None
+                                                 and self.done >= self.total):
       self.last = now
       elapsed = max(now - self.start, 1e-9)
-      rate = self.done / elapsed
+      rate = (self.done - self.before) / elapsed
+      if self.total is None:
+        print(f"{self.verb} {self.done} {self.unit} ({rate:.1f} {self.unit}/s, elapsed "
+              f"{elapsed:.0f}s)", file=self.stream, flush=True)
+        return
       eta = (self.total - self.done) / rate if rate > 0 else float("inf")
       print(f"{self.verb} {self.done}/{self.total} {self.unit} ({rate:.1f} {self.unit}/s, "
             f"elapsed {elapsed:.0f}s, eta {eta:.0f}s)", file=self.stream, flush=True)

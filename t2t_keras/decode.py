@@ -6,6 +6,11 @@ sorted by length internally; a progress line with sentences/s goes to stderr. Wi
 `--return_beams` every beam is written as `score<TAB>translation`, beams of one input
 on consecutive lines, inputs separated by an empty line. With `--reference_file`,
 sacreBLEU (cased and uncased) and chrF of the output are printed at the end.
+The input is read `--decode_buffer_lines` lines at a time, and each window's
+translations are appended to the output as soon as it is done; run again after an
+interruption, the command continues after the last complete window of a local
+`--output_file` (`--nodecode_resume` starts over), and `--num_shards=N --shard_index=k`
+decodes the k-th of N contiguous ranges of the input (`inference/bulk.py`).
 Beam search runs in graph mode, where a sentence leaves the batch once its result is
 final; greedy search and sampling use XLA (`translate.translate` pads batches so that
 it compiles once per source-width bucket) from `AUTO_XLA_SENTENCES` input sentences on,
@@ -75,6 +80,21 @@ flags.DEFINE_integer("alignment_head", -1,
                      "Attention head that aligns; -1 = the average of all heads. "
                      "Neither flag given: a model trained with --train_alignments "
                      "aligns with its guided head (--guided_alignment_layer/_head).")
+# Bulk translation (inference/bulk.py): windows, resume, shards. A window of 10,000
+# lines is 300 batches of 32: sorted as well as a whole file and as fast, and its memory
+# is small beside the model's (docs/benchmarks.md, "Bulk translation").
+flags.DEFINE_integer("decode_buffer_lines", 10000,
+                     "Lines read, sorted by length and decoded at a time (a window); each "
+                     "window's translations are written as soon as it is done. Bounds the "
+                     "memory; 1 for interactive use.")
+flags.DEFINE_boolean("decode_resume", True,
+                     "An interrupted decode to a local --output_file continues after its "
+                     "last complete window when run again (state in .<name>.resume.json "
+                     "beside it); --nodecode_resume starts the output over.")
+flags.DEFINE_integer("num_shards", 1,
+                     "Split the input into this many contiguous ranges of lines (one per "
+                     "host); `cat` of the shards' outputs in order is the whole output.")
+flags.DEFINE_integer("shard_index", 0, "The range this run decodes, 0..--num_shards-1.")
 
 # Greedy search and sampling (one row per hypothesis) use XLA from this many input
 # sentences on, unless --decode_jit_compile says otherwise: each source-width bucket
@@ -188,14 +208,14 @@ def alignment_attention(model_dirs) -> tuple:
 
 
 def write_alignments(model, tokenizer, results, multiple: bool, out,
-                     attention: tuple = (-1, -1)) -> None:
+                     attention: tuple = (-1, -1), progress: bool = True) -> None:
   """--output_alignments: one Pharaoh line per output line (blank lines as well), from
   `attention`'s (decoder layer, head; -1 = heads averaged)."""
   # pylint: disable=import-outside-toplevel
   from t2t_keras.inference import scoring
   layer, head = attention
   pairs = [(r.source_ids, ids) for r in results for ids in (r.ids if multiple else r.ids[:1])]
-  meter = console.Progress(len(pairs), unit="pairs", verb="aligned")
+  meter = console.Progress(len(pairs), unit="pairs", verb="aligned") if progress else None
   forced = scoring.force(model, [s for s, _ in pairs], [scoring.with_eos(t) for _, t in pairs],
                          batch_size=FLAGS.decode_batch_size, attention_layer=layer,
                          progress=meter)
@@ -209,27 +229,20 @@ def write_alignments(model, tokenizer, results, multiple: bool, out,
       out.write("\n")
 
 
-def read_inputs() -> tuple:
-  """The input sentences, and the files line-aligned with them by flag name
-  (--reference_file, --target_prefix_file) where given."""
-  # pylint: disable=import-outside-toplevel
-  from t2t_keras.data.textfiles import read_text_lines
-  from t2t_keras.errors import DataError
+def read_inputs():
+  """The run's `bulk.Job`: the input read in windows of --decode_buffer_lines (this
+  shard's lines), with the files line-aligned with it (--reference_file,
+  --target_prefix_file), the outputs, and an interrupted run's state to resume."""
+  from t2t_keras.inference import bulk  # pylint: disable=import-outside-toplevel
   outputs.check_paths({"--output_file": FLAGS.output_file,
                        "--output_alignments": FLAGS.output_alignments},
                       {"--input_file": FLAGS.input_file,
                        "--reference_file": FLAGS.reference_file,
                        "--target_prefix_file": FLAGS.target_prefix_file})
-  sentences = read_text_lines(FLAGS.input_file, "--input_file")
-  aligned = {}
-  for flag in ("reference_file", "target_prefix_file"):
-    if FLAGS[flag].value:
-      aligned[flag] = read_text_lines(FLAGS[flag].value, f"--{flag}")
-      if len(aligned[flag]) != len(sentences):
-        raise DataError(f"--{flag} {FLAGS[flag].value} has {len(aligned[flag])} lines but "
-                        f"--input_file {FLAGS.input_file or '<stdin>'} has "
-                        f"{len(sentences)}: they must be line-aligned.")
-  return sentences, aligned
+  return bulk.Job(FLAGS.input_file, {f"--{flag}": FLAGS[flag].value
+                                     for flag in ("reference_file", "target_prefix_file")},
+                  FLAGS.output_file, FLAGS.output_alignments, FLAGS.decode_buffer_lines,
+                  FLAGS.num_shards, FLAGS.shard_index, FLAGS.decode_resume)
 
 
 def describe(decode_config: DecodeConfig, sentences: int, loaded, recipe=None) -> str:
@@ -276,22 +289,60 @@ def tree_constraint(decode_config: DecodeConfig, loaded):
                     f"{error}") from None
 
 
-def write_outputs(results, multiple: bool, model, tokenizer, attention=(-1, -1)) -> None:
-  """The translations (and --output_alignments), under temporary names renamed once
-  all are complete."""
-  with outputs.PendingOutputs() as pending:
-    out = pending.open(FLAGS.output_file) if FLAGS.output_file else sys.stdout
-    for result in results:
-      if multiple:
-        for text, score in zip(result.texts, result.scores):
-          out.write(f"{score:.4f}\t{text}\n")
-        out.write("\n")
-      else:
-        out.write(result.texts[0] + "\n")
-    if FLAGS.output_alignments:
-      write_alignments(model, tokenizer, results, multiple,
-                       pending.open(FLAGS.output_alignments), attention)
-    pending.commit()
+def write_outputs(job, window, results, multiple: bool, model, tokenizer,
+                  attention=(-1, -1)) -> None:
+  """One window's translations (and --output_alignments), appended to the outputs
+  (`bulk.Job.commit`)."""
+  import io  # pylint: disable=import-outside-toplevel
+  out = io.StringIO()
+  for result in results:
+    if multiple:
+      for text, score in zip(result.texts, result.scores):
+        out.write(f"{score:.4f}\t{text}\n")
+      out.write("\n")
+    else:
+      out.write(result.texts[0] + "\n")
+  texts = {"output": out.getvalue()}
+  if FLAGS.output_alignments:
+    texts["alignments"] = io.StringIO()
+    write_alignments(model, tokenizer, results, multiple, texts["alignments"], attention,
+                     progress=False)
+    texts["alignments"] = texts["alignments"].getvalue()
+  job.commit(window, texts)
+
+
+def earlier_translations(job, lines: int, multiple: bool) -> tuple:
+  """The best translations of a resumed run's first `lines` lines, read back from
+  --output_file, and their --reference_file lines (for BLEU over the whole run)."""
+  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data.textfiles import read_text_lines
+  from t2t_keras.inference import bulk
+  written = read_text_lines(FLAGS.output_file, "--output_file")
+  if multiple:  # blocks of "score<TAB>text" lines, each ended by an empty line
+    starts = [0] + [i + 1 for i, line in enumerate(written) if not line]
+    written = [written[i].split("\t", 1)[1] for i in starts[:lines]]
+  reader = bulk.LineReader(FLAGS.reference_file, "--reference_file")
+  reader.skip(job.start)
+  references = reader.read(lines)
+  reader.close()
+  return written[:lines], references
+
+
+def output_settings(decode_config: DecodeConfig, model_dirs, weights, attention) -> dict:
+  """What decides the output's bytes, by flag: a resumed run must have the same."""
+  from t2t_keras.configs import flag_name  # pylint: disable=import-outside-toplevel
+  settings = {f"--{flag_name(field)}": getattr(decode_config, field.name)
+              for field in dataclasses.fields(decode_config)
+              # batches at a time: the same output; XLA: resolved after the model loads
+              if field.name not in ("parallel_batches", "jit_compile")}
+
+  def path(given):  # a relative path and its absolute form are the same
+    return given and outputs.normalized(given)
+
+  settings.update({"--model_dir": [path(d) for d in model_dirs], "--average_last_n":
+                   weights.average_last_n, "--checkpoint_path": path(weights.checkpoint_path),
+                   "--dtype": weights.dtype, "alignment (layer, head)": list(attention)})
+  return settings
 
 
 def run() -> None:
@@ -315,32 +366,73 @@ def run() -> None:
   if FLAGS.output_alignments:
     check_alignment_flags(model_config)
   decode_config = with_language(decode_config, data_config)
-  sentences, aligned = read_inputs()
+  job = read_inputs()  # its outputs are opened by decode_windows
+  sentences = job.sentences_for_choices()
   weights = t2t_flags.weights_config(sys.argv)
-  decode_config = choose_parallel_batches(decode_config, len(sentences),
+  decode_config = choose_parallel_batches(decode_config, sentences,
                                           alignments=bool(FLAGS.output_alignments))
+  attention = alignment_attention(model_dirs) if FLAGS.output_alignments else (-1, -1)
+  job.check_settings(output_settings(decode_config, model_dirs, weights, attention))
   model, loaded = loading.load_ensemble(model_dirs, weights.checkpoint_path,
                                         weights.average_last_n, weights.dtype)
   tokenizer = loaded[0].tokenizer
-  decode_config = choose_xla(decode_config, len(sentences), recipe)
-  print(describe(decode_config, len(sentences), loaded, recipe), file=sys.stderr,
+  decode_config = choose_xla(decode_config, sentences, recipe)
+  job.check_settings({"--decode_jit_compile": decode_config.jit_compile,
+                      "checkpoints": [[outputs.normalized(c) for c in m.checkpoints]
+                                      for m in loaded]})
+  print(describe(decode_config, job.count_text(), loaded, recipe), file=sys.stderr,
         flush=True)
   decode_fn = decoding.make_decode_fn(model, decode_config,
                                       tree_constraint(decode_config, loaded))
-  results = translate.translate(decode_fn, tokenizer, sentences, decode_config,
-                                target_prefixes=aligned.get("target_prefix_file"))
-  note = translate.truncation_note(sum(r.truncated for r in results), len(results),
+  results = decode_windows(job, decode_fn, tokenizer, decode_config, model, attention)
+  note = translate.truncation_note(results.cut, results.count,
                                    decode_config.max_input_length)
   if note:
     print(note, file=sys.stderr, flush=True)
-  attention = alignment_attention(model_dirs) if FLAGS.output_alignments else (-1, -1)
-  write_outputs(results, decode_config.return_beams or decode_config.num_samples > 1,
-                model, tokenizer, attention)
-  if "reference_file" in aligned:
+  if FLAGS.reference_file:
     from t2t_keras import metrics
-    report = metrics.bleu_report([r.texts[0] for r in results], [aligned["reference_file"]])
+    report = metrics.bleu_report(results.best, [results.references])
     print(metrics.format_report(report), file=sys.stderr, flush=True)
 
+
+@dataclasses.dataclass
+class Decoded:
+  """What `decode_windows` reports: inputs cut to --max_input_length and decoded (this
+  run's), and with --reference_file the best translations and references of the whole
+  range (a resumed run's earlier ones read back)."""
+
+  cut: int = 0
+  count: int = 0
+  best: list = dataclasses.field(default_factory=list)
+  references: list = dataclasses.field(default_factory=list)
+
+
+def decode_windows(job, decode_fn, tokenizer, decode_config: DecodeConfig, model,
+                   attention) -> Decoded:
+  """Decodes `job`'s windows in order, each appended to the outputs when done
+  (interrupted: the complete windows stay, and the state to resume them)."""
+  from t2t_keras.inference import translate  # pylint: disable=import-outside-toplevel
+  multiple = decode_config.return_beams or decode_config.num_samples > 1
+  meter = console.Progress(job.lines, done=job.done)
+  done = Decoded()
+  with job:
+    job.open_outputs()
+    for window in job.windows():
+      results = translate.translate(
+          decode_fn, tokenizer, window.sentences, decode_config,
+          target_prefixes=window.aligned.get("--target_prefix_file"), progress=meter,
+          first_key=window.first)
+      write_outputs(job, window, results, multiple, model, tokenizer, attention)
+      done.cut += sum(r.truncated for r in results)
+      done.count += len(results)
+      if FLAGS.reference_file:
+        done.best += [r.texts[0] for r in results]
+        done.references += window.aligned["--reference_file"]
+    job.finish()
+  if FLAGS.reference_file and job.done > done.count:  # resumed: read the earlier back
+    best, references = earlier_translations(job, job.done - done.count, multiple)
+    done.best, done.references = best + done.best, references + done.references
+  return done
 
 command = console.Command(run)
 main, console_main = command.main, command.console_main  # console_main: python -m

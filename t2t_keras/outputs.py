@@ -11,6 +11,10 @@ renamed to its final name only when the command has finished, so a command kille
 half-way leaves no half-written file under the final name (at most a hidden
 temporary). Paths go through `tf.io.gfile` (local disk, gs://); on object stores a
 rename is a copy, and an object only ever appears whole.
+
+The decode command's local outputs are the exception: it appends them window by window
+as it goes, and resumes them after an interruption (`inference/bulk.py`); on object
+stores it writes them as described here.
 """
 
 from __future__ import annotations

@@ -10,12 +10,18 @@ encoder-decoder attention. `python -m t2t_keras.score` writes the former;
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from t2t_keras import EOS_ID, PAD_ID
+
+
+# model -> {attention layer: its traced forced pass}: the decode command aligns each
+# window with `force`, and a trace per call would cost a trace per window.
+_FORCED_PASSES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 @dataclasses.dataclass
@@ -47,14 +53,18 @@ def force(model, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[in
   if len(sources) != len(targets):
     raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
   layer = -1 if attention_layer is None else attention_layer
+  run = _FORCED_PASSES.setdefault(model, {}).get(layer)
+  if run is None:  # traced once per model and layer, however many calls (decode's windows)
+    model_ref = weakref.ref(model)  # the cache must not keep the model alive
 
-  @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32)] * 2,
-               autograph=False, reduce_retracing=True)
-  def run(inputs, outputs):
-    log_probs, attention = forced_pass(model, inputs, outputs, layer)
-    token = tf.gather(log_probs, outputs, batch_dims=2)  # (B, T)
-    return token, attention
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32)] * 2,
+                 autograph=False, reduce_retracing=True)
+    def run(inputs, outputs):
+      log_probs, attention = forced_pass(model_ref(), inputs, outputs, layer)
+      token = tf.gather(log_probs, outputs, batch_dims=2)  # (B, T)
+      return token, attention
 
+    _FORCED_PASSES[model][layer] = run
   order = np.argsort([max(len(s), len(t)) for s, t in zip(sources, targets)], kind="stable")
   results: List[Optional[Forced]] = [None] * len(sources)
   for begin in range(0, len(order), batch_size):

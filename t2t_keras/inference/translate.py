@@ -65,7 +65,7 @@ def truncation_note(cut: int, total: int, max_input_length: int, what: str = "in
 
 def translate(decode_fn: Callable, tokenizer, sentences: Sequence[str],
               config: DecodeConfig, *, target_prefixes: Optional[Sequence[str]] = None,
-              progress: bool = True) -> List[Translation]:
+              progress=True, first_key: int = 0) -> List[Translation]:
   """Translates strings; the result is in input order.
 
   Sentences are tokenized in the graph (a multilingual model's sources start with the
@@ -88,7 +88,10 @@ def translate(decode_fn: Callable, tokenizer, sentences: Sequence[str],
     config: the settings `decode_fn` was made with.
     target_prefixes: one string per sentence (may be empty) that its translation
       must start with (`processors.TargetPrefix`).
-    progress: print a progress line to stderr.
+    progress: print a progress line to stderr; or a `console.Progress` to update
+      (the decode command's, over all its windows).
+    first_key: the line number of `sentences[0]` in the whole input: sampling keys
+      are line numbers, so a window or shard of a file samples as the whole file.
   """
   if not sentences:
     return []
@@ -101,10 +104,11 @@ def translate(decode_fn: Callable, tokenizer, sentences: Sequence[str],
                                                                 tf.string)).to_list()]
   sources, truncated = _sources(tokenizer, sentences, config)
   results: List[Optional[Translation]] = [None] * len(sources)
-  meter = console.Progress(len(sources)) if progress else None
+  meter = progress if isinstance(progress, console.Progress) else (
+      console.Progress(len(sources)) if progress else None)
 
   def decode_batch(chunk):
-    out_ids, scores = decode_fn(*_decode_args(chunk, sources, prefixes, config))
+    out_ids, scores = decode_fn(*_decode_args(chunk, sources, prefixes, config, first_key))
     # Only the search's final results: without return_beams it stops once each row's
     # best beam is final, and the other beams may be unfinished.
     if not (config.return_beams or config.sampling):
@@ -147,9 +151,11 @@ def _sources(tokenizer, sentences: Sequence[str], config: DecodeConfig) -> tuple
 
 
 def _decode_args(chunk: List[int], sources: List[List[int]],
-                 prefixes: Optional[List[List[int]]], config: DecodeConfig) -> list:
+                 prefixes: Optional[List[List[int]]], config: DecodeConfig,
+                 first_key: int = 0) -> list:
   """The arguments of a `make_decode_fn` function for the sentences `chunk`: their
-  padded ids, keys when sampling, padded prefixes when given. Under XLA the batch is
+  padded ids, keys when sampling (line numbers: `first_key` + index), padded prefixes
+  when given. Under XLA the batch is
   padded to few shapes (see `translate`); filler rows are PAD alone (`decode_ids` ends
   them at step 0)."""
   width = max(len(sources[i]) for i in chunk)
@@ -164,7 +170,7 @@ def _decode_args(chunk: List[int], sources: List[List[int]],
   args = [tf.constant(batch)]
   if config.sampling:  # filler rows (XLA) get key -1
     keys = np.full([rows], -1, np.int32)
-    keys[:len(chunk)] = chunk
+    keys[:len(chunk)] = np.asarray(chunk) + first_key
     args.append(tf.constant(keys))
   if prefixes is not None:
     longest = max(len(prefixes[i]) for i in chunk)
