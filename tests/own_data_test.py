@@ -121,6 +121,9 @@ RECIPE = """--flagfile=flags/small_cpu.cfg
 """
 
 
+# Slow by cost (about 15-25 s of decode, score and loading runs), not by the rule: the
+# quick lane keeps the commands' own tests (commands_test).
+@pytest.mark.slow
 def test_a_model_directory_decodes_as_its_recipe_says(tmp_path, shared_data):
   """Trained with a flagfile's decoding settings, a model directory decodes with them
   when decode is given none (README's decode command passes no flagfile): its beam,
