@@ -343,7 +343,7 @@ class TrainData:
       return ds.prefetch(tf.data.AUTOTUNE)
     # A bucket's dataset has nothing to tune (its parallelism and buffer are fixed
     # above), and an autotuning thread per bucket iterator costs a thread each and
-    # delays the iterator's deletion (Trainer's _Batches.release).
+    # delays the iterator's deletion (training.batches.TrainBatches.release).
     options = tf.data.Options()
     options.autotune.enabled = False
     return ds.prefetch(per_step).with_options(options)

@@ -342,14 +342,19 @@ class WorkerLostError(TrainingError):
     self.step, self.checkpoint = step, checkpoint
     return self
 
-  def __str__(self) -> str:
+  def _parts(self):
+    """(where: " after step N", saved: the last checkpoint's sentence, how: ": CMD"),
+    each empty where not known."""
     where, saved = "", ""
     if self.step is not None:  # in the training loop
       where = f" after step {self.step}"
       saved = (f" The last checkpoint is {self.checkpoint} (step "
                f"{self.checkpoint.rsplit('-', 1)[-1]})." if self.checkpoint else
                " There is no checkpoint yet.")
-    how = f": {self.command}" if self.command else ""
+    return where, saved, f": {self.command}" if self.command else ""
+
+  def __str__(self) -> str:
+    where, saved, how = self._parts()
     return (f"lost {self.lost}{where}: {self.why}; this worker stopped too.{saved} "
             f"Relaunch every worker, each with its TF_CONFIG, to resume{how}")
 
@@ -361,13 +366,7 @@ class TpuLostError(WorkerLostError):
   multi-worker run (the trainer and the entry point fill them in the same way)."""
 
   def __str__(self) -> str:
-    where, saved = "", ""
-    if self.step is not None:
-      where = f" after step {self.step}"
-      saved = (f" The last checkpoint is {self.checkpoint} (step "
-               f"{self.checkpoint.rsplit('-', 1)[-1]})." if self.checkpoint else
-               " There is no checkpoint yet.")
-    how = f": {self.command}" if self.command else ""
+    where, saved, how = self._parts()
     return (f"lost {self.lost}{where}: {self.why}; training stopped.{saved} Once the TPU "
             "is READY again (`gcloud compute tpus tpu-vm describe NAME --zone=ZONE`; a "
             f"preempted Spot TPU must be recreated), run the same command to resume{how}")
