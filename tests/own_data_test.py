@@ -39,20 +39,26 @@ def write_slice(source, destination, lines):
   with open(destination, "w", encoding="utf-8") as f:
     f.writelines(head)
 
+def stage_own_data(tmp_path, shared_data, train: int, dev: int, test: int) -> None:
+  """README's layout in `tmp_path`: `flags/` and `my/{train,dev,test}.{en,de}`, slices
+  of Multi30k's train, valid and test2016 files of the given line counts."""
+  os.symlink(os.path.join(REPO_ROOT, "flags"), tmp_path / "flags")
+  (tmp_path / "my").mkdir()
+  multi30k = os.path.join(shared_data, "multi30k")
+  for name, upstream, lines in (("train", "train", train), ("dev", "valid", dev),
+                                ("test", "test2016", test)):
+    for side in ("en", "de"):
+      write_slice(os.path.join(multi30k, f"{upstream}.{side}"),
+                  tmp_path / "my" / f"{name}.{side}", lines)
+
+
 
 @pytest.mark.slow
 def test_own_data_section_trains_translates_scores_and_exports(tmp_path, shared_data):
   commands = section_commands()
   assert [shlex.split(c)[2] for c in commands] == [
       "t2t_keras.train", "t2t_keras.decode", "t2t_keras.evaluate", "t2t_keras.export"]
-  os.symlink(os.path.join(REPO_ROOT, "flags"), tmp_path / "flags")
-  (tmp_path / "my").mkdir()
-  multi30k = os.path.join(shared_data, "multi30k")
-  for name, upstream, lines in (("train", "train", 3000), ("dev", "valid", 40),
-                                ("test", "test2016", 24)):
-    for side in ("en", "de"):
-      write_slice(os.path.join(multi30k, f"{upstream}.{side}"),
-                  tmp_path / "my" / f"{name}.{side}", lines)
+  stage_own_data(tmp_path, shared_data, train=3000, dev=40, test=24)
 
   outputs = []
   for command in commands:
@@ -133,15 +139,8 @@ def test_a_model_directory_decodes_as_its_recipe_says(tmp_path, shared_data):
   # pylint: disable=import-outside-toplevel
   from t2t_keras.configs import DecodeConfig
   from t2t_keras.inference import decoding, loading, translate
-  os.symlink(os.path.join(REPO_ROOT, "flags"), tmp_path / "flags")
-  (tmp_path / "my").mkdir()
+  stage_own_data(tmp_path, shared_data, train=600, dev=8, test=6)
   (tmp_path / "my" / "recipe.cfg").write_text(RECIPE, encoding="utf-8")
-  multi30k = os.path.join(shared_data, "multi30k")
-  for name, upstream, lines in (("train", "train", 600), ("dev", "valid", 8),
-                                ("test", "test2016", 6)):
-    for side in ("en", "de"):
-      write_slice(os.path.join(multi30k, f"{upstream}.{side}"),
-                  tmp_path / "my" / f"{name}.{side}", lines)
   result = inprocess.run(
       "train", "--flagfile=my/recipe.cfg", "--model_dir=runs/r", "--train_src=my/train.en",
       "--train_tgt=my/train.de", "--dev_src=my/dev.en", "--dev_tgt=my/dev.de",
