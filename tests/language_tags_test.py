@@ -135,8 +135,8 @@ def test_train_and_decode_commands_with_target_languages(tmp_path):
   """`python -m t2t_keras.train` on EN->DE and EN->EN (a copy) tagged de and en, then
   decode: the same English sentences go into German or English as --target_language
   says (the tag alone decides: an ignored or swapped tag fails), the model refuses a
-  language it has no tag for, naming its languages. The entry points run in this
-  process (tests/inprocess.py), the CTranslate2 tool as a process; decode, score and
+  language it has no tag for, naming its languages. The entry points and the
+  CTranslate2 tool run in this process (tests/inprocess.py); decode, score and
   export run once more each as a fresh process with the flags only they define
   (--target_language, --target_prefix_file, --output_alignments): in this process
   every command's flags are defined, so a command reading a flag it does not define
@@ -258,11 +258,10 @@ def test_train_and_decode_commands_with_target_languages(tmp_path):
   (tmp_path / "in.txt").write_text("".join(s + "\n" for s in sentences), encoding="utf-8")
 
   def ct2(language):
-    return subprocess.run(
-        [sys.executable, "-m", "t2t_keras.tools.ct2_translate", f"--model={ct2_dir}",
-         f"--input_file={tmp_path}/in.txt", "--beam_size=1", "--extra_decode_length=3",
-         f"--target_language={language}"],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    # In this process: tools_test and ct2_translate_test run the tool as a process.
+    return inprocess.run("ct2_translate", f"--model={ct2_dir}",
+                         f"--input_file={tmp_path}/in.txt", "--beam_size=1",
+                         "--extra_decode_length=3", f"--target_language={language}")
 
   assert ct2("en").stdout.splitlines() == decoded["en"]
   missing = ct2("fr")

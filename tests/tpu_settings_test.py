@@ -172,10 +172,13 @@ def test_the_tpu_settings_train_one_program_in_few_host_calls(tmp_path, monkeypa
     trained.append((trainer, train(trainer, *args, **kwargs)))
     return trained[-1][1]
   monkeypatch.setattr(trainer_lib.Trainer, "train", keeping_train)
-  steps = 200
+  # tpu.cfg's 100 steps a call, scaled down tenfold with tiny.cfg's evaluation and
+  # checkpoint periods: the same shape of run in a tenth of the steps.
+  steps = 20
   result = inprocess.run(
       "train", "--flagfile=flags/tiny.cfg", TPU, "--strategy=mirrored",
-      f"--model_dir={tmp_path / 'm'}", f"--train_steps={steps}", "--log_every=100",
+      f"--model_dir={tmp_path / 'm'}", f"--train_steps={steps}", "--log_every=10",
+      "--steps_per_loop=10", "--eval_every=10", "--save_checkpoint_steps=10",
       "--show_examples=0")
   assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
   (trainer, run), = trained
@@ -185,10 +188,10 @@ def test_the_tpu_settings_train_one_program_in_few_host_calls(tmp_path, monkeypa
   assert trainer.train_fn.experimental_get_tracing_count() == 1
   assert len(trainer.train_fn._list_all_concrete_functions()) == 1  # pylint: disable=protected-access
   assert "packed rows: every batch [1, 256]" in result.stdout
-  # Evaluations at 100 and 200 (tiny.cfg), checkpoints at 100 and 200: both at calls'
-  # ends, so no more calls than the loop needs.
-  assert run.host_calls == math.ceil(steps / 100) == 2
+  # Evaluations at 10 and 20, checkpoints at 10 and 20: both at calls' ends, so no
+  # more calls than the loop needs.
+  assert run.host_calls == math.ceil(steps / 10) == 2
   assert trainer.eval_loop_fn.experimental_get_tracing_count() == 1
-  assert "eval at step 100" in result.stdout and "eval at step 200" in result.stdout
-  assert (tmp_path / "m" / "ckpt-100.index").exists()
-  assert (tmp_path / "m" / "ckpt-200.index").exists()
+  assert "eval at step 10:" in result.stdout and "eval at step 20:" in result.stdout
+  assert (tmp_path / "m" / "ckpt-10.index").exists()
+  assert (tmp_path / "m" / "ckpt-20.index").exists()
