@@ -8,7 +8,7 @@ from setuptools import find_packages, setup
 ENTRY_POINTS = {"train": "train", "decode": "decode", "export": "export.__main__",
                 "evaluate": "evaluate", "score": "score"}
 # The tools a user needs after `pip install` (t2t_keras/tools/; `python tools/X.py` in a
-# checkout). t2t-run-recipe runs any flagfile; the repository's recipes (flags/*.cfg)
+# checkout). t2t-run-recipe runs any recipe; the repository's recipes (flags/*.cfg)
 # are not in the wheel, so reproducing them needs a checkout (its --help says so).
 TOOLS = {
     "average_checkpoints": "t2t-average-checkpoints",

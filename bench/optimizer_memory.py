@@ -1,6 +1,6 @@
-"""Optimizer state of --optimizer=adam and --optimizer=adafactor for a model preset.
+"""Optimizer state of --optimizer=adam and --optimizer=adafactor for a model recipe.
 
-Builds the model of a flagfile's architecture flags (e.g. flags/base_en_de.cfg) and
+Builds the model of a recipe's architecture flags (e.g. flags/base_en_de.cfg) and
 each optimizer as the trainer builds it (`t2t_keras.training.optimizers.create`), and
 prints the bytes of the optimizer's variables (slots and step counter) beside the
 weights': what each replica holds on top of the model.

@@ -669,7 +669,7 @@ class WeightsConfig:
   checkpoint_path: Optional[str] = setting(
       None, "Decode/export this checkpoint (a prefix such as <model_dir>/ckpt-5000, "
       "or a directory of checkpoints such as <model_dir>/best) instead of the "
-      "latest. Typed on the command line, it overrides a flagfile's "
+      "latest. Typed on the command line, it overrides a recipe's "
       "--average_last_n.")
   average_last_n: int = setting(
       0, "Decode/export the average of the last N checkpoints' weights (paper section "

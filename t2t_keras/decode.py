@@ -15,7 +15,7 @@ Beam search runs in graph mode, where a sentence leaves the batch once its resul
 final; greedy search and sampling use XLA (`translate.translate` pads batches so that
 it compiles once per source-width bucket) from `AUTO_XLA_SENTENCES` input sentences on,
 where its faster steps repay the compilation; `--decode_jit_compile` /
-`--nodecode_jit_compile` (on the command line or in a flagfile) choose either way for
+`--nodecode_jit_compile` (on the command line or in a recipe) choose either way for
 any input. `--constrain_trees`
 (parsing models) lets the beam search write only valid trees over the input's words
 (`parsing.constraint.TreeConstraint`). `--target_prefix_file` (one prefix per input
@@ -39,7 +39,7 @@ model trained with `--train_alignments`, from its guided head unless those are g
 
 Paper settings: beam 4, alpha 0.6, input length + 50, average of the last 5 (base)
 or 20 (big) checkpoints: `--beam_size=4 --alpha=0.6 --extra_decode_length=50
---average_last_n=5` (the presets set them). A model directory records the decoding
+--average_last_n=5` (the recipes set them). A model directory records the decoding
 flags its training run was given (its recipe's): decode uses them where not given
 them (`flags.use_recipe`), and its first line says which came from where.
 """
@@ -129,14 +129,14 @@ def with_language(config: DecodeConfig, data_config) -> DecodeConfig:
 
 
 def _xla_chosen(recipe=None) -> bool:
-  """Whether --decode_jit_compile was given (command line, flagfile or the model
-  directory's recipe, `flags.RecipeUse`)."""
+  """Whether --decode_jit_compile was given (command line, recipe or the model
+  directory's recorded recipe, `flags.RecipeUse`)."""
   return FLAGS["decode_jit_compile"].present or (
       recipe is not None and "decode_jit_compile" in recipe.applied)
 
 
 def choose_xla(decode_config: DecodeConfig, sentences: int, recipe=None) -> DecodeConfig:
-  """--decode_jit_compile as given (command line, flagfile or the model's recipe); when
+  """--decode_jit_compile as given (command line, recipe or the model's recorded recipe); when
   not given, XLA for greedy search and sampling of `AUTO_XLA_SENTENCES` sentences or
   more, graph mode for beam search (see AUTO_XLA_SENTENCES)."""
   if _xla_chosen(recipe):
@@ -315,9 +315,10 @@ def earlier_translations(job, lines: int, multiple: bool) -> tuple:
   """The best translations of a resumed run's first `lines` lines, read back from
   --output_file, and their --reference_file lines (for BLEU over the whole run)."""
   # pylint: disable=import-outside-toplevel
-  from t2t_keras.data.textfiles import read_text_lines
+  from t2t_keras.errors import DataError
+  from t2t_keras.textio import read_lines
   from t2t_keras.inference import bulk
-  written = read_text_lines(FLAGS.output_file, "--output_file")
+  written = read_lines(FLAGS.output_file, "--output_file", DataError)
   if multiple:  # blocks of "score<TAB>text" lines, each ended by an empty line
     starts = [0] + [i + 1 for i, line in enumerate(written) if not line]
     written = [written[i].split("\t", 1)[1] for i in starts[:lines]]

@@ -36,6 +36,7 @@ console.quiet_tensorflow(import_now=False)  # TensorFlow only for remote paths
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 from t2t_keras.errors import InputError  # noqa: E402
+from t2t_keras.textio import read_bytes, read_lines  # noqa: E402
 
 flags.DEFINE_string("hypotheses", None, "System output, one segment per line (UTF-8).")
 flags.DEFINE_multi_string("references", None,
@@ -61,38 +62,14 @@ flags.DEFINE_string("output_trees", None,
 FLAGS = flags.FLAGS
 
 
-def _read_bytes(path: str, what: str) -> bytes:
-  if "://" in path:  # gs://, s3://, ...: TensorFlow's file system layer
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    if not tf.io.gfile.exists(path):
-      raise InputError(f"{what} {path} does not exist.")
-    with tf.io.gfile.GFile(path, "rb") as f:
-      return f.read()
-  try:
-    with open(path, "rb") as f:
-      return f.read()
-  except OSError as error:
-    raise InputError(f"{what} {path} cannot be read: {error.strerror}.") from None
-
-
-def read_segments(path: str, what: str) -> list:
-  """Lines of a UTF-8 file without their line ends (a final newline is optional).
-
-  Raises:
-    InputError: the file is missing, or a line is not UTF-8 (naming file and line).
-  """
-  from t2t_keras.textio import split_lines  # pylint: disable=import-outside-toplevel
-  return split_lines(_read_bytes(path, what), what, path, InputError)
-
-
 def read_inputs(hypotheses_path: str, reference_paths: list) -> tuple:
   """Hypotheses and reference streams, checked to be non-empty and line-aligned."""
-  hypotheses = read_segments(hypotheses_path, "--hypotheses")
+  hypotheses = read_lines(hypotheses_path, "--hypotheses", InputError)
   if not hypotheses:
     raise InputError(f"--hypotheses {hypotheses_path} is empty: nothing to score.")
   references = []
   for path in reference_paths:
-    stream = read_segments(path, "--references")
+    stream = read_lines(path, "--references", InputError)
     if len(stream) != len(hypotheses):
       raise InputError(f"--references {path} has {len(stream)} lines but --hypotheses "
                        f"{hypotheses_path} has {len(hypotheses)}: they must be line-aligned "
@@ -111,8 +88,8 @@ def read_parsing_inputs(hypotheses_path: str, references_path: str,
   """
   # pylint: disable=import-outside-toplevel
   from t2t_keras import parsing
-  hypotheses = read_segments(hypotheses_path, "--hypotheses")
-  data = _read_bytes(references_path, "--references")
+  hypotheses = read_lines(hypotheses_path, "--hypotheses", InputError)
+  data = read_bytes(references_path, "--references", InputError)
   try:
     trees = parsing.parse_trees(parsing.decode_utf8(data, references_path),
                                 references_path)
@@ -127,7 +104,7 @@ def read_parsing_inputs(hypotheses_path: str, references_path: str,
                      "one decoded tree per reference tree, in the same order.")
   words = None
   if sources_path:
-    words = [line.split() for line in read_segments(sources_path, "--sources")]
+    words = [line.split() for line in read_lines(sources_path, "--sources", InputError)]
     if len(words) != len(references):
       raise InputError(f"--sources {sources_path} has {len(words)} lines but --references "
                        f"{references_path} has {len(references)} trees.")

@@ -16,16 +16,16 @@ FLAGS. A command's own flags (decode's --input_file, evaluate's --hypotheses, ..
 in its entry point. Names follow tensor2tensor's hparams so its users recognise them.
 
 Every entry point that reads a model directory defines the model, data, training and
-decoding groups, so one recipe flagfile serves train, decode and export; a flag typed
+decoding groups, so one recipe serves train, decode and export; a flag typed
 on the command line that the command would ignore is refused or warned about
 (`check_train_flags`, `check_inference_flags`). Training records the decoding flags it
 was given in the model directory (`recipe_decoding`), and decode, score and export
 default to them where they are not given (`use_recipe`), so a model decodes as its
-recipe says without the recipe's flagfile.
+recipe says without being given the recipe again.
 
-Presets are flagfiles under flags/ (`--flagfile=flags/base_en_de.cfg`); a flagfile can
-include another, and later flags override earlier ones. Relative paths in flagfiles
-resolve from the current directory: run the commands from the repository root.
+Recipes are the files of flags/, passed with --flagfile (`--flagfile=flags/base_en_de.cfg`);
+a recipe can include another, and later flags override earlier ones. Relative paths in
+recipes resolve from the current directory: run the commands from the repository root.
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def define_data_flags(f):
                   helps={"source": sources.flag_help()})
   f.DEFINE_integer("shuffle_buffer", None, "Deprecated and ignored: training shuffles "
                        "the whole corpus (t2t_keras.data.plan). Kept so that old "
-                       "flagfiles run; setting it logs a warning.")
+                       "recipes run; setting it logs a warning.")
   _validate_group(f, DataConfig, _check_data)
 
 
@@ -286,7 +286,7 @@ def model_dirs(fv=FLAGS) -> list:
 def checkpoint_choice(argv, fv=FLAGS) -> tuple:
   """(checkpoint_path, average_last_n) for decode, score and export.
 
-  A recipe's flagfile may set --average_last_n (the paper's 5 or 20); a
+  A recipe may set --average_last_n (the paper's 5 or 20); a
   --checkpoint_path typed on the command line then wins over it (both typed on the
   command line is refused by `checkpoints.choose_checkpoints`).
   """
@@ -309,7 +309,7 @@ _NOT_RECORDED = ("checkpoint_path",)
 
 
 def recipe_decoding(fv=FLAGS) -> dict:
-  """The decoding flags a training run was given (command line or flagfile), by name:
+  """The decoding flags a training run was given (command line or recipe), by name:
   what the model directory records as its recipe's way to decode (config.json,
   `modeldir.recipe_decoding_of`). Flags left at their defaults are not recorded, so a
   command's own default (decode's choice of XLA, ...) still applies to them."""
@@ -324,7 +324,7 @@ class RecipeUse:
   Attributes:
     applied: flag -> the recipe's value, for the flags the command was not given.
     overridden: flag -> the recipe's value, for the flags given (command line or
-      flagfile) with another value, which wins.
+      recipe) with another value, which wins.
   """
 
   applied: dict
@@ -352,7 +352,7 @@ def _as_flag(value) -> str:
 
 def use_recipe(model_dir: str, fv=FLAGS) -> RecipeUse:
   """Sets the decoding flags that were not given (on the command line or in a
-  flagfile) to the values the model directory's recipe recorded at training, so that
+  recipe) to the values the model directory's recipe recorded at training, so that
   decode, score and export decode a model as its recipe says, as tensor2tensor's
   hparams and OpenNMT-tf's model configuration do. Given flags win; a directory
   without a record keeps the flags' defaults. Call before reading the configs."""
@@ -381,9 +381,10 @@ def _data_flags(fields) -> tuple:
 
 
 def command_line_flags(argv, fv=FLAGS) -> list:
-  """Names of the flags typed on the command line itself, not read from a flagfile.
+  """Names of the flags typed on the command line itself, not read from a recipe
+  (--flagfile).
 
-  Flagfile values may pass silently when a command does not use them (one recipe
+  A recipe's values may pass silently when a command does not use them (one recipe
   serves train, decode and export); a flag typed for this command must not.
   """
   names = []
@@ -545,6 +546,6 @@ def check_inference_flags(argv, saved_model, command: str, reads=(), fv=FLAGS,
   if problems:
     raise flags.ValidationError(
         "; ".join(problems) + f". {command} builds the model config.json describes; drop "
-        "the model flags from the command line (a recipe flagfile may keep them).")
+        "the model flags from the command line (a recipe may keep them).")
   return warnings
 

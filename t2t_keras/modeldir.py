@@ -10,11 +10,11 @@ the directory holds, so that a new file (or a renamed one) is one edit:
                        settings (`write_or_check_config`, `load_model_config`), and
                        the decoding flags the recipe set, which decode, score, export
                        and `loading.load` default to (`recipe_decoding_of`)
-  flags.txt            the flags of every run, as a flagfile (`append_flags`)
+  flags.txt            the flags of every run, as a recipe (`append_flags`)
   data_plan.json       what the batch plan depends on, checked at a restart
                        (`plan_key`, `check_plan`)
   vocab.model          a copy of the SentencePiece model training used; synthetic
-                       tasks need none (`save_vocab`, `load_tokenizer`)
+                       tasks need none (`save_vocab`, `loading.load_model_tokenizer`)
   vocab.source.model, vocab.target.model
                        instead, the two models of --separate_vocabularies (config.json's
                        data section says which a directory holds: `vocab_paths`)
@@ -189,7 +189,7 @@ def _write_atomic(path: str, data, binary: bool = False) -> None:
 
 def append_flags(model_dir: str, flags_text: str) -> None:
   """Appends a run's flags (absl's `flags_into_string`) to flags.txt, headed by the
-  time, so that the file is a flagfile of the latest run and a history of the others.
+  time, so that the file is a recipe of the latest run and a history of the others.
   (absl's own `append_flags_into_file` uses Python's open, which fails on gs://.)"""
   path = flags_path(model_dir)
   old = ""
@@ -318,7 +318,7 @@ RECIPE_SECTION = "recipe_decoding"
 
 def recipe_decoding_of(model_dir: str) -> dict:
   """The decoding flags (DecodeConfig's and WeightsConfig's, by flag name) that the
-  training run was given, on its command line or in its flagfile: the recipe's way to
+  training run was given, on its command line or in its recipe: the recipe's way to
   decode this model (beam, alpha, --average_last_n, ...). Empty for a directory
   written before they were recorded, or trained without any."""
   return dict(load_run_config(model_dir).get(RECIPE_SECTION) or {})

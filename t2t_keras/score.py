@@ -47,7 +47,7 @@ def run() -> None:
 
   from t2t_keras import language_tags, modeldir
   from t2t_keras.inference import loading, scoring, translate
-  from t2t_keras.data.textfiles import read_text_lines
+  from t2t_keras.textio import read_lines
   from t2t_keras.errors import ConfigError, DataError
 
   tf.get_logger().setLevel("WARNING")
@@ -61,8 +61,8 @@ def run() -> None:
   outputs.check_paths({"--output_file": FLAGS.output_file},
                       {"--source_file": FLAGS.source_file,
                        "--target_file": FLAGS.target_file})
-  sources = read_text_lines(FLAGS.source_file, "--source_file")
-  targets = read_text_lines(FLAGS.target_file, "--target_file")
+  sources = read_lines(FLAGS.source_file, "--source_file", DataError)
+  targets = read_lines(FLAGS.target_file, "--target_file", DataError)
   if len(sources) != len(targets):
     raise DataError(f"--source_file {FLAGS.source_file} has {len(sources)} lines but "
                     f"--target_file {FLAGS.target_file} has {len(targets)}: they must be "

@@ -206,7 +206,7 @@ def start_from(trainer, tokenizer, train_config, checkpoint: str, chief: bool) -
   old_pieces = new_pieces = None
   if train_config.init_from_vocab == "new":
     # The source's tokenizer as its config.json says: SentencePiece or symbol ids.
-    old = loading.load_tokenizer(init_from.source_dir(checkpoint))
+    old = loading.load_model_tokenizer(init_from.source_dir(checkpoint))
     old_pieces, new_pieces = init_from.pieces(old), init_from.pieces(tokenizer)
   record = init_from.initialize(
       trainer.model, checkpoint,

@@ -25,7 +25,7 @@ def test_builds_vocabulary_and_cache_that_training_reuses(tmp_path):
   assert result.returncode == 0, result.stderr[-2000:]
   config = DataConfig(source="files", train_src=str(src), train_tgt=str(tgt),
                       data_dir=str(data_dir), vocab_size=40, vocab_type="unigram")
-  path = tokenizer_lib.vocab_path(config)
+  path = tokenizer_lib.data_vocab_path(config)
   assert f"Vocabulary: {path}" in result.stdout
   assert "train: 90 pairs" in result.stdout
   assert any(name.startswith("train-") for name in os.listdir(data_dir / "cache"))

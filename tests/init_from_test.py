@@ -229,7 +229,7 @@ def test_a_synthetic_task_model_is_a_valid_init_from(tmp_path, tiny_model_dir):
   # --init_from_vocab=new reads the source's tokenizer as train's start_from does.
   from t2t_keras.inference import loading  # pylint: disable=import-outside-toplevel
   from t2t_keras.data import tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
-  old = init_from.pieces(loading.load_tokenizer(str(source)))
+  old = init_from.pieces(loading.load_model_tokenizer(str(source)))
   new = init_from.pieces(tokenizer_lib.IntegerTokenizer(22))
   model = create_model(dataclasses.replace(modeldir.load_model_config(str(source)),
                                            vocab_size=22))

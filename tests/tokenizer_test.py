@@ -71,7 +71,7 @@ def test_unknown_characters_map_to_unk(tmp_path):
 def test_vocabulary_is_reused_not_retrained(tmp_path, monkeypatch):
   config = _config(tmp_path)
   first = tokenizer_lib.load_or_build_tokenizer(config)
-  path = tokenizer_lib.vocab_path(config)
+  path = tokenizer_lib.data_vocab_path(config)
   assert first.vocab_file == path and os.path.dirname(path) == config.data_dir
   assert os.path.isfile(os.path.splitext(path)[0] + ".vocab")
   stamp = os.stat(path).st_mtime_ns
@@ -92,10 +92,10 @@ def test_vocabulary_found_without_training_files(tmp_path):
   config = _config(tmp_path)
   built = tokenizer_lib.load_or_build_tokenizer(config)
   os.remove(config.train_src)  # E.g. exporting on another machine.
-  assert tokenizer_lib.vocab_path(config) == built.vocab_file
+  assert tokenizer_lib.data_vocab_path(config) == built.vocab_file
   assert tokenizer_lib.load_or_build_tokenizer(config).model_proto == built.model_proto
   with pytest.raises(tokenizer_lib.sources.DataError, match="does not exist"):
-    tokenizer_lib.vocab_path(DataConfig(**{**config.__dict__, "vocab_size": 99}))
+    tokenizer_lib.data_vocab_path(DataConfig(**{**config.__dict__, "vocab_size": 99}))
 
 
 def test_explicit_vocab_file(tmp_path):
@@ -168,3 +168,13 @@ def test_round_trip_on_real_sentences(tmp_path, shared_data):
   ids = tok.tokenize(tf.constant(plain))
   assert ids.flat_values.numpy().min() >= NUM_RESERVED_IDS
   assert tok.detokenize(ids).numpy().tolist() == [line.encode() for line in plain]
+
+
+def test_the_old_name_of_data_vocab_path_still_works_and_warns():
+  """t2t_keras.data.vocab_path was renamed data_vocab_path (modeldir.vocab_path is a
+  model directory's vocab.model); the old name stays one release."""
+  import t2t_keras.data  # pylint: disable=import-outside-toplevel
+  with pytest.warns(DeprecationWarning, match="renamed data_vocab_path"):
+    assert t2t_keras.data.vocab_path is tokenizer_lib.data_vocab_path
+  with pytest.raises(AttributeError):
+    t2t_keras.data.no_such_name  # pylint: disable=pointless-statement

@@ -5,15 +5,29 @@ The trainer needs one call, `make_datasets(config)`; decoding and export need
 `load_or_build_tokenizer(config)` or `load_tokenizer(vocab_file)`.
 """
 
+import warnings
+
 from t2t_keras.data.pipeline import (Datasets, SplitStats, bucket_boundaries,
                                      eval_dataset, make_datasets, train_dataset)
 from t2t_keras.data.sources import DataError
 from t2t_keras.data.tokenizer import (IntegerTokenizer, SentencePieceTokenizer,
-                                      build_vocab, load_or_build_tokenizer,
-                                      load_tokenizer, vocab_path)
+                                      build_vocab, data_vocab_path,
+                                      load_or_build_tokenizer, load_tokenizer)
 
 __all__ = [
     "DataError", "Datasets", "IntegerTokenizer", "SentencePieceTokenizer", "SplitStats",
-    "bucket_boundaries", "build_vocab", "eval_dataset", "load_or_build_tokenizer",
-    "load_tokenizer", "make_datasets", "train_dataset", "vocab_path",
+    "bucket_boundaries", "build_vocab", "data_vocab_path", "eval_dataset",
+    "load_or_build_tokenizer", "load_tokenizer", "make_datasets", "train_dataset",
 ]
+
+# Old names, kept one release: `vocab_path` is now only a model directory's vocab.model
+# (t2t_keras.modeldir.vocab_path).
+_RENAMED = {"vocab_path": "data_vocab_path"}
+
+
+def __getattr__(name):
+  if name in _RENAMED:
+    warnings.warn(f"t2t_keras.data.{name} is renamed {_RENAMED[name]}; the old name "
+                  "goes in the next release.", DeprecationWarning, stacklevel=2)
+    return globals()[_RENAMED[name]]
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -71,8 +71,10 @@ def _examples(split: cache.TokenizedSplit, input_context=None) -> tf.data.Datase
   def load():
     src, tgt, lengths = split.read(split.present)
     mine = tf.range(shard, tf.shape(lengths)[0], num_shards)
-    return tuple(pipeline_lib.with_eos(tf.gather(tf.RaggedTensor.from_row_lengths(x, lengths[:, i]),
-                                     mine)) for i, x in enumerate((src, tgt)))
+    return tuple(
+        pipeline_lib.ragged_with_eos(
+            tf.gather(tf.RaggedTensor.from_row_lengths(x, lengths[:, i]), mine))
+        for i, x in enumerate((src, tgt)))
 
   def chunks(src, tgt):
     starts = tf.range(0, src.nrows(), _CHUNK_ROWS)
@@ -214,7 +216,7 @@ class EvalData:
 
     def load():
       src, tgt, counts = split.read(files)
-      return tuple(pipeline_lib.with_eos(tf.RaggedTensor.from_row_lengths(x, counts[:, i]))
+      return tuple(pipeline_lib.ragged_with_eos(tf.RaggedTensor.from_row_lengths(x, counts[:, i]))
                    for i, x in enumerate((src, tgt)))
 
     def batches(src, tgt):
@@ -242,7 +244,7 @@ class EvalData:
 
     def load():
       src, tgt, counts = split.read(files)
-      return tuple(pipeline_lib.with_eos(tf.RaggedTensor.from_row_lengths(x, counts[:, i]))
+      return tuple(pipeline_lib.ragged_with_eos(tf.RaggedTensor.from_row_lengths(x, counts[:, i]))
                    for i, x in enumerate((src, tgt)))
 
     def batches(src, tgt):

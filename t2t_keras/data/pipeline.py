@@ -149,7 +149,8 @@ def loaded(load: Callable[[], tuple], inner: Callable[..., tf.data.Dataset]
       plain(unpack))
 
 
-def with_eos(ragged: tf.RaggedTensor) -> tf.RaggedTensor:
+def ragged_with_eos(ragged: tf.RaggedTensor) -> tf.RaggedTensor:
+  """Each row of a batch of ids with EOS appended (`scoring.with_eos` does one list)."""
   return tf.concat([ragged, tf.fill([ragged.nrows(), 1], EOS_ID)], axis=1)
 
 
@@ -317,12 +318,12 @@ class TrainData:
           positions, per_row = batch_plan.in_rows(positions)
         rows = tf.gather(table, tf.gather(starts, pool) + positions)
         if packed_shape:
-          return packing.pack({"inputs": with_eos(tf.gather(src, rows)),
-                               "targets": with_eos(tf.gather(tgt, rows))},
+          return packing.pack({"inputs": ragged_with_eos(tf.gather(src, rows)),
+                               "targets": ragged_with_eos(tf.gather(tgt, rows))},
                               per_row, packed_shape)
         out = {}
         for key, ids in (("inputs", src), ("targets", tgt)):
-          padded = with_eos(tf.gather(ids, rows))
+          padded = ragged_with_eos(tf.gather(ids, rows))
           if static:
             width = tf.gather(widths, tf.gather(batch_plan.pool_bucket, pool))
             out[key] = padded.to_tensor(PAD_ID, shape=tf.stack([tf.size(rows, tf.int64), width]))

@@ -1,5 +1,5 @@
-"""Text files as the data and the commands read them: a fast validating scan, UTF-8
-lines with errors that name the file and line, and a content fingerprint.
+"""Text files as the data reads them: a fast validating scan with errors that name the
+file and line, and a content fingerprint (the commands' UTF-8 lines: t2t_keras.textio).
 
 Bad input must fail loudly before training starts, never corrupt silently: files are
 checked once (line counts match, valid UTF-8) by a fast chunked scan whose result the
@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-from typing import List, Optional, Tuple
+from typing import List, Tuple
 
 import tensorflow as tf
 
@@ -106,25 +106,6 @@ def scan_text_file(path: str, skip_invalid_utf8: bool = False) -> FileScan:
       if not block:
         break
   return FileScan(path=path, num_lines=num_lines, invalid_lines=tuple(invalid))
-
-
-def read_text_lines(path: Optional[str], what: str) -> List[str]:
-  """Lines of a UTF-8 file (stdin when `path` is None) without their line ends.
-
-  Raises:
-    DataError: the file is missing, or a line is not UTF-8 (naming flag, file, line).
-  """
-  import sys  # pylint: disable=import-outside-toplevel
-  if path is None:
-    data = sys.stdin.buffer.read()
-    path = "<stdin>"
-  else:
-    if not tf.io.gfile.exists(path):
-      raise DataError(f"{what} {path} does not exist.")
-    with tf.io.gfile.GFile(path, "rb") as f:
-      data = f.read()
-  from t2t_keras.textio import split_lines  # pylint: disable=import-outside-toplevel
-  return split_lines(data, what, path, DataError)
 
 
 def validate_parallel_files(src_path: str, tgt_path: str,

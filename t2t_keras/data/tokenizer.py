@@ -385,7 +385,7 @@ def side_vocab_size(config: DataConfig, side: Optional[str]) -> int:
       config.vocab_size
 
 
-def vocab_path(config: DataConfig, side: Optional[str] = None) -> str:
+def data_vocab_path(config: DataConfig, side: Optional[str] = None) -> str:
   """config.vocab_file, or a data_dir file named after the data, type and size.
 
   The name carries a content fingerprint of the training data (not its mtime), so a
@@ -434,7 +434,7 @@ def build_vocab(config: DataConfig,
   Returns:
     The vocabulary path.
   """
-  path = vocab_path(config, side)
+  path = data_vocab_path(config, side)
   if tf.io.gfile.exists(path) and not overwrite:
     logging.info("Reusing vocabulary %s", path)
     return path
@@ -456,7 +456,7 @@ def build_vocab(config: DataConfig,
 
 def load_or_build_tokenizer(config: DataConfig, **build_kwargs):
   """The tokenizer of config: IntegerTokenizer for synthetic tasks, else SentencePiece
-  loaded from (or first built into) `vocab_path(config)`.
+  loaded from (or first built into) `data_vocab_path(config)`.
 
   Args:
     config: data configuration.

@@ -14,7 +14,7 @@ decoding setting an artifact would silently drop is refused, naming the flag and
 where it goes instead. Refused rather than warned: an export is an artifact shipped to
 a server, where a beam size the user believed fixed would differ without a trace; the
 refusal costs one edit of the command line, while a warning scrolls past in an export
-log. Settings a recipe flagfile holds are not refused (one flagfile serves train,
+log. Settings a recipe holds are not refused (one recipe serves train,
 decode and export). `tests/export_formats_test.py` checks that every format declares
 every decoding flag (`flags.decoding_flags`, the fields of the inference settings), so a
 new decoding option must say, per format, whether the export carries it.
@@ -126,7 +126,7 @@ class Format:
 
     Args:
       typed: name -> value of the flags typed on the command line
-        (`flags.command_line_flags`), not those of a flagfile. A flag turned off
+        (`flags.command_line_flags`), not those of a recipe. A flag turned off
         (False, None) asks for nothing and passes.
 
     Raises:

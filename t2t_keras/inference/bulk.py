@@ -40,6 +40,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 from t2t_keras import outputs
 from t2t_keras.errors import DataError, InputError
+from t2t_keras.textio import decode_line
 
 STATE_VERSION = 1
 # The inputs whose lines decide the output (--reference_file only scores it): a resume
@@ -69,7 +70,7 @@ def state_path(output_file: str) -> str:
 
 
 def count_lines(path: str, flag: str) -> int:
-  """The number of lines of a file as `textio.split_lines` counts them (a last line
+  """The number of lines of a file as `textio.read_lines` counts them (a last line
   without a newline counts), read in chunks: memory does not grow with the file.
 
   Raises:
@@ -160,12 +161,7 @@ class LineReader:
       self.line += 1
       self.offset += len(raw)
       self.hash.update(raw)
-      try:
-        lines.append(raw.rstrip(b"\n").rstrip(b"\r").decode("utf-8"))
-      except UnicodeDecodeError as reason:
-        raise DataError(f"{self.flag} {self.name} line {self.line} is not valid UTF-8 "
-                        f"({reason.reason} at byte {reason.start}); fix or re-encode the "
-                        "file (e.g. iconv -f latin1 -t utf-8).") from None
+      lines.append(decode_line(raw, self.line, self.flag, self.name, DataError))
     return lines
 
   def close(self) -> None:

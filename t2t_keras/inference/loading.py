@@ -26,7 +26,7 @@ from t2t_keras.modeldir import (VOCAB_FILE, data_config_of, load_model_config,
                                 recipe_decode_config, recipe_weights, vocab_paths)
 
 
-def load_tokenizer(model_dir: str, data_config: Optional[DataConfig] = None):
+def load_model_tokenizer(model_dir: str, data_config: Optional[DataConfig] = None):
   """The tokenizer the model in model_dir was trained with: its vocab.model, or with
   --separate_vocabularies (config.json's data section) vocab.source.model and
   vocab.target.model joined in a `PairTokenizer`."""
@@ -82,7 +82,7 @@ def load(model_dir: str, checkpoint_path: Optional[str] = None,
   if dtype:
     model_config = dataclasses.replace(model_config, dtype=dtype)
   data_config = data_config_of(model_dir)
-  tokenizer = load_tokenizer(model_dir, data_config)
+  tokenizer = load_model_tokenizer(model_dir, data_config)
   model = create_model(model_config)
   used = checkpoints.choose_checkpoints(model_dir, checkpoint_path, average_last_n)
   if len(used) > 1:

@@ -1,6 +1,6 @@
 """Builds the shared subword vocabulary, and the tokenized caches, ahead of training.
 
-The t2t-datagen of t2t_keras: run it once with the same flags (or flagfile) as
+The t2t-datagen of t2t_keras: run it once with the same flags (or recipe) as
 training, and training finds the vocabulary and caches in --data_dir and reuses them
 instead of building them itself. Useful before multi-worker runs (workers must not
 race to build the same files) and to inspect the vocabulary (the .vocab text file).

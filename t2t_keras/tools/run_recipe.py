@@ -4,11 +4,11 @@
       --test_src=data/multi30k/test2016.en \\
       --test_ref=data/multi30k/test2016.de [--train_minutes=60]
 
-The recipes are the flagfiles of `flags/` in a checkout of the repository (a `pip
+The recipes are the files of `flags/` in a checkout of the repository (a `pip
 install` does not carry them; a recipe may include another by its path, e.g.
 big_en_de.cfg includes flags/base_en_de.cfg): run from the checkout's root. After
 `pip install`, `t2t-run-recipe` is this tool (same flags), and `--recipe` may be
-any flagfile of yours.
+any recipe of yours.
 
 1. trains: `python -m t2t_keras.train --flagfile=<recipe> --model_dir=...` with
    `--train_minutes` (training stops with a checkpoint when the budget is spent; dev
@@ -47,7 +47,7 @@ import time
 from absl import app, flags
 
 flags.DEFINE_string("recipe", None,
-                    "The recipe's flagfile, e.g. flags/multi30k_en_de.cfg: the recipes "
+                    "The recipe, e.g. flags/multi30k_en_de.cfg: the recipes "
                     "are in flags/ of a checkout of the repository (not installed by "
                     "pip); relative paths resolve from the current directory.")
 flags.DEFINE_string("model_dir", None, "Where the run's checkpoints, logs and results go.")
@@ -185,9 +185,9 @@ def main(argv):
     if not os.path.isfile(path):
       where = ""
       if flag == "--recipe":
-        where = (" The recipes' flagfiles are in flags/ of a checkout of the t2t_keras "
+        where = (" The recipes are in flags/ of a checkout of the t2t_keras "
                  "repository (pip does not install them): run from the checkout's root, "
-                 "or give --recipe the path of a flagfile.")
+                 "or give --recipe the path of a recipe of yours.")
       raise app.UsageError(f"{flag}={path} does not exist (paths are relative to the "
                            f"current directory, {os.getcwd()}).{where}")
   os.makedirs(FLAGS.model_dir, exist_ok=True)
