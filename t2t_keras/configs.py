@@ -522,6 +522,49 @@ class TrainConfig:
     return self
 
 
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """What a training run does besides training (`training.run.train_and_evaluate`):
+  dev BLEU at each evaluation, the examples and the export after training, and what
+  it records of the command that started it.
+
+  The fields without a flag are facts about the command line, which the train command
+  fills in (flags.run_config); a run built in code keeps their defaults.
+  """
+
+  eval_bleu_sentences: int = setting(
+      0, "At each dev evaluation, also decode the first N dev sentences with the decode "
+      "flags and log sacreBLEU (the data source's dev pairs: --dev_src/--dev_tgt, the "
+      "TFDS validation split, the synthetic held-out set; 0 = off).",
+      check=(lambda v: v >= 0, "must be >= 0 (0 = off)"))
+  export: bool = setting(
+      False, "After training, export a SavedModel for TensorFlow Serving to --export_dir "
+      "(decoding settings from the decode flags).")
+  export_dir: Optional[str] = setting(
+      None, "Where exports go (default <model_dir>/export); each export is a numbered "
+      "version below it.")
+  show_examples: int = setting(
+      5, "After training, decode this many dev sentences (spread over the dev lengths) "
+      "with the decode flags and print them (0 = skip).")
+  dev_exact_match: bool = setting(
+      False, "After training, decode the whole dev set and print the exact-match accuracy "
+      "of the best beam (the demo's figure; costs a full dev decode), with "
+      "--show_examples of its outputs.")
+  # --vocab_file was given: --init_from (with the source's vocabulary) refuses it.
+  vocab_file_given: bool = setting(False)
+  # The decoding flags given, by name: config.json's recipe (flags.recipe_decoding).
+  recipe_decoding: Optional[dict] = setting(None)
+  # The command's flags as a flagfile, appended to <model_dir>/flags.txt ("" = none).
+  flags_text: str = setting("")
+  # The command that resumes the run, named by a lost worker's error.
+  resume_command: Optional[str] = setting(None)
+
+  def validate(self) -> "RunConfig":
+    """Raises ConfigError naming the offending flags and values; returns self."""
+    raise_problems(check_fields(self), "run settings")
+    return self
+
+
 def guided_alignment_problems(model: ModelConfig, train: TrainConfig) -> List[str]:
   """The guided head (--guided_alignment_layer/--guided_alignment_head) against the
   model's decoder layers and heads."""

@@ -3,7 +3,8 @@
 The flags of ModelConfig, DataConfig, TrainConfig, DecodeConfig and WeightsConfig are
 generated from their fields (configs.py holds each setting's default, help, choices and
 check); this module adds the few shared flags that are not config fields (--model_dir,
---export, --eval_bleu_sentences, ...). The inference settings' flags a command reads are
+--dry_run, --output_file; what a run does besides training, --eval_bleu_sentences,
+--export, ..., are RunConfig's). The inference settings' flags a command reads are
 `decoding_flags(command)`: the one list of decoding flags. The settings' checks are not
 written here: each config group gets one flag validator that builds the config and calls
 its `validate()`, and the data group's also asks the chosen data source
@@ -38,8 +39,8 @@ from absl import flags
 
 from t2t_keras import errors
 from t2t_keras.configs import (SHARED_EMBEDDINGS_PROBLEM, DataConfig, DecodeConfig,
-                               ModelConfig, TrainConfig, WeightsConfig, dtype_name,
-                               flag_name, guided_alignment_problems)
+                               ModelConfig, RunConfig, TrainConfig, WeightsConfig,
+                               dtype_name, flag_name, guided_alignment_problems)
 from t2t_keras.data import sources
 
 FLAGS = flags.FLAGS
@@ -177,28 +178,13 @@ def define_train_flags(f):
   """Optimisation, distribution and checkpointing, and what happens after training."""
   define_settings(TrainConfig, flag_values=f.flag_values)
   f.DEFINE_string("model_dir", None, "Checkpoints, summaries, vocabulary, flags.")
-  f.DEFINE_integer("eval_bleu_sentences", 0,
-                   "At each dev evaluation, also decode the first N dev sentences with the "
-                   "decode flags and log sacreBLEU (the data source's dev pairs: "
-                   "--dev_src/--dev_tgt, the TFDS validation split, the synthetic "
-                   "held-out set; 0 = off).")
-  f.DEFINE_boolean("export", False,
-                   "After training, export a SavedModel for TensorFlow Serving to "
-                   "--export_dir (decoding settings from the decode flags).")
-  f.DEFINE_string("export_dir", None, "Where exports go (default <model_dir>/export); "
-                  "each export is a numbered version below it.")
+  # After --model_dir and around --dry_run, in the order --help lists them.
+  define_settings(RunConfig, ("eval_bleu_sentences", "export", "export_dir"),
+                  flag_values=f.flag_values)
   f.DEFINE_boolean("dry_run", False,
                    "Build the model from the flags, print its summary and parameter "
                    "count, and exit (no data needed).")
-  f.DEFINE_integer("show_examples", 5,
-                   "After training, decode this many dev sentences (spread over the dev "
-                   "lengths) with the decode flags and print them (0 = skip).")
-  f.DEFINE_boolean("dev_exact_match", False,
-                   "After training, decode the whole dev set and print the exact-match "
-                   "accuracy of the best beam (the demo's figure; costs a full dev "
-                   "decode), with --show_examples of its outputs.")
-  f.register_validator("eval_bleu_sentences", lambda v: v >= 0,
-                       message="--eval_bleu_sentences must be >= 0 (0 = off).")
+  define_settings(RunConfig, flag_values=f.flag_values)
   _validate_group(f, TrainConfig, TrainConfig.validate)
 
 
@@ -266,6 +252,16 @@ def data_config(fv=FLAGS) -> DataConfig:
 
 def train_config(fv=FLAGS) -> TrainConfig:
   return settings_from_flags(TrainConfig, fv).validate()
+
+
+def run_config(resume_command=None, fv=FLAGS) -> RunConfig:
+  """RunConfig from FLAGS, with what the run records of its command line: whether
+  --vocab_file was given, the decoding flags given (`recipe_decoding`), the flags as a
+  flagfile, and `resume_command` (the command that resumes the run)."""
+  return settings_from_flags(
+      RunConfig, fv, vocab_file_given=fv["vocab_file"].present,
+      recipe_decoding=recipe_decoding(fv), flags_text=fv.flags_into_string(),
+      resume_command=resume_command).validate()
 
 
 def decode_config(fv=FLAGS) -> DecodeConfig:

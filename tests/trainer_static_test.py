@@ -221,7 +221,8 @@ def test_dev_bleu_under_two_replicas_decodes_a_host_copy_as_the_plain_decode(mon
   on an accelerator), refreshed at each evaluation: it gives the plain decode's
   translations of the current weights."""
   # pylint: disable=import-outside-toplevel
-  from t2t_keras import metrics, train
+  from t2t_keras import metrics
+  from t2t_keras.training import evaluator
   from t2t_keras.inference import decoding, translate
   from t2t_keras.configs import DataConfig, DecodeConfig
   from t2t_keras.data import sources, tokenizer
@@ -239,7 +240,7 @@ def test_dev_bleu_under_two_replicas_decodes_a_host_copy_as_the_plain_decode(mon
   decoded, real_make = [], decoding.make_decode_fn
   monkeypatch.setattr(decoding, "make_decode_fn", lambda model, *args, **kwargs: (
       decoded.append(model) or real_make(model, *args, **kwargs)))
-  hook = train.dev_bleu_hook(trainer.model, integers, data, decode_config, 4,
+  hook = evaluator.dev_bleu_hook(trainer.model, integers, data, decode_config, 4,
                              strategy=trainer.strategy)
   monkeypatch.setattr(decoding, "make_decode_fn", real_make)
   # Training moves the weights after the hook is made.

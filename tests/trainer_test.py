@@ -366,7 +366,7 @@ def test_every_interval_is_honoured(tmp_path):
 def test_dev_bleu_reads_the_dev_pairs_of_any_source(monkeypatch):
   """Dev BLEU asks the data source for its dev pairs: the synthetic task's held-out
   set works as the --dev_src/--dev_tgt files do."""
-  from t2t_keras import train  # pylint: disable=import-outside-toplevel
+  from t2t_keras.training import evaluator  # pylint: disable=import-outside-toplevel
   from t2t_keras.configs import DataConfig, DecodeConfig  # pylint: disable=import-outside-toplevel
   from t2t_keras.data import sources, tokenizer  # pylint: disable=import-outside-toplevel
   from t2t_keras.model import create_model  # pylint: disable=import-outside-toplevel
@@ -378,7 +378,7 @@ def test_dev_bleu_reads_the_dev_pairs_of_any_source(monkeypatch):
   model = create_model(dataclasses.replace(MODEL, vocab_size=source.vocab_size))
   integers = tokenizer.IntegerTokenizer(source.vocab_size)
   config = DecodeConfig(beam_size=1, extra_decode_length=2)
-  hook = train.dev_bleu_hook(model, integers, data, config, 4)
+  hook = evaluator.dev_bleu_hook(model, integers, data, config, 4)
   calls, real = [], metrics.bleu_report
   monkeypatch.setattr(metrics, "bleu_report",
                       lambda hyps, refs: calls.append((hyps, refs)) or real(hyps, refs))

@@ -1,5 +1,5 @@
-"""Dev evaluation during training: the loss, the eval hook (dev BLEU), the best
-checkpoint and early stopping.
+"""Dev evaluation during training: the loss, the eval hook (dev BLEU: `dev_bleu_hook`),
+the best checkpoint and early stopping.
 
 The trainer's loop asks `Evaluator.due(step, last)` and calls it; everything about what
 an evaluation decides lives here. In a multi-worker run the dev loss is computed by all
@@ -11,6 +11,7 @@ collective, so that every worker saves the best checkpoint and stops at the same
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import uuid
@@ -18,8 +19,12 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-from t2t_keras import modeldir
-from t2t_keras.errors import TrainingError
+from t2t_keras import language_tags, modeldir
+from t2t_keras import metrics as metrics_lib
+from t2t_keras.data import sources as sources_lib
+from t2t_keras.errors import DataError, TrainingError
+from t2t_keras.inference import decoding, translate
+from t2t_keras.model import create_model
 from t2t_keras.training import distribute
 
 
@@ -55,7 +60,6 @@ class DecodingWeights:
                      else strategy.extended.worker_devices[0])
     self.model = model
     if self.device is not None:
-      from t2t_keras.model import create_model  # pylint: disable=import-outside-toplevel
       with tf.device(self.device):
         self.model = create_model(model.model_config)
 
@@ -69,6 +73,46 @@ class DecodingWeights:
       with self.scope():
         self.model.set_weights(self.source.get_weights())
     return self.model
+
+
+def dev_bleu_hook(model, tokenizer, data_config, decode_config, n: int,
+                  model_dir=None, strategy=None):
+  """A Trainer eval hook: sacreBLEU of the first `n` dev sentences, decoded as configured.
+
+  The dev sentences and references are the data source's (`Source.dev_pairs`: the
+  --dev_src/--dev_tgt files, a TFDS validation split, the synthetic held-out set);
+  the returned function gives {"bleu": cased sacreBLEU}. With `model_dir`, each score
+  is also recorded with its step and sacreBLEU's signature (`modeldir.record_dev_bleu`,
+  read by the model card). Under the trainer's `strategy` (other than the default) the
+  decode runs on a plain copy of the weights on the host (TPU) or the first replica's
+  device, refreshed at every call (`DecodingWeights` says why).
+  """
+  source = sources_lib.data_source(data_config)
+  pairs = source.dev_pairs(n)
+  if pairs is None:
+    raise DataError(f"--eval_bleu_sentences needs a dev split: {source.dev_help} (or "
+                    "--eval_bleu_sentences=0).")
+  sources, references = pairs
+  weights = DecodingWeights(model, strategy)
+  # Whole dev sentences (no cut), into the dev files' language (or None).
+  decode_config = dataclasses.replace(
+      decode_config, max_input_length=0,
+      target_language=language_tags.default_language(data_config))
+  decode_fn = decoding.make_decode_fn(weights.model, decode_config)
+
+  def hook(step):
+    weights.refresh()
+    with weights.scope():
+      outputs = translate.translate(decode_fn, tokenizer, sources, decode_config,
+                                    progress=False)
+    report = metrics_lib.bleu_report([o.texts[0] for o in outputs], [references])
+    if model_dir:
+      modeldir.record_dev_bleu(model_dir, {
+          "bleu": report["bleu"], "step": int(step), "signature": report["bleu_signature"],
+          "sentences": len(sources), "dev_src": data_config.dev_src,
+          "dev_tgt": data_config.dev_tgt})
+    return {"bleu": report["bleu"]}
+  return hook
 
 
 class BestEval:

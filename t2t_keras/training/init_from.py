@@ -27,17 +27,20 @@ What was done is recorded in `<model_dir>/init_from.json`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import List, Optional
 
 import numpy as np
 import tensorflow as tf
+from absl import flags
 
 from t2t_keras import averaging, checkpoints, modeldir
 from t2t_keras.configs import DataConfig
 from t2t_keras.data import sources
 from t2t_keras.errors import CheckpointError, ModelDirError
+from t2t_keras.inference import loading
 
 RECORD_FILE = "init_from.json"
 VOCAB_CHOICES = ("source", "new")
@@ -298,3 +301,73 @@ def read_record(model_dir: str) -> Optional[dict]:
     return None
   with tf.io.gfile.GFile(path) as f:
     return json.load(f)
+
+
+def init_from_data_config(train_config, data_config, checkpoint, vocab_file_given=False):
+  """--init_from with --init_from_vocab=source: the data is tokenized with the source
+  run's vocabulary (its model directory's copy; on a restart, `checkpoint` None, this
+  run's own copy of it when the source is gone). `vocab_file_given`: --vocab_file was
+  given, which this refuses."""
+  if checkpoint is not None:
+    check_vocabularies(train_config.init_from, modeldir.data_config_of(source_dir(checkpoint)),
+                       data_config, train_config.init_from_vocab)
+  if (train_config.init_from_vocab != "source"
+      or not sources.SOURCE_CLASSES[data_config.source].is_text):
+    return data_config  # its own vocabulary, or symbol ids: the same as the source's
+  if vocab_file_given:
+    raise flags.ValidationError(
+        f"--vocab_file={data_config.vocab_file} with --init_from: the run trains on the "
+        "source model's vocabulary (--init_from_vocab=source, the default); drop "
+        "--vocab_file, or pass --init_from_vocab=new to train on this one (shared pieces "
+        "keep their embeddings).")
+  if data_config.separate_vocabularies:
+    return _init_from_side_vocabs(train_config, data_config, checkpoint)
+  if checkpoint is None:  # a restart: as the first run of this model directory chose
+    own = modeldir.data_config_of(train_config.model_dir)
+    vocab = own.vocab_file
+    if not vocab or not tf.io.gfile.exists(vocab):
+      vocab = modeldir.vocab_path(train_config.model_dir)
+    return dataclasses.replace(data_config, vocab_file=vocab, vocab_size=own.vocab_size,
+                               vocab_type=own.vocab_type)
+  vocab = source_vocab(checkpoint, train_config.init_from)
+  source = modeldir.data_config_of(source_dir(checkpoint))
+  return dataclasses.replace(data_config, vocab_file=vocab, vocab_size=source.vocab_size,
+                             vocab_type=source.vocab_type)
+
+
+def _init_from_side_vocabs(train_config, data_config, checkpoint):
+  """`init_from_data_config` with --separate_vocabularies: both of the source run's
+  vocabularies (its model directory's copies), with their sizes; on a restart this
+  run's own copies of them (the source may be gone)."""
+  if checkpoint is None:
+    own = modeldir.data_config_of(train_config.model_dir)
+    files = tuple(modeldir.vocab_paths(train_config.model_dir, own))
+  else:
+    own = modeldir.data_config_of(source_dir(checkpoint))
+    files = source_vocab(checkpoint, train_config.init_from, own)
+  return dataclasses.replace(data_config, side_vocab_files=files, vocab_size=own.vocab_size,
+                             target_vocab_size=own.target_vocab_size,
+                             vocab_type=own.vocab_type)
+
+
+def start_from(trainer, tokenizer, train_config, checkpoint: str, chief: bool) -> None:
+  """--init_from: the source checkpoint's weights (and with --init_from_optimizer its
+  optimizer state) into the new run's model, recorded in init_from.json."""
+  old_pieces = new_pieces = None
+  if train_config.init_from_vocab == "new":
+    # The source's tokenizer as its config.json says: SentencePiece or symbol ids.
+    old = loading.load_model_tokenizer(source_dir(checkpoint))
+    old_pieces, new_pieces = pieces(old), pieces(tokenizer)
+  record = initialize(
+      trainer.model, checkpoint,
+      optimizer=trainer.optimizer if train_config.init_from_optimizer else None,
+      old_pieces=old_pieces, new_pieces=new_pieces,
+      fix="Fine-tuning needs the source's model shape: give the flags of the model "
+      f"{train_config.init_from} was trained with (its config.json).")
+  if chief:
+    write_record(train_config.model_dir, record)
+  vocab = ("the source's vocabulary" if record["vocabulary"] == "source" else
+           f"a new vocabulary ({record['pieces_kept']} pieces kept, "
+           f"{record['pieces_new']} new)")
+  print(f"initialized from {record['checkpoint']}: {record['variables']} variables, "
+        f"{vocab}, optimizer {record['optimizer']}", flush=True)
