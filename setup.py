@@ -93,5 +93,11 @@ setup(
                  "ctranslate2>=4.5"],
         # `python -m t2t_keras.export --format=ctranslate2` and t2t-ct2-translate
         "ctranslate2": ["ctranslate2>=4.5"],
+        # `python -m t2t_keras.export --format=huggingface` and its test
+        # (tests/huggingface_export_test.py, CI's lane .ci/huggingface): PyTorch weights
+        # in safetensors that transformers' MarianMT / Pegasus load. Install torch first
+        # (`pip install torch`, or its CPU build) so pip does not pick a CUDA build.
+        "huggingface": ["transformers>=4.46", "torch>=2.4", "safetensors>=0.4",
+                        "sentencepiece>=0.2"],
     },
 )
