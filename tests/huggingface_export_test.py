@@ -26,6 +26,7 @@ import tensorflow as tf
 from t2t_keras import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from t2t_keras.configs import DecodeConfig, ModelConfig
 from t2t_keras.data import tokenizer as tokenizer_lib
+from t2t_keras import export
 from t2t_keras.errors import ExportError
 from t2t_keras.export import huggingface as hf
 from t2t_keras.model import create_model
@@ -137,6 +138,7 @@ def test_generation_config_carries_the_recipe():
   assert generation["max_new_tokens"] == 27 and generation["min_new_tokens"] == 1
   assert generation["decoder_start_token_id"] == BOS_ID
   assert generation["eos_token_id"] == EOS_ID and generation["pad_token_id"] == PAD_ID
+  assert generation["forced_eos_token_id"] == EOS_ID  # at the limit, as ours
 
 
 def _real_lines(shared_data, name, count=300):
@@ -223,3 +225,47 @@ def test_generate_writes_the_decode_commands_translations(trained_reverse_dir, e
   assert len(ours) == len(theirs) == len(sources)
   assert theirs == ours
   assert sum(o == s[::-1] for o, s in zip(ours, sources)) >= 30  # a model that reverses
+
+
+def test_the_command_refuses_flags_the_directory_cannot_carry():
+  export.HUGGINGFACE.check_flags({name: 1 for name in export.HUGGINGFACE.carries})
+  with pytest.raises(ExportError, match=r"--return_beams \(huggingface does not carry "
+                                        r"it\): .*num_return_sequences"):
+    export.HUGGINGFACE.check_flags({"return_beams": True})
+  with pytest.raises(ExportError, match=r"--target_language .*>>de<<"):
+    export.HUGGINGFACE.check_flags({"target_language": "de"})
+  with pytest.raises(ExportError, match="--quantization is for --format=ctranslate2"):
+    export.HUGGINGFACE.check_flags({"quantization": "int8"})
+
+
+def test_exported_text_model_translates_text_as_decode_does(tiny_model_dir, tmp_path):
+  """The whole directory from the command: AutoTokenizer and AutoModelForSeq2SeqLM
+  turn text into the decode command's text (greedy, one sentence a batch, each output
+  at most its source's length + 3 tokens, as decode's limit)."""
+  path = str(tmp_path / "hf")
+  result = inprocess.run("export", f"--model_dir={tiny_model_dir}", f"--export_dir={path}",
+                         "--format=huggingface", "--beam_size=1", "--alpha=0",
+                         "--extra_decode_length=3")
+  assert result.returncode == 0, result.stderr
+  assert "AutoModelForSeq2SeqLM.from_pretrained" in result.stdout
+  with open(os.path.join(path, "README.md"), encoding="utf-8") as f:
+    readme = f.read()
+  assert "pipeline_tag: translation" in readme and "parameters" in readme
+  lines = ["the man runs in the park .", "ein Hund spielt", "a small red ball"]
+  source_file, output_file = tmp_path / "in.txt", tmp_path / "out.txt"
+  source_file.write_text("\n".join(lines) + "\n")
+  result = inprocess.run("decode", f"--model_dir={tiny_model_dir}",
+                         f"--input_file={source_file}", f"--output_file={output_file}",
+                         "--beam_size=1", "--alpha=0", "--extra_decode_length=3",
+                         "--decode_batch_size=1")
+  assert result.returncode == 0, result.stderr
+  tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+  model = transformers.AutoModelForSeq2SeqLM.from_pretrained(path).eval()
+  theirs = []
+  for line in lines:
+    batch = tokenizer([line], return_tensors="pt")
+    with torch.no_grad():
+      generated = model.generate(**batch, num_beams=1,
+                                 max_new_tokens=batch["input_ids"].shape[1] + 3)
+    theirs.append(tokenizer.decode(generated[0], skip_special_tokens=True))
+  assert theirs == output_file.read_text().splitlines()

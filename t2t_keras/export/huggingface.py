@@ -51,8 +51,9 @@ generation_config.json: beam size; `length_penalty` = alpha (exact for --alpha=0
 both rank by the log-probability; otherwise transformers divides by length^alpha where
 GNMT divides by ((5 + length) / 6)^alpha: the export says so); `max_new_tokens` =
 max_input_length + extra_decode_length (transformers has no "source length + N": this
-is the bound ours reaches for the longest source); min_decode_length ->
-`min_new_tokens`.
+is the bound ours reaches for the longest source; `generate(max_new_tokens=source
+length + N)` per sentence is ours), with EOS forced at the last position as ours
+(`forced_eos_token_id`); min_decode_length -> `min_new_tokens`.
 """
 
 from __future__ import annotations
@@ -215,7 +216,7 @@ def model_config(config: ModelConfig) -> dict:
       "attention_dropout": config.attention_dropout,
       "activation_dropout": config.relu_dropout,
       "pad_token_id": PAD_ID, "eos_token_id": EOS_ID, "bos_token_id": BOS_ID,
-      "decoder_start_token_id": BOS_ID, "forced_eos_token_id": None,
+      "decoder_start_token_id": BOS_ID, "forced_eos_token_id": EOS_ID,
       "is_encoder_decoder": True,
       "tie_word_embeddings": config.shared_embeddings or config.shared_decoder_embeddings,
       "dtype": "float32",
@@ -230,7 +231,7 @@ def generation_config(decode: DecodeConfig) -> dict:
   """generation_config.json: the recipe's beam search (see the module docstring)."""
   generation = {
       "decoder_start_token_id": BOS_ID, "bos_token_id": BOS_ID, "eos_token_id": EOS_ID,
-      "pad_token_id": PAD_ID, "forced_eos_token_id": None,
+      "pad_token_id": PAD_ID, "forced_eos_token_id": EOS_ID,
       "num_beams": decode.beam_size, "do_sample": False,
       "length_penalty": float(decode.alpha),
       "max_new_tokens": decode.max_input_length + decode.extra_decode_length,
