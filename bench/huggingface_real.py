@@ -1,0 +1,111 @@
+"""transformers' generate beside the decode command, on a trained model and real sentences.
+
+  .venv/bin/pip install -e ".[huggingface]"
+  .venv/bin/python bench/huggingface_real.py --model_dir=/tmp/m30k \
+      --src=../shared/data/multi30k/test2016.en --sentences=1000
+
+Exports the model with `--format=huggingface` (into --export_dir, default a temporary
+directory), then translates the first --sentences lines of --src twice with the same
+search: beam --beam_size, plain log probabilities (the decode command's --alpha=0,
+transformers' length_penalty=0):
+
+  decode        `python -m t2t_keras.decode` (a process: its wall time includes
+                TensorFlow's start and the model's restore, printed apart as a one-line
+                run's time)
+  transformers  AutoTokenizer + AutoModelForSeq2SeqLM.generate, batches of --batch_size
+                sentences in length order, each batch's limit the decode command's for
+                its longest source (source + EOS + --extra_decode_length, EOS forced
+                at it); timed from the text in to the text out
+
+Prints the share of identical translations and each engine's sentences/s. Indicative
+only on a shared host: run it alone for figures to keep.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(args):
+  start = time.perf_counter()
+  subprocess.run([sys.executable, "-m", *args], check=True, cwd=REPO)
+  return time.perf_counter() - start
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--model_dir", required=True)
+  parser.add_argument("--src", required=True)
+  parser.add_argument("--sentences", type=int, default=1000)
+  parser.add_argument("--beam_size", type=int, default=4)
+  parser.add_argument("--batch_size", type=int, default=32)
+  parser.add_argument("--extra_decode_length", type=int, default=50)
+  parser.add_argument("--export_dir", default=None)
+  args = parser.parse_args()
+
+  work = tempfile.mkdtemp(prefix="hf_bench_")
+  export_dir = args.export_dir or os.path.join(work, "hf")
+  with open(args.src, encoding="utf-8") as f:
+    lines = [line.rstrip("\n") for _, line in zip(range(args.sentences), f)]
+  source = os.path.join(work, "src.txt")
+  with open(source, "w", encoding="utf-8") as f:
+    f.write("".join(line + "\n" for line in lines))
+  if not os.path.exists(os.path.join(export_dir, "model.safetensors")):
+    _run(["t2t_keras.export", f"--model_dir={args.model_dir}", f"--export_dir={export_dir}",
+          "--format=huggingface", "--alpha=0", f"--beam_size={args.beam_size}",
+          f"--extra_decode_length={args.extra_decode_length}"])
+
+  common = [f"--model_dir={args.model_dir}", f"--beam_size={args.beam_size}", "--alpha=0",
+            f"--extra_decode_length={args.extra_decode_length}",
+            f"--decode_batch_size={args.batch_size}"]
+  ours_file = os.path.join(work, "decode.txt")
+  one = os.path.join(work, "one.txt")
+  with open(one, "w", encoding="utf-8") as f:
+    f.write(lines[0] + "\n")
+  start_cost = _run(["t2t_keras.decode", *common, f"--input_file={one}",
+                     f"--output_file={one}.out"])
+  decode_seconds = _run(["t2t_keras.decode", *common, f"--input_file={source}",
+                         f"--output_file={ours_file}"])
+  with open(ours_file, encoding="utf-8") as f:
+    ours = f.read().splitlines()
+
+  # pylint: disable=import-outside-toplevel
+  import torch
+  import transformers
+  tokenizer = transformers.AutoTokenizer.from_pretrained(export_dir)
+  model = transformers.AutoModelForSeq2SeqLM.from_pretrained(export_dir).eval()
+  start = time.perf_counter()
+  encoded = [tokenizer(line)["input_ids"] for line in lines]
+  order = sorted(range(len(lines)), key=lambda i: len(encoded[i]))
+  theirs = [None] * len(lines)
+  with torch.inference_mode():
+    for first in range(0, len(order), args.batch_size):
+      rows = order[first:first + args.batch_size]
+      batch = tokenizer([lines[i] for i in rows], return_tensors="pt", padding=True)
+      limit = batch["input_ids"].shape[1] + args.extra_decode_length
+      generated = model.generate(**batch, num_beams=args.beam_size, length_penalty=0.0,
+                                 max_new_tokens=limit, early_stopping=False)
+      for i, text in zip(rows, tokenizer.batch_decode(generated, skip_special_tokens=True)):
+        theirs[i] = text
+  hf_seconds = time.perf_counter() - start
+
+  same = sum(a == b for a, b in zip(ours, theirs))
+  print(f"sentences: {len(lines)} of {args.src}; beam {args.beam_size}, no length penalty")
+  print(f"identical translations: {same}/{len(lines)} ({100.0 * same / len(lines):.1f}%)")
+  print(f"decode command: {decode_seconds:.1f} s wall ({len(lines) / decode_seconds:.1f} "
+        f"sentences/s), of which about {start_cost:.1f} s is a one-line run's (start, "
+        f"restore): {len(lines) / max(decode_seconds - start_cost, 1e-9):.1f} sentences/s "
+        "without it")
+  print(f"transformers generate (torch {torch.__version__}, {torch.get_num_threads()} "
+        f"threads): {hf_seconds:.1f} s ({len(lines) / hf_seconds:.1f} sentences/s)")
+  for a, b, src in list((a, b, s) for a, b, s in zip(ours, theirs, lines) if a != b)[:5]:
+    print(f"  differs: {src!r}\n    decode:       {a!r}\n    transformers: {b!r}")
+
+
+if __name__ == "__main__":
+  main()
