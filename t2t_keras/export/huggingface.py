@@ -23,7 +23,8 @@ The architecture is chosen by what transformers' code computes, not by name
   the tied output projection), the LayerNorms, each attention's query/key/value inputs
   and output, the feed-forward's input and output. The network is equivariant to a
   permutation of that dimension (LayerNorm's statistics do not depend on the order), so
-  this is exact, and transformers' own position table is then ours.
+  this is exact, and the position table Marian computes is then ours. (Pegasus loads
+  its table from the checkpoint: ours is written, in the same layout.)
 - Attention: our projections have no biases (zero biases are written); scaling
   1/sqrt(d_model / heads) in both, so models with other --key_size / --value_size are
   refused. `final_logits_bias` is zero.
@@ -70,6 +71,7 @@ from t2t_keras import BOS_ID, EOS_ID, PAD_ID, UNK_ID, language_tags
 from t2t_keras.configs import DecodeConfig, ModelConfig
 from t2t_keras.errors import ExportError
 from t2t_keras.export import ExportSettings, publish
+from t2t_keras.layers import position as position_lib
 
 INSTALL_HINT = 'pip install -e ".[huggingface]"  (or: pip install transformers torch)'
 WEIGHTS_FILE = "model.safetensors"  # written last: its presence marks a whole export
@@ -177,6 +179,12 @@ def state_dict(model, config: ModelConfig, permute: bool = True) -> Dict[str, np
   if config.pre_norm:  # Pegasus' final norms
     norm("model.encoder.layer_norm", model.encoder_norm)
     norm("model.decoder.layer_norm", model.decoder_norm)
+    # Pegasus checkpoints hold their position tables (Marian's leave them out, and
+    # Marian computes them): ours, in transformers' layout, which is its own formula.
+    table = np.asarray(position_lib.sinusoid(np.arange(MAX_POSITIONS), size),
+                       dtype=np.float32)[:, p]
+    for stack in ("encoder", "decoder"):
+      weights[f"model.{stack}.embed_positions.weight"] = np.ascontiguousarray(table)
 
   def embedding(layer):
     return np.ascontiguousarray(_numpy(layer.embeddings)[:, p])
