@@ -12,10 +12,10 @@ transformers' length_penalty=0):
   decode        `python -m t2t_keras.decode` (a process: its wall time includes
                 TensorFlow's start and the model's restore, printed apart as a one-line
                 run's time)
-  transformers  AutoTokenizer + AutoModelForSeq2SeqLM.generate, batches of --batch_size
-                sentences in length order, each batch's limit the decode command's for
-                its longest source (source + EOS + --extra_decode_length, EOS forced
-                at it); timed from the text in to the text out
+  transformers  AutoTokenizer + AutoModelForSeq2SeqLM.generate, batches of at most
+                --batch_size sentences of one source length, so that each sentence's
+                limit is the decode command's (source + EOS + --extra_decode_length,
+                EOS forced at it); timed from the text in to the text out
 
 Prints the share of identical translations and each engine's sentences/s. Indicative
 only on a shared host: run it alone for figures to keep.
@@ -81,11 +81,16 @@ def main():
   model = transformers.AutoModelForSeq2SeqLM.from_pretrained(export_dir).eval()
   start = time.perf_counter()
   encoded = [tokenizer(line)["input_ids"] for line in lines]
-  order = sorted(range(len(lines)), key=lambda i: len(encoded[i]))
+  # Batches of sources of one length: each sentence's limit is then the decode
+  # command's (transformers takes one max_new_tokens per batch), and no padding.
+  by_length = {}
+  for i, ids in enumerate(encoded):
+    by_length.setdefault(len(ids), []).append(i)
+  batches = [group[first:first + args.batch_size] for _, group in sorted(by_length.items())
+             for first in range(0, len(group), args.batch_size)]
   theirs = [None] * len(lines)
   with torch.inference_mode():
-    for first in range(0, len(order), args.batch_size):
-      rows = order[first:first + args.batch_size]
+    for rows in batches:
       batch = tokenizer([lines[i] for i in rows], return_tensors="pt", padding=True)
       limit = batch["input_ids"].shape[1] + args.extra_decode_length
       generated = model.generate(**batch, num_beams=args.beam_size, length_penalty=0.0,
