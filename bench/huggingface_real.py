@@ -9,13 +9,13 @@ directory), then translates the first --sentences lines of --src twice with the 
 search: beam --beam_size, plain log probabilities (the decode command's --alpha=0,
 transformers' length_penalty=0):
 
-  decode        `python -m t2t_keras.decode` (a process: its wall time includes
-                TensorFlow's start and the model's restore, printed apart as a one-line
-                run's time)
+  decode        `python -m t2t_keras.decode` (a process: its decoding time is its own
+                progress line's, without TensorFlow's start and the restore)
   transformers  AutoTokenizer + AutoModelForSeq2SeqLM.generate, batches of at most
                 --batch_size sentences of one source length, so that each sentence's
                 limit is the decode command's (source + EOS + --extra_decode_length,
-                EOS forced at it); timed from the text in to the text out
+                EOS forced at it); timed from the text in to the text out, on
+                --torch_threads threads
 
 Prints the share of identical translations and each engine's sentences/s. Indicative
 only on a shared host: run it alone for figures to keep.
@@ -23,6 +23,7 @@ only on a shared host: run it alone for figures to keep.
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -32,9 +33,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run(args):
+  """Runs `python -m args`; returns (wall seconds, its stderr)."""
   start = time.perf_counter()
-  subprocess.run([sys.executable, "-m", *args], check=True, cwd=REPO)
-  return time.perf_counter() - start
+  result = subprocess.run([sys.executable, "-m", *args], check=True, cwd=REPO,
+                          stderr=subprocess.PIPE, text=True)
+  return time.perf_counter() - start, result.stderr
+
+
+def _decoding_seconds(stderr: str) -> float:
+  """The decode command's own time (its last progress line's elapsed), start excluded."""
+  found = re.findall(r"decoded \d+/\d+ sentences \([^)]*elapsed (\d+)s", stderr)
+  return float(found[-1]) if found else float("nan")
 
 
 def main():
@@ -46,6 +55,9 @@ def main():
   parser.add_argument("--batch_size", type=int, default=32)
   parser.add_argument("--extra_decode_length", type=int, default=50)
   parser.add_argument("--export_dir", default=None)
+  # One: PyTorch's OpenMP threads spin while they wait, and on a host that other
+  # processes load, 2 threads ran generate 25 times slower than 1.
+  parser.add_argument("--torch_threads", type=int, default=1)
   args = parser.parse_args()
 
   work = tempfile.mkdtemp(prefix="hf_bench_")
@@ -64,19 +76,16 @@ def main():
             f"--extra_decode_length={args.extra_decode_length}",
             f"--decode_batch_size={args.batch_size}"]
   ours_file = os.path.join(work, "decode.txt")
-  one = os.path.join(work, "one.txt")
-  with open(one, "w", encoding="utf-8") as f:
-    f.write(lines[0] + "\n")
-  start_cost = _run(["t2t_keras.decode", *common, f"--input_file={one}",
-                     f"--output_file={one}.out"])
-  decode_seconds = _run(["t2t_keras.decode", *common, f"--input_file={source}",
-                         f"--output_file={ours_file}"])
+  decode_wall, stderr = _run(["t2t_keras.decode", *common, f"--input_file={source}",
+                              f"--output_file={ours_file}"])
+  decode_seconds = _decoding_seconds(stderr)
   with open(ours_file, encoding="utf-8") as f:
     ours = f.read().splitlines()
 
   # pylint: disable=import-outside-toplevel
   import torch
   import transformers
+  torch.set_num_threads(args.torch_threads)
   tokenizer = transformers.AutoTokenizer.from_pretrained(export_dir)
   model = transformers.AutoModelForSeq2SeqLM.from_pretrained(export_dir).eval()
   start = time.perf_counter()
@@ -102,10 +111,9 @@ def main():
   same = sum(a == b for a, b in zip(ours, theirs))
   print(f"sentences: {len(lines)} of {args.src}; beam {args.beam_size}, no length penalty")
   print(f"identical translations: {same}/{len(lines)} ({100.0 * same / len(lines):.1f}%)")
-  print(f"decode command: {decode_seconds:.1f} s wall ({len(lines) / decode_seconds:.1f} "
-        f"sentences/s), of which about {start_cost:.1f} s is a one-line run's (start, "
-        f"restore): {len(lines) / max(decode_seconds - start_cost, 1e-9):.1f} sentences/s "
-        "without it")
+  print(f"decode command: {decode_seconds:.0f} s decoding by its progress line "
+        f"({len(lines) / decode_seconds:.1f} sentences/s); {decode_wall:.1f} s with "
+        "TensorFlow's start and the restore")
   print(f"transformers generate (torch {torch.__version__}, {torch.get_num_threads()} "
         f"threads): {hf_seconds:.1f} s ({len(lines) / hf_seconds:.1f} sentences/s)")
   for a, b, src in list((a, b, s) for a, b, s in zip(ours, theirs, lines) if a != b)[:5]:
