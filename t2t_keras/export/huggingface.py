@@ -307,6 +307,9 @@ def model_card_readme(card: dict, config: ModelConfig, languages=()) -> str:
   from t2t_keras import model_card
   kind = architecture(config)
   tag = f">>{languages[0]}<< " if languages else ""
+  # The card's own lines, without the SavedModel's path of its JSON file.
+  described = (model_card.describe(card).replace(f" ({model_card.CARD_FILE})", "", 1)
+               if card else "(none: exported from a model in memory)")
   return f"""---
 library_name: transformers
 pipeline_tag: translation
@@ -324,8 +327,9 @@ t2t_keras/export/huggingface.py), with the run's SentencePiece vocabulary as a
 
 ```python
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-tokenizer = AutoTokenizer.from_pretrained(PATH)
-model = AutoModelForSeq2SeqLM.from_pretrained(PATH)
+path = "."  # this directory, or its repository id on the Hub
+tokenizer = AutoTokenizer.from_pretrained(path)
+model = AutoModelForSeq2SeqLM.from_pretrained(path)
 batch = tokenizer(["{tag}A dog runs in the park."], return_tensors="pt", padding=True)
 print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))
 ```
@@ -341,7 +345,7 @@ extra_decode_length.
 ## Model card
 
 ```
-{model_card.describe(card)}
+{described}
 ```
 
 ```json
