@@ -269,3 +269,16 @@ def test_exported_text_model_translates_text_as_decode_does(tiny_model_dir, tmp_
                                  max_new_tokens=batch["input_ids"].shape[1] + 3)
     theirs.append(tokenizer.decode(generated[0], skip_special_tokens=True))
   assert theirs == output_file.read_text().splitlines()
+
+
+def test_export_of_a_model_in_memory_loads_and_refuses_a_full_directory(tmp_path):
+  keras.utils.set_random_seed(1)
+  model = create_model(BASE)
+  path = str(tmp_path / "hf")
+  assert hf.export(model, BASE, _Ids(), path, DecodeConfig(beam_size=3)) == path
+  assert sorted(os.listdir(path)) == ["README.md", "config.json", "generation_config.json",
+                                      "model.safetensors"]  # no tokenizer: integer ids
+  loaded = transformers.AutoModelForSeq2SeqLM.from_pretrained(path)
+  assert loaded.generation_config.num_beams == 3
+  with pytest.raises(ExportError, match="is not empty"):
+    hf.export(model, BASE, _Ids(), path)
