@@ -35,8 +35,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _run(args):
   """Runs `python -m args`; returns (wall seconds, its stderr)."""
   start = time.perf_counter()
-  result = subprocess.run([sys.executable, "-m", *args], check=True, cwd=REPO,
-                          stderr=subprocess.PIPE, text=True)
+  result = subprocess.run([sys.executable, "-m", *args], cwd=REPO,
+                          stderr=subprocess.PIPE, text=True, check=False)
+  if result.returncode:
+    sys.exit(f"{' '.join(args)} failed:\n{result.stderr[-3000:]}")
   return time.perf_counter() - start, result.stderr
 
 
@@ -58,7 +60,8 @@ def main():
   # One: PyTorch's OpenMP threads spin while they wait, and on a host that other
   # processes load, 2 threads ran generate 25 times slower than 1.
   parser.add_argument("--torch_threads", type=int, default=1)
-  args = parser.parse_args()
+  # Any other flag (--average_last_n=1, --checkpoint_path=...) goes to both commands.
+  args, weights = parser.parse_known_args()
 
   work = tempfile.mkdtemp(prefix="hf_bench_")
   export_dir = args.export_dir or os.path.join(work, "hf")
@@ -70,11 +73,11 @@ def main():
   if not os.path.exists(os.path.join(export_dir, "model.safetensors")):
     _run(["t2t_keras.export", f"--model_dir={args.model_dir}", f"--export_dir={export_dir}",
           "--format=huggingface", "--alpha=0", f"--beam_size={args.beam_size}",
-          f"--extra_decode_length={args.extra_decode_length}"])
+          f"--extra_decode_length={args.extra_decode_length}", *weights])
 
   common = [f"--model_dir={args.model_dir}", f"--beam_size={args.beam_size}", "--alpha=0",
             f"--extra_decode_length={args.extra_decode_length}",
-            f"--decode_batch_size={args.batch_size}"]
+            f"--decode_batch_size={args.batch_size}", *weights]
   ours_file = os.path.join(work, "decode.txt")
   decode_wall, stderr = _run(["t2t_keras.decode", *common, f"--input_file={source}",
                               f"--output_file={ours_file}"])
