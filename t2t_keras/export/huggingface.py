@@ -54,7 +54,10 @@ GNMT divides by ((5 + length) / 6)^alpha: the export says so); `max_new_tokens` 
 max_input_length + extra_decode_length (transformers has no "source length + N": this
 is the bound ours reaches for the longest source; `generate(max_new_tokens=source
 length + N)` per sentence is ours), with EOS forced at the last position as ours
-(`forced_eos_token_id`); min_decode_length -> `min_new_tokens`.
+(`forced_eos_token_id`); min_decode_length -> `min_new_tokens`. transformers' beam
+search keeps an ended hypothesis only when its EOS ranks among the best num_beams of a
+step's 2 x num_beams candidates (tensor2tensor's: any of them), so a few translations
+differ even at alpha 0, ours then of the higher log-probability.
 """
 
 from __future__ import annotations
