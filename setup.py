@@ -30,6 +30,9 @@ TOOLS = {
 TF_LINES = ("2.20", "2.21")
 TF_NEXT = "2.22"
 TF_PACKAGES = ("tensorflow", "tensorflow-text", "tensorflow-serving-api")
+# The huggingface extra (`--format=huggingface` and its test lane, .ci/huggingface,
+# which installs these before the package).
+HUGGINGFACE = ["transformers>=5.0", "torch>=2.4", "safetensors>=0.4", "sentencepiece>=0.2"]
 
 setup(
     name="t2t_keras",
@@ -93,5 +96,10 @@ setup(
                  "ctranslate2>=4.5"],
         # `python -m t2t_keras.export --format=ctranslate2` and t2t-ct2-translate
         "ctranslate2": ["ctranslate2>=4.5"],
+        # `python -m t2t_keras.export --format=huggingface` and its test
+        # (tests/huggingface_export_test.py, CI's lane .ci/huggingface): PyTorch weights
+        # in safetensors that transformers' MarianMT / Pegasus load. Install torch first
+        # (`pip install torch`, or its CPU build) so pip does not pick a CUDA build.
+        "huggingface": HUGGINGFACE,
     },
 )

@@ -1,5 +1,6 @@
 """Test setup: quiet TensorFlow logs and make ../shared/data reachable."""
 
+import importlib.util
 import os
 import shutil
 
@@ -21,6 +22,16 @@ import pytest  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATA = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
+
+# huggingface_export_test.py needs the huggingface extra (transformers, torch), which
+# README's test command does not install: CI runs that file in a lane of its own
+# (.ci/huggingface, which sets T2T_HUGGINGFACE_LANE=1), so under CI=true the main suite
+# leaves it out rather than fail on its skip; elsewhere it is skipped with what to install.
+collect_ignore = []
+if (os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+    and not os.environ.get("T2T_HUGGINGFACE_LANE")
+    and importlib.util.find_spec("transformers") is None):
+  collect_ignore.append("huggingface_export_test.py")
 
 
 # The files that take longest, longest first, as measured in a full run (each file's

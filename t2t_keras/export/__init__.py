@@ -3,6 +3,7 @@
 - `saved_model.py`: a SavedModel for TensorFlow Serving (strings in, translations out;
   beam search, tokenization and per-request limits in the graph).
 - `ctranslate2.py`: a CTranslate2 model directory (OpenNMT's C++ engine).
+- `huggingface.py`: a transformers model directory (MarianMT or Pegasus, safetensors).
 - `publish.py`: how both make an export appear whole or not at all.
 - `__main__.py`: the command, `python -m t2t_keras.export` / `t2t-export`.
 
@@ -198,5 +199,30 @@ CTRANSLATE2 = Format(
     },
     own_flags=("quantization",))
 
-FORMATS: Dict[str, Format] = {f.name: f for f in (SAVED_MODEL, CTRANSLATE2)}
+_GENERATE = "pass it to transformers' generate"
+HUGGINGFACE = Format(
+    name="huggingface",
+    help="a transformers model directory (MarianMT or Pegasus, PyTorch safetensors; "
+         "loading it needs pip install transformers torch)",
+    module="t2t_keras.export.huggingface",
+    # generation_config.json (alpha as length_penalty: exact at 0, see huggingface.py;
+    # max_input_length: the tokenizer's model_max_length, and max_new_tokens with
+    # extra_decode_length)
+    carries=("beam_size", "alpha", "extra_decode_length", "min_decode_length",
+             "max_input_length"),
+    instead={
+        "return_beams": f"{_GENERATE}: generate(num_return_sequences=K, "
+                        "output_scores=True, return_dict_in_generate=True)",
+        "target_language": "start each source with the language's tag as Marian "
+                           "writes it: '>>de<< A dog runs.' (vocab.json maps it to <2de>)",
+        "decode_batch_size": "batch the sources yourself: tokenizer(texts, padding=True)",
+        "decode_jit_compile": "transformers runs PyTorch; drop it (torch.compile is "
+                              "yours to try)",
+        "decode_xla_halvings": "transformers runs PyTorch; drop it",
+        "decode_dtype": "give it when loading: from_pretrained(..., dtype=torch.bfloat16)",
+        "constrain_trees": "a transformers model cannot carry the tree constraint; use "
+                           "--format=saved_model",
+    })
+
+FORMATS: Dict[str, Format] = {f.name: f for f in (SAVED_MODEL, CTRANSLATE2, HUGGINGFACE)}
 

@@ -12,6 +12,10 @@ run was given, `flags.use_recipe`), as decode's do.
 into --export_dir itself (default <model_dir>/ctranslate2): model.bin, the vocabulary
 and the run's SentencePiece model (see t2t_keras/export/ctranslate2.py).
 
+`--format=huggingface` writes a transformers model directory (MarianMT or Pegasus,
+safetensors, a MarianTokenizer; default <model_dir>/huggingface; see
+t2t_keras/export/huggingface.py and docs/huggingface.md).
+
 Decoding settings a format does not carry (t2t_keras/export/__init__.py declares them
 per format: a CTranslate2 model carries none) are refused when typed on the command
 line, naming where each goes instead; --decode_dtype sets the SavedModel's compute
