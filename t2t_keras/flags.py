@@ -356,7 +356,7 @@ def use_recipe(model_dir: str, fv=FLAGS) -> RecipeUse:
   decode, score and export decode a model as its recipe says, as tensor2tensor's
   hparams and OpenNMT-tf's model configuration do. Given flags win; a directory
   without a record keeps the flags' defaults. Call before reading the configs."""
-  from t2t_keras import modeldir  # pylint: disable=import-outside-toplevel
+  from t2t_keras.trained import modeldir  # pylint: disable=import-outside-toplevel
   applied, overridden = {}, {}
   for name, value in modeldir.recipe_decoding_of(model_dir).items():
     if name not in fv or name in _NOT_RECORDED:

@@ -76,7 +76,7 @@ def dev_bleu_hook(model, tokenizer, data_config, decode_config, n: int,
                                     progress=False)
     report = metrics.bleu_report([o.texts[0] for o in outputs], [references])
     if model_dir:
-      from t2t_keras import modeldir
+      from t2t_keras.trained import modeldir
       modeldir.record_dev_bleu(model_dir, {
           "bleu": report["bleu"], "step": int(step), "signature": report["bleu_signature"],
           "sentences": len(sources), "dev_src": data_config.dev_src,
@@ -97,7 +97,8 @@ def prepare(agreement, data_config, train_config, decode_config):
     (datasets, model_config, the vocabulary file in model_dir or None).
   """
   # pylint: disable=import-outside-toplevel
-  from t2t_keras import data, modeldir
+  from t2t_keras.trained import modeldir
+  from t2t_keras import data
   from t2t_keras.errors import UserError
 
   def load():
@@ -146,7 +147,7 @@ def init_from_data_config(train_config, data_config, checkpoint):
 
   import tensorflow as tf
 
-  from t2t_keras import modeldir
+  from t2t_keras.trained import modeldir
   from t2t_keras.data import sources
   from t2t_keras.training import init_from
   if checkpoint is not None:
@@ -184,7 +185,7 @@ def _init_from_side_vocabs(train_config, data_config, checkpoint):
   # pylint: disable=import-outside-toplevel
   import dataclasses
 
-  from t2t_keras import modeldir
+  from t2t_keras.trained import modeldir
   from t2t_keras.training import init_from
   if checkpoint is None:
     own = modeldir.data_config_of(train_config.model_dir)
@@ -248,7 +249,7 @@ def run_training() -> None:
   import keras
   import tensorflow as tf
 
-  from t2t_keras import modeldir
+  from t2t_keras.trained import modeldir
   from t2t_keras.data import sources
   from t2t_keras.errors import DataError
   from t2t_keras.training import distribute
@@ -352,8 +353,8 @@ def run_training() -> None:
 def export(model, datasets, decode_config, data_config, train_config, vocab) -> None:
   """--export: a SavedModel of `model` (the host copy of the trained weights)."""
   # pylint: disable=import-outside-toplevel
-  from t2t_keras import modeldir
-  from t2t_keras.checkpoints import listed_checkpoints
+  from t2t_keras.trained import modeldir
+  from t2t_keras.trained.checkpoints import listed_checkpoints
   from t2t_keras.export import saved_model
   translator = saved_model.Translator(model, datasets.tokenizer, decode_config,
                                       vocab_file=vocab, data_config=data_config)

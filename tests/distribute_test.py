@@ -240,7 +240,7 @@ def test_a_non_chief_saves_on_its_local_disk_never_under_the_model_dir(
   # pylint: disable=import-outside-toplevel
   import keras
 
-  from t2t_keras import modeldir
+  from t2t_keras.trained import modeldir
   from t2t_keras.configs import TrainConfig
   from t2t_keras.training.trainer import Trainer
   from tests.trainer_test import MODEL, make_dataset_fn

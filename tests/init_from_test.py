@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t2t_keras import modeldir
+from t2t_keras.trained import modeldir
 from t2t_keras.errors import CheckpointError, ModelDirError
 from t2t_keras.model import create_model
 from t2t_keras.training import init_from

@@ -246,7 +246,7 @@ def test_wheel_carries_the_tools_commands_and_license(tmp_path):
   _, tools = setup_literals()
   for module in tools:
     assert f"t2t_keras/tools/{module}.py" in names, module
-  assert "t2t_keras/model_card.py" in names and "t2t_keras/tools/__init__.py" in names
+  assert "t2t_keras/trained/model_card.py" in names and "t2t_keras/tools/__init__.py" in names
   assert not any(n.startswith(("tools/", "tests/", "bench/")) for n in names)
   parser = configparser.ConfigParser()
   parser.read_string(entry_points)

@@ -13,8 +13,7 @@ import tensorflow as tf
 
 from t2t_keras import EOS_ID, PAD_ID
 from t2t_keras.configs import DataConfig, ModelConfig, TrainConfig
-from t2t_keras.data import cache, corpora, packing, pipeline
-from t2t_keras.data import plan as plan_lib
+from t2t_keras.data import cache, corpora, packing, pipeline, plan as plan_lib
 from t2t_keras.errors import ConfigError
 from t2t_keras.model import create_model
 from t2t_keras.training import losses
@@ -255,7 +254,7 @@ def test_the_train_command_refuses_packing_with_a_source_pointer_and_records_pac
   from absl import flags  # pylint: disable=import-outside-toplevel
   from tests.user_errors_test import _parsed  # pylint: disable=import-outside-toplevel
   from t2t_keras import flags as t2t_flags  # pylint: disable=import-outside-toplevel
-  from t2t_keras import model_card  # pylint: disable=import-outside-toplevel
+  from t2t_keras.trained import model_card  # pylint: disable=import-outside-toplevel
   argv, fv = _parsed("--flagfile=flags/demo.cfg", "--packed_length=16", "--source_pointer")
   with pytest.raises(flags.ValidationError, match="--packed_length=16 packs several pairs "
                      "into a row, and --source_pointer reads one source per row"):
@@ -267,7 +266,7 @@ def test_the_train_command_refuses_packing_with_a_source_pointer_and_records_pac
   assert model_card.training_data(data)["packed_length"] == 256
   assert "packed_length" not in model_card.training_data({**data, "packed_length": 0})
   # A restart that packs differently is a changed batch plan (modeldir.check_plan).
-  from t2t_keras import modeldir  # pylint: disable=import-outside-toplevel
+  from t2t_keras.trained import modeldir  # pylint: disable=import-outside-toplevel
   assert modeldir.plan_key(_config(), TrainConfig(), 1)["packed_length"] == L
   assert modeldir.plan_key(_config(), TrainConfig(), 1)["packing"] == "length strata"
   # Packed steps mix buckets whatever --static_run_steps says (one shape for all).

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t2t_keras import EOS_ID, PAD_ID, errors, modeldir
+from t2t_keras.trained import modeldir
+from t2t_keras import EOS_ID, PAD_ID, errors
 from t2t_keras.configs import ModelConfig, TrainConfig
-from t2t_keras import checkpoints
+from t2t_keras.trained import checkpoints
 from t2t_keras.training import distribute, losses
 from t2t_keras.training.schedules import TransformerSchedule
 from t2t_keras.training.trainer import Trainer, TrainingError

@@ -18,7 +18,7 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-from t2t_keras import modeldir
+from t2t_keras.trained import modeldir
 from t2t_keras.errors import TrainingError
 from t2t_keras.training import distribute
 

@@ -34,7 +34,7 @@ from typing import List, Optional
 import numpy as np
 import tensorflow as tf
 
-from t2t_keras import averaging, checkpoints, modeldir
+from t2t_keras.trained import averaging, checkpoints, modeldir
 from t2t_keras.configs import DataConfig
 from t2t_keras.data import sources
 from t2t_keras.errors import CheckpointError, ModelDirError

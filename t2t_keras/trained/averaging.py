@@ -32,7 +32,8 @@ from absl import logging
 from google.protobuf import message
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
-from t2t_keras import checkpoints, modeldir, outputs
+from t2t_keras.trained import checkpoints, modeldir
+from t2t_keras import outputs
 from t2t_keras.errors import CheckpointError, ModelDirError
 from t2t_keras.model import create_model
 

@@ -37,8 +37,8 @@ from typing import NamedTuple, Optional
 import tensorflow as tf
 from keras import ops
 
-from t2t_keras.layers.attention import _MASK_VALUE
-from t2t_keras.layers.position import sinusoid
+from t2t_keras.model.layers.attention import _MASK_VALUE
+from t2t_keras.model.layers.position import sinusoid
 
 
 class StepInputs(NamedTuple):

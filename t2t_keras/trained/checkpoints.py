@@ -5,8 +5,8 @@ Training, decode, score, export and the tools all come here: choosing checkpoint
 (the latest, `--checkpoint_path` (a prefix or a directory such as <model_dir>/best),
 the last `--average_last_n`), checking the `checkpoint` state file (it may name
 nothing outside its directory), restoring with one CheckpointError that names the
-checkpoint, its files and what to do. Averaging weights is t2t_keras.averaging's;
-the model directory's other files are t2t_keras.modeldir's; building a model and
+checkpoint, its files and what to do. Averaging weights is t2t_keras.trained.averaging's;
+the model directory's other files are t2t_keras.trained.modeldir's; building a model and
 restoring it for inference is t2t_keras.inference.loading's.
 """
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import keras
 
-from t2t_keras.layers.dropout import Dropout
+from t2t_keras.model.layers.dropout import Dropout
 
 
 @keras.saving.register_keras_serializable(package="t2t_keras")

@@ -32,9 +32,9 @@ from keras import ops
 
 from t2t_keras import BOS_ID, PAD_ID
 from t2t_keras.configs import ModelConfig
-from t2t_keras.layers import (DecoderLayer, Dropout, EncoderLayer, LearnedPosition,
+from t2t_keras.model.layers import (DecoderLayer, Dropout, EncoderLayer, LearnedPosition,
                               SharedEmbedding, SinusoidalPosition, decoder_step)
-from t2t_keras.layers.position import sinusoid
+from t2t_keras.model.layers.position import sinusoid
 
 _POLICIES = {"float32": "float32", "bfloat16": "mixed_bfloat16",
              "mixed_bfloat16": "mixed_bfloat16", "mixed_float16": "mixed_float16"}

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import keras
 
-from t2t_keras.layers.attention import MultiHeadAttention
-from t2t_keras.layers.dropout import Dropout
-from t2t_keras.layers.feed_forward import FeedForward
+from t2t_keras.model.layers.attention import MultiHeadAttention
+from t2t_keras.model.layers.dropout import Dropout
+from t2t_keras.model.layers.feed_forward import FeedForward
 
 
 @keras.saving.register_keras_serializable(package="t2t_keras")

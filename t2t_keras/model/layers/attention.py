@@ -32,7 +32,7 @@ import math
 import keras
 from keras import ops
 
-from t2t_keras.layers.dropout import Dropout
+from t2t_keras.model.layers.dropout import Dropout
 
 # Large negative logit for masked positions (the paper's -inf, without NaNs for rows
 # that are entirely masked).

@@ -46,7 +46,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 import t2t_keras
-from t2t_keras import modeldir
+from t2t_keras.trained import modeldir
 
 CARD_FILE = os.path.join("assets.extra", "model_card.json")  # in the version directory
 CARD_FORMAT = 1  # bumped when a field changes meaning
