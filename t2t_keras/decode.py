@@ -315,7 +315,7 @@ def earlier_translations(job, lines: int, multiple: bool) -> tuple:
   """The best translations of a resumed run's first `lines` lines, read back from
   --output_file, and their --reference_file lines (for BLEU over the whole run)."""
   # pylint: disable=import-outside-toplevel
-  from t2t_keras.data.textfiles import read_text_lines
+  from t2t_keras.data.sources.textfiles import read_text_lines
   from t2t_keras.inference import bulk
   written = read_text_lines(FLAGS.output_file, "--output_file")
   if multiple:  # blocks of "score<TAB>text" lines, each ended by an empty line

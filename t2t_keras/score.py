@@ -48,7 +48,7 @@ def run() -> None:
   from t2t_keras.trained import modeldir
   from t2t_keras import language_tags
   from t2t_keras.inference import loading, scoring, translate
-  from t2t_keras.data.textfiles import read_text_lines
+  from t2t_keras.data.sources.textfiles import read_text_lines
   from t2t_keras.errors import ConfigError, DataError
 
   tf.get_logger().setLevel("WARNING")

@@ -52,7 +52,7 @@ def dev_bleu_hook(model, tokenizer, data_config, decode_config, n: int,
   # pylint: disable=import-outside-toplevel
   from t2t_keras import metrics
   from t2t_keras.inference import decoding, translate
-  from t2t_keras.data import sources as sources_lib
+  from t2t_keras.data.sources import sources as sources_lib
   from t2t_keras.errors import DataError
   from t2t_keras.training.evaluator import DecodingWeights
   source = sources_lib.data_source(data_config)
@@ -148,7 +148,7 @@ def init_from_data_config(train_config, data_config, checkpoint):
   import tensorflow as tf
 
   from t2t_keras.trained import modeldir
-  from t2t_keras.data import sources
+  from t2t_keras.data.sources import sources
   from t2t_keras.training import init_from
   if checkpoint is not None:
     init_from.check_vocabularies(
@@ -250,7 +250,7 @@ def run_training() -> None:
   import tensorflow as tf
 
   from t2t_keras.trained import modeldir
-  from t2t_keras.data import sources
+  from t2t_keras.data.sources import sources
   from t2t_keras.errors import DataError
   from t2t_keras.training import distribute
   from t2t_keras.training.trainer import PREEMPTED_EXIT_CODE, Trainer, format_duration
@@ -264,7 +264,7 @@ def run_training() -> None:
   keras.utils.set_random_seed(train_config.seed)
   dispatchers = []
   if train_config.data_service:  # an absent dispatcher: said now, not a hang at step 1
-    from t2t_keras.data import service
+    from t2t_keras.data.batching import service
     dispatchers = service.addresses(train_config.data_service)
     service.check_reachable(dispatchers)
   data_config = t2t_flags.data_config()

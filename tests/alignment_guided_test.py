@@ -14,7 +14,8 @@ import pytest
 import tensorflow as tf
 
 from t2t_keras.configs import DataConfig, ModelConfig, TrainConfig
-from t2t_keras.data import alignments, pipeline, tokenizer as tokenizer_lib
+from t2t_keras.data.tokens import alignments, tokenizer as tokenizer_lib
+from t2t_keras.data.batching import pipeline
 from t2t_keras.errors import ConfigError, DataError
 from t2t_keras.inference import scoring
 from t2t_keras.training import losses
@@ -164,7 +165,7 @@ def test_packed_rows_and_skipped_lines_are_refused_naming_both_flags():
 
 
 def test_several_corpora_and_language_tags_are_refused_naming_the_flags():
-  from t2t_keras.data import sources
+  from t2t_keras.data.sources import sources
   several = DataConfig(source="files", train_src="a.en,b.en", train_tgt="a.de,b.de",
                        train_alignments="x.align")
   assert any("--train_alignments=x.align with several corpora (--train_src=a.en,b.en)"
@@ -327,7 +328,7 @@ def test_ctranslate2_attention_is_head_0_of_the_guided_layer(tmp_path):
   import keras  # pylint: disable=import-outside-toplevel
   from t2t_keras.trained import modeldir
   from t2t_keras import EOS_ID
-  from t2t_keras.data.tokenizer import IntegerTokenizer
+  from t2t_keras.data.tokens.tokenizer import IntegerTokenizer
   from t2t_keras.export import ctranslate2 as ce
   from t2t_keras.model import create_model
   path = str(tmp_path / "m")

@@ -14,7 +14,7 @@ import tensorflow as tf
 from t2t_keras import EOS_ID, PAD_ID
 from t2t_keras.inference import decoding, loading
 from t2t_keras.configs import DecodeConfig, WeightsConfig
-from t2t_keras.data import tokenizer as tokenizer_lib
+from t2t_keras.data.tokens import tokenizer as tokenizer_lib
 from t2t_keras.export import ExportSettings
 from t2t_keras.export.saved_model import export_from_settings
 from tests import inprocess

@@ -309,7 +309,7 @@ def test_import_without_tensorflow_says_how_to_install_it(monkeypatch):
 
 def test_a_tensorflow_text_of_another_line_is_named_with_the_fix(monkeypatch):
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  from t2t_keras.data import tokenizer  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data.tokens import tokenizer  # pylint: disable=import-outside-toplevel
   line = ".".join(tf.__version__.split(".")[:2])
   fake = type(sys)("tensorflow_text")
   fake.__version__ = "2.19.0"

@@ -1,4 +1,4 @@
-"""Packed rows (--packed_length, t2t_keras/data/packing.py): a packed row computes what
+"""Packed rows (--packed_length, t2t_keras/data/batching/packing.py): a packed row computes what
 each of its pairs computes alone (every position kind), the packed dataset holds the
 batch plan's pairs (none lost, none twice, segment ids and positions right) with its
 resume and hosts, the loss and its normalisation are those of unpacked training, and a
@@ -13,7 +13,9 @@ import tensorflow as tf
 
 from t2t_keras import EOS_ID, PAD_ID
 from t2t_keras.configs import DataConfig, ModelConfig, TrainConfig
-from t2t_keras.data import cache, corpora, packing, pipeline, plan as plan_lib
+from t2t_keras.data.tokens import cache
+from t2t_keras.data.sources import corpora
+from t2t_keras.data.batching import packing, pipeline, plan as plan_lib
 from t2t_keras.errors import ConfigError
 from t2t_keras.model import create_model
 from t2t_keras.training import losses
@@ -379,7 +381,7 @@ def test_packed_dev_loss_equals_the_unpacked_dev_loss():
   """With --static_shapes, evaluation packs the dev pairs as training does, in one
   program: every dev pair once, and the loss, tokens and accuracy of the unpacked
   (dynamic) evaluation, to 1e-5."""
-  from t2t_keras.data import dev_batches  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data.batching import dev_batches  # pylint: disable=import-outside-toplevel
   packed = _synthetic(synthetic_eval_size=97)
   plain = _synthetic(synthetic_eval_size=97, packed_length=0, static_shapes=False)
   eval_data = packed.eval_fn
@@ -411,7 +413,7 @@ def test_packed_evaluation_keeps_longer_pairs_apart_and_runs_on_two_replicas(tmp
   """Dev pairs longer than L (kept in evaluation) stay in buckets of their own after
   the packed rows; every dev pair, empty sides included, comes once; and the dev loss
   on 2 replicas (the CPU split in two) and on 1 equals the unpacked (dynamic) one."""
-  from t2t_keras.data import dev_batches  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data.batching import dev_batches  # pylint: disable=import-outside-toplevel
   from t2t_keras.training import distribute  # pylint: disable=import-outside-toplevel
   # Padded lengths 23 (packed) and 25 (not) share the dev bucket (20, 26]: L = 24
   # is no bucket boundary.

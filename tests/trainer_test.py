@@ -369,7 +369,8 @@ def test_dev_bleu_reads_the_dev_pairs_of_any_source(monkeypatch):
   set works as the --dev_src/--dev_tgt files do."""
   from t2t_keras import train  # pylint: disable=import-outside-toplevel
   from t2t_keras.configs import DataConfig, DecodeConfig  # pylint: disable=import-outside-toplevel
-  from t2t_keras.data import sources, tokenizer  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data.tokens import tokenizer  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data.sources import sources  # pylint: disable=import-outside-toplevel
   from t2t_keras.model import create_model  # pylint: disable=import-outside-toplevel
   import sacrebleu  # pylint: disable=import-outside-toplevel
   from t2t_keras import metrics  # pylint: disable=import-outside-toplevel

@@ -91,7 +91,7 @@ class Transformer(keras.Model):
   Call arguments:
     inputs: dict with "inputs" (B, S) and "targets" (B, T) int ids; for packed rows
       (several pairs a row, --packed_length) also their segment ids and positions
-      (`t2t_keras.data.packing.FEATURES`).
+      (`t2t_keras.data.batching.packing.FEATURES`).
     training: whether dropout is active.
 
   Returns:
@@ -191,7 +191,7 @@ class Transformer(keras.Model):
   def encode(self, inputs, training=None, return_attention=False, packed=None):
     """Encodes source ids (B, S).
 
-    `packed`: for packed rows (data/packing.py), a dict with at least
+    `packed`: for packed rows (data/batching/packing.py), a dict with at least
     "inputs_segmentation" and "inputs_position" (B, S): attention stays within each
     pair and positions restart at each; None for one pair per row.
 
@@ -222,7 +222,7 @@ class Transformer(keras.Model):
     (and the source ids `inputs` (B, S), which models with a source pointer need).
 
     `packed`: for packed rows, the four segment and position features
-    (data/packing.py): each pair's first decoder input is BOS, positions restart at
+    (data/batching/packing.py): each pair's first decoder input is BOS, positions restart at
     each pair, self-attention is causal within the pair, and encoder-decoder attention
     reads the source of the same pair only (`memory_mask` is then unused).
 
@@ -259,7 +259,7 @@ class Transformer(keras.Model):
     return (logits, maps) if return_attention else logits
 
   def call(self, inputs, training=None):
-    packed = inputs if "inputs_segmentation" in inputs else None  # data/packing.py
+    packed = inputs if "inputs_segmentation" in inputs else None  # data/batching/packing.py
     encoded, memory_mask = self.encode(inputs["inputs"], training=training, packed=packed)
     return self.decode(inputs["targets"], encoded, memory_mask, training=training,
                        inputs=inputs["inputs"], packed=packed)

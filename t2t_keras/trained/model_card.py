@@ -77,7 +77,7 @@ def training_data(data: dict) -> dict:
       picked[name] = value
   if "train_weights" not in picked:  # how weights share an epoch, without weights
     picked.pop("train_weights_by", None)
-  if data.get("packed_length"):  # several pairs a row (data/packing.py)
+  if data.get("packed_length"):  # several pairs a row (data/batching/packing.py)
     picked["packed_length"] = data["packed_length"]
   return picked
 

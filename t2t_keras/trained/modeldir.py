@@ -202,7 +202,7 @@ def append_flags(model_dir: str, flags_text: str) -> None:
 
 # ---------------------------------------------------------------- the batch plan
 def plan_key(data_config: DataConfig, train_config, replicas: int) -> dict:
-  """What decides which pairs each step trains on (see t2t_keras.data.plan)."""
+  """What decides which pairs each step trains on (see t2t_keras.data.batching.plan)."""
   key = {}
   if data_config.train_weights:  # several corpora (absent before them: records compare)
     key = {"train_weights": data_config.train_weights,

@@ -36,7 +36,7 @@ import tensorflow as tf
 
 from t2t_keras.trained import averaging, checkpoints, modeldir
 from t2t_keras.configs import DataConfig
-from t2t_keras.data import sources
+from t2t_keras.data.sources import sources
 from t2t_keras.errors import CheckpointError, ModelDirError
 
 RECORD_FILE = "init_from.json"

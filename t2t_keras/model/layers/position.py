@@ -9,7 +9,7 @@ longer than anything seen in training need no table.
 
 `LearnedPosition` is Table 3 row E: a trainable (max_position, D) table.
 
-Both take `positions` (B, T) instead of a start for packed rows (data/packing.py),
+Both take `positions` (B, T) instead of a start for packed rows (data/batching/packing.py),
 where positions restart at every pair of a row.
 """
 

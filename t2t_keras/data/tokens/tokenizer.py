@@ -41,7 +41,9 @@ from absl import logging
 
 from t2t_keras import BOS_ID, EOS_ID, NUM_RESERVED_IDS, PAD_ID, UNK_ID, language_tags
 from t2t_keras.configs import DataConfig
-from t2t_keras.data import cache, leftovers, sources
+from t2t_keras.data.tokens import cache
+from t2t_keras.data.sources import sources
+from t2t_keras.data.fetch import leftovers
 
 
 

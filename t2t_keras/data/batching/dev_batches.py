@@ -42,8 +42,8 @@ import tensorflow as tf
 
 from t2t_keras import PAD_ID
 from t2t_keras.configs import DataConfig
-from t2t_keras.data import cache, packing
-from t2t_keras.data import pipeline as pipeline_lib
+from t2t_keras.data.tokens import cache
+from t2t_keras.data.batching import buckets, packing
 
 _CHUNK_ROWS = 64  # Rows of similar length padded together before unbatching.
 PACKED = -1  # the "bucket" of packed rows (module docstring)
@@ -71,7 +71,7 @@ def _examples(split: cache.TokenizedSplit, input_context=None) -> tf.data.Datase
   def load():
     src, tgt, lengths = split.read(split.present)
     mine = tf.range(shard, tf.shape(lengths)[0], num_shards)
-    return tuple(pipeline_lib.with_eos(tf.gather(tf.RaggedTensor.from_row_lengths(x, lengths[:, i]),
+    return tuple(buckets.with_eos(tf.gather(tf.RaggedTensor.from_row_lengths(x, lengths[:, i]),
                                      mine)) for i, x in enumerate((src, tgt)))
 
   def chunks(src, tgt):
@@ -80,7 +80,7 @@ def _examples(split: cache.TokenizedSplit, input_context=None) -> tf.data.Datase
         "inputs": src[i:i + _CHUNK_ROWS].to_tensor(PAD_ID),
         "targets": tgt[i:i + _CHUNK_ROWS].to_tensor(PAD_ID)})
 
-  return pipeline_lib.loaded(load, chunks).unbatch()
+  return buckets.loaded(load, chunks).unbatch()
 
 
 def _row_lengths(ids: tf.Tensor) -> tf.Tensor:
@@ -100,7 +100,7 @@ def _dynamic_batches(ds: tf.data.Dataset, lengths: List[int], batch_size: int
                      ) -> tf.data.Dataset:
   """Groups dev examples into the buckets of padded `lengths`, each batch cut to its
   content (dynamic shapes)."""
-  sizes = pipeline_lib.bucket_batch_sizes(lengths, batch_size)
+  sizes = buckets.bucket_batch_sizes(lengths, batch_size)
   ds = ds.bucket_by_sequence_length(
       tf.autograph.experimental.do_not_convert(_length), bucket_boundaries=[n + 1 for n in lengths],
       bucket_batch_sizes=sizes + [1],  # Last bucket stays empty.
@@ -112,10 +112,10 @@ def _dynamic_batches(ds: tf.data.Dataset, lengths: List[int], batch_size: int
 def eval_lengths(config: DataConfig, longest: int) -> List[int]:
   """The evaluation buckets' padded lengths: the training buckets, then (for dev pairs
   longer than max_length, up to `longest`) the geometric boundaries beyond them."""
-  lengths = pipeline_lib.bucket_boundaries(config.bucket_min, config.max_length,
+  lengths = buckets.bucket_boundaries(config.bucket_min, config.max_length,
                                            config.bucket_growth)
   if longest > config.max_length:
-    lengths += [n for n in pipeline_lib.bucket_boundaries(
+    lengths += [n for n in buckets.bucket_boundaries(
         config.bucket_min, longest, config.bucket_growth) if n > config.max_length]
   return lengths
 
@@ -131,7 +131,7 @@ class EvalData:
   def __init__(self, config: DataConfig, split: cache.TokenizedSplit):
     self.config, self.split = config, split
     self.static_shapes = config.static_shapes
-    longest = pipeline_lib.split_stats(split, config.max_length).longest
+    longest = buckets.split_stats(split, config.max_length).longest
     self.lengths = eval_lengths(config, longest)
     padded = cache.padded_lengths(split.lengths) if len(split.lengths) else np.zeros([0])
     # Bucket i holds the pairs of padded length in (lengths[i-1], lengths[i]].
@@ -214,7 +214,7 @@ class EvalData:
 
     def load():
       src, tgt, counts = split.read(files)
-      return tuple(pipeline_lib.with_eos(tf.RaggedTensor.from_row_lengths(x, counts[:, i]))
+      return tuple(buckets.with_eos(tf.RaggedTensor.from_row_lengths(x, counts[:, i]))
                    for i, x in enumerate((src, tgt)))
 
     def batches(src, tgt):
@@ -231,7 +231,7 @@ class EvalData:
         return out
       return tf.data.Dataset.from_tensor_slices(tf.constant(mine, tf.int64)).map(batch)
 
-    return pipeline_lib.loaded(load, batches).prefetch(replicas)
+    return buckets.loaded(load, batches).prefetch(replicas)
 
   def _packed(self, mine: np.ndarray, rows: int) -> tf.data.Dataset:
     """The packed rows' batches `mine` (of `rows` rows each; past the last row, all-PAD
@@ -242,7 +242,7 @@ class EvalData:
 
     def load():
       src, tgt, counts = split.read(files)
-      return tuple(pipeline_lib.with_eos(tf.RaggedTensor.from_row_lengths(x, counts[:, i]))
+      return tuple(buckets.with_eos(tf.RaggedTensor.from_row_lengths(x, counts[:, i]))
                    for i, x in enumerate((src, tgt)))
 
     def batches(src, tgt):
@@ -259,7 +259,7 @@ class EvalData:
                 for key, value in packed.items()}
       return tf.data.Dataset.from_tensor_slices(tf.constant(mine, tf.int64)).map(batch)
 
-    return pipeline_lib.loaded(load, batches)
+    return buckets.loaded(load, batches)
 
 
 def _first_fit_decreasing(sizes: tf.Tensor, rows: int, length: int):

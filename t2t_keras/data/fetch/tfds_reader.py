@@ -21,7 +21,7 @@ from typing import List
 import tensorflow as tf
 
 from t2t_keras.configs import DataConfig
-from t2t_keras.data import corpora
+from t2t_keras.data.sources import corpora
 from t2t_keras.errors import DataError
 
 # TFDS split names of the WMT builders for our two splits.

@@ -35,7 +35,7 @@ import sys
 import zipfile
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from t2t_keras.data import fetch
+from t2t_keras.data.fetch import fetch
 from t2t_keras.errors import DataError
 
 

@@ -24,8 +24,8 @@ The parsing source reads bracketed trees (.mrg: --train_src, --dev_src) and pair
 sentence with its linearized tree (t2t_keras.parsing), so parsing uses the vocabulary,
 caches, bucketing and training loop of translation unchanged.
 
-Reading and checking text files is t2t_keras.data.textfiles'; loading TFDS datasets
-offline-first is t2t_keras.data.tfds_reader's.
+Reading and checking text files is t2t_keras.data.sources.textfiles'; loading TFDS datasets
+offline-first is t2t_keras.data.fetch.tfds_reader's.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ from absl import logging
 
 from t2t_keras import NUM_RESERVED_IDS, language_tags, parsing
 from t2t_keras.configs import DataConfig, ModelConfig
-from t2t_keras.data import corpora, textfiles, tfds_reader
+from t2t_keras.data.sources import corpora, textfiles
+from t2t_keras.data.fetch import tfds_reader
 from t2t_keras.errors import DataError
 
 SYNTHETIC_TASKS = ("copy", "reverse")
@@ -178,7 +179,7 @@ class Source:
   def corpora(self, split: str) -> List[Tuple[str, DataConfig]]:
     """The split's corpora as (name, a config of this source reading that corpus
     alone): several only for a training split of several corpora (--train_weights,
-    t2t_keras/data/corpora.py), each tokenized and cached on its own; else the one
+    t2t_keras/data/sources/corpora.py), each tokenized and cached on its own; else the one
     corpus, named by the split, with this source's own config."""
     _check_split(split)
     return [(split, self.config)]

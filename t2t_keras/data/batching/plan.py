@@ -65,7 +65,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-from t2t_keras.data import alignments
+from t2t_keras.data.tokens import alignments
 from t2t_keras.training import distribute
 
 EPOCHS_KEPT = 8  # epochs of the unit order the host keeps (bucket_of_step)

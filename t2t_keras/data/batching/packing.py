@@ -51,7 +51,7 @@ import numpy as np
 import tensorflow as tf
 
 from t2t_keras import PAD_ID
-from t2t_keras.data import plan
+from t2t_keras.data.batching import plan
 
 SEGMENTS = {"inputs": "inputs_segmentation", "targets": "targets_segmentation"}
 POSITIONS = {"inputs": "inputs_position", "targets": "targets_position"}

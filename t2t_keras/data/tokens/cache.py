@@ -39,7 +39,8 @@ from absl import logging
 
 from t2t_keras import language_tags
 from t2t_keras.configs import DataConfig
-from t2t_keras.data import leftovers, sources
+from t2t_keras.data.sources import sources
+from t2t_keras.data.fetch import leftovers
 
 CACHE_VERSION = 4  # 4: files per padded length, read by TF ops (3: one flat file a side)
 VALIDATION_VERSION = 1  # the stored result of validating raw files (unchanged since)

@@ -1,7 +1,7 @@
 """Downloads that a later run can trust: checksums, atomic writes, progress, mirrors.
 
 `t2t-datagen` (t2t_keras/tools/datagen.py) fetches the public corpora the recipes read
-(t2t_keras/data/public_corpora.py). Every file it writes obeys one rule: a file exists
+(t2t_keras/data/fetch/public_corpora.py). Every file it writes obeys one rule: a file exists
 under its final name only once it is complete and checked. Bytes go to a temporary name
 beside the target (`.<name>.tmp-<random>`) and are renamed over it at the end, so a
 killed process, a dropped connection or a full disk leaves at most a temporary file,

@@ -7,7 +7,7 @@ alignments from an external aligner (fast_align, eflomal), which makes the align
 that head gives at decoding time usable for terminology, markup and placeholders. The
 aligner sees whitespace-separated words, the model SentencePiece pieces, so each word
 link (i, j) becomes every link between a piece of source word i and a piece of target
-word j: a piece belongs to the word it is in, the word `inference.scoring.word_index`
+word j: a piece belongs to the word it is in, the word `words.word_index`
 gives it (the same mapping --output_alignments uses to turn piece links back into word
 links).
 
@@ -29,6 +29,9 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from t2t_keras.data.sources import sources as sources_lib
+from t2t_keras.data.tokens import cache
+from t2t_keras.data.tokens.words import word_index, word_starts
 from t2t_keras.errors import DataError
 
 _FIX = ("run the aligner on the same --train_src/--train_tgt files, whitespace-"
@@ -107,7 +110,7 @@ def piece_links(links: np.ndarray, source_words: Sequence[int],
 
   Args:
     links: int [k, 2] word links.
-    source_words, target_words: the word of each piece (`scoring.word_index`).
+    source_words, target_words: the word of each piece (`words.word_index`).
 
   Returns:
     (int32 [m, 2] (source piece, target piece) links in row-major order, word links
@@ -129,11 +132,8 @@ def attach(split, links: List[np.ndarray], starts):
   Args:
     split: a `cache.TokenizedSplit` of one corpus, pairs in the links' order.
     links: each pair's word links (`read_alignments`).
-    starts: `scoring.word_starts` of the tokenizer (a tuple for two vocabularies).
+    starts: `words.word_starts` of the tokenizer (a tuple for two vocabularies).
   """
-  # pylint: disable=import-outside-toplevel
-  from t2t_keras.data import cache
-  from t2t_keras.inference.scoring import word_index
   if len(links) != len(split.lengths):
     raise DataError(f"{len(links)} alignment lines for {len(split.lengths)} tokenized "
                     "pairs: the training files changed; rerun to tokenize them again.")
@@ -205,9 +205,6 @@ def load_links(config, split, tokenizer) -> Optional[object]:
   """`split` with --train_alignments attached (`attach`), or as it is without."""
   if not config.train_alignments or split is None:
     return split
-  # pylint: disable=import-outside-toplevel
-  from t2t_keras.data import sources
-  from t2t_keras.inference.scoring import word_starts
-  counts = word_counts(sources.data_source(config).python_pairs("train"))
+  counts = word_counts(sources_lib.data_source(config).python_pairs("train"))
   links = read_alignments(config.train_alignments, counts)
   return attach(split, links, word_starts(tokenizer))
