@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from t2t_keras import BOS_ID, EOS_ID, PAD_ID
-from t2t_keras.inference import beam_search as bs
+from t2t_keras.inference import search as bs
 from t2t_keras import console
 from t2t_keras.inference import decoding, processors, translate
 from t2t_keras.configs import DecodeConfig, ModelConfig

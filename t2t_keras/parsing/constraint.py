@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from t2t_keras import BOS_ID, EOS_ID, PAD_ID
-from t2t_keras.inference.beam_search import NEG_INF
+from t2t_keras.inference.search import NEG_INF
 from t2t_keras.parsing.trees import LINEARIZATIONS, token_kind
 from t2t_keras.inference.processors import Processor, Rows
 

@@ -4,7 +4,7 @@ token (decode --sampling_topk / --sampling_topp / --sampling_temperature).
 Draws are Gumbel-max over a counter-based hash (`row_uniform`), so a row's sample
 depends only on the seed, its key and the position: the same in any batch, eagerly,
 in a graph, under XLA and in an export. The loop is greedy search's
-(`beam_search._one_per_row`) with another choice of token.
+(`greedy._one_per_row`) with another choice of token.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from typing import Any, Tuple
 import tensorflow as tf
 
 from t2t_keras import BOS_ID, PAD_ID
-from t2t_keras.inference.beam_search import NEG_INF, SymbolsToLogits, _one_per_row
+from t2t_keras.inference.search.common import NEG_INF, SymbolsToLogits
+from t2t_keras.inference.search.greedy import _one_per_row
 
 
 def _mix32(x: tf.Tensor) -> tf.Tensor:
