@@ -118,7 +118,9 @@ def main(argv):
   from t2t_keras import metrics
   from t2t_keras.inference import decoding, loading, translate
   from t2t_keras.configs import DecodeConfig, WeightsConfig
-  from t2t_keras.export import ExportSettings, ctranslate2 as ct2_export, saved_model
+  from t2t_keras.export import ExportSettings
+  from t2t_keras.export import ctranslate2 as ct2_export
+  from t2t_keras.export import saved_model
 
   cores = len(os.sched_getaffinity(0))
   threads = max(1, cores // FLAGS.parallel_batches)

@@ -94,7 +94,9 @@ def main(argv):
 
   from t2t_keras.trained import modeldir
   from t2t_keras.configs import DecodeConfig, WeightsConfig
-  from t2t_keras.export import ExportSettings, ctranslate2 as ct2_export, saved_model
+  from t2t_keras.export import ExportSettings
+  from t2t_keras.export import ctranslate2 as ct2_export
+  from t2t_keras.export import saved_model
   from t2t_keras.inference import decoding, loading, translate
 
   with open(FLAGS.src, encoding="utf-8") as f:

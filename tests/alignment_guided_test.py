@@ -14,8 +14,9 @@ import pytest
 import tensorflow as tf
 
 from t2t_keras.configs import DataConfig, ModelConfig, TrainConfig
-from t2t_keras.data.tokens import alignments, tokenizer as tokenizer_lib
+from t2t_keras.data.tokens import alignments
 from t2t_keras.data.batching import pipeline
+from t2t_keras.data.tokens import tokenizer as tokenizer_lib
 from t2t_keras.errors import ConfigError, DataError
 from t2t_keras.inference import scoring
 from t2t_keras.training import losses

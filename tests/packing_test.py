@@ -15,7 +15,8 @@ from t2t_keras import EOS_ID, PAD_ID
 from t2t_keras.configs import DataConfig, ModelConfig, TrainConfig
 from t2t_keras.data.tokens import cache
 from t2t_keras.data.sources import corpora
-from t2t_keras.data.batching import packing, pipeline, plan as plan_lib
+from t2t_keras.data.batching import packing, pipeline
+from t2t_keras.data.batching import plan as plan_lib
 from t2t_keras.errors import ConfigError
 from t2t_keras.model import create_model
 from t2t_keras.training import losses

@@ -13,7 +13,8 @@ import tensorflow as tf
 
 from t2t_keras.trained import modeldir
 from t2t_keras.inference import loading
-from t2t_keras.export import ctranslate2 as ct2_export, publish, saved_model
+from t2t_keras.export import ctranslate2 as ct2_export
+from t2t_keras.export import publish, saved_model
 from t2t_keras.configs import DecodeConfig
 from t2t_keras.trained import averaging
 from tests.conftest import SessionModel

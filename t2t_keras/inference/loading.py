@@ -17,8 +17,8 @@ from absl import logging
 
 from t2t_keras.trained import averaging, checkpoints
 from t2t_keras.configs import DataConfig, DecodeConfig, ModelConfig
-from t2t_keras.data.tokens import tokenizer as tokenizer_lib
 from t2t_keras.data.sources import sources
+from t2t_keras.data.tokens import tokenizer as tokenizer_lib
 from t2t_keras.inference.ensemble import Ensemble
 from t2t_keras.errors import ModelDirError
 from t2t_keras.model import create_model

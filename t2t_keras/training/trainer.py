@@ -39,7 +39,8 @@ from t2t_keras.configs import (ModelConfig, TrainConfig, guided_alignment_proble
 from t2t_keras.errors import TrainingError
 from t2t_keras.model import create_model
 from t2t_keras.trained import checkpoints
-from t2t_keras.training import batches as batches_lib, distribute, flops, losses, optimizers
+from t2t_keras.training import batches as batches_lib
+from t2t_keras.training import distribute, flops, losses, optimizers
 from t2t_keras.training.evaluator import BestEval, Evaluator  # noqa: F401 (re-export)
 from t2t_keras.training.loop_state import (  # noqa: F401 (format_duration: re-export)
     ProgressLog, RunClock, SavePolicy, format_duration)
