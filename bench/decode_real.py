@@ -114,7 +114,8 @@ def main(argv):
   import numpy as np
   import sentencepiece
 
-  from t2t_keras import metrics, modeldir
+  from t2t_keras.trained import modeldir
+  from t2t_keras import metrics
   from t2t_keras.inference import decoding, loading, translate
   from t2t_keras.configs import DecodeConfig, WeightsConfig
   from t2t_keras.export import ExportSettings

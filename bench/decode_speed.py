@@ -98,7 +98,7 @@ def ctranslate2_decoder(model, config, export_dir: str):
   import ctranslate2
 
   from t2t_keras.export import ctranslate2 as ct2_export
-  from t2t_keras.data.tokenizer import IntegerTokenizer
+  from t2t_keras.data.tokens.tokenizer import IntegerTokenizer
   path = ct2_export.export(model, config, IntegerTokenizer(FLAGS.vocab_size),
                            export_dir)
   translator = ctranslate2.Translator(path, device="cpu", compute_type="float32",

@@ -38,7 +38,7 @@ def _memory():
 
 def _write_cache(folder):
   import numpy as np  # pylint: disable=import-outside-toplevel
-  from t2t_keras.data import cache  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data.tokens import cache  # pylint: disable=import-outside-toplevel
   rng = np.random.default_rng(0)
   lengths = np.clip(rng.normal(FLAGS.mean_ids, 12, [FLAGS.pairs, 2]), 1, 250).astype(
       np.int32)
@@ -56,7 +56,8 @@ def _child(folder, case):
   import numpy as np
   import tensorflow as tf
   from t2t_keras.configs import DataConfig
-  from t2t_keras.data import cache, pipeline
+  from t2t_keras.data.tokens import cache
+  from t2t_keras.data.batching import pipeline
   pipelines, static = int(case.split(",")[0]), case.endswith("static")
   split = cache.TokenizedSplit(path=folder, lengths=np.load(
       os.path.join(folder, "lengths.npy")), invalid_utf8=0)

@@ -94,7 +94,7 @@ def padding(train_fn, steps: int) -> float:
 def run(name: str) -> dict:
   import keras  # pylint: disable=import-outside-toplevel
   from t2t_keras.configs import ModelConfig, TrainConfig  # pylint: disable=import-outside-toplevel
-  from t2t_keras.data import pipeline  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data.batching import pipeline  # pylint: disable=import-outside-toplevel
   from t2t_keras.training.trainer import Trainer  # pylint: disable=import-outside-toplevel
 
   data = pipeline.make_datasets(data_config(name))

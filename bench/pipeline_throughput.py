@@ -22,7 +22,9 @@ import tensorflow as tf  # noqa: E402
 
 from t2t_keras import PAD_ID  # noqa: E402
 from t2t_keras.configs import DataConfig  # noqa: E402
-from t2t_keras.data import cache, make_datasets, sources  # noqa: E402
+from t2t_keras.data.tokens import cache  # noqa: E402
+from t2t_keras.data.sources import sources  # noqa: E402
+from t2t_keras.data import make_datasets  # noqa: E402
 
 flags.DEFINE_string("corpus", os.path.join(os.path.dirname(REPO), "shared", "data",
                                            "tatoeba_deu_eng"),

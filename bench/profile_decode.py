@@ -116,7 +116,8 @@ def main(argv):
   import sentencepiece
   import tensorflow_text  # noqa: F401
 
-  from t2t_keras import EOS_ID, modeldir
+  from t2t_keras.trained import modeldir
+  from t2t_keras import EOS_ID
   from t2t_keras.export import saved_model
   from t2t_keras.configs import DecodeConfig, ModelConfig, WeightsConfig
   from t2t_keras.export import ExportSettings

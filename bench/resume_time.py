@@ -9,7 +9,7 @@ restore, data position, the first step's trace and the step itself.
   .venv/bin/python bench/resume_time.py [--steps=1000,10000,100000] [--replay]
 
 --replay wraps the data function so the trainer cannot seek and skips the batches of
-the first N steps instead, as every run did before the batch plan (t2t_keras.data.plan).
+the first N steps instead, as every run did before the batch plan (t2t_keras.data.batching.plan).
 Run from another checkout (PYTHONPATH=that/checkout) to measure older code.
 """
 

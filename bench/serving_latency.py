@@ -66,7 +66,7 @@ def main(argv):
   from t2t_keras.export import ctranslate2 as ct2_export
   from t2t_keras.export import saved_model
   from t2t_keras.configs import DecodeConfig, ModelConfig
-  from t2t_keras.data.tokenizer import IntegerTokenizer
+  from t2t_keras.data.tokens.tokenizer import IntegerTokenizer
   from t2t_keras.model import create_model
 
   for engine in FLAGS.engines:

@@ -92,7 +92,7 @@ def main(argv):
   import numpy as np
   import sentencepiece
 
-  from t2t_keras import modeldir
+  from t2t_keras.trained import modeldir
   from t2t_keras.configs import DecodeConfig, WeightsConfig
   from t2t_keras.export import ExportSettings
   from t2t_keras.export import ctranslate2 as ct2_export

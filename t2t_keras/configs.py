@@ -16,7 +16,7 @@ The flags layer calls it once (as flag validators, so a bad command line fails w
 it is parsed), and library entry points call it for configs built in code
 (`create_model`, `make_datasets`, `Trainer`). The settings of one data source (which
 files, which TFDS name, the synthetic task) are that source's to check:
-`t2t_keras.data.sources` (each source validates them when it is made). Checks that
+`t2t_keras.data.sources.sources` (each source validates them when it is made). Checks that
 span configs (a TPU needs static shapes) are the train command's (flags.py).
 """
 
@@ -218,7 +218,7 @@ class DataConfig:
   """
 
   # The kinds, their help and the flags each reads are the sources' own
-  # (t2t_keras.data.sources); flags.py makes this flag an enum of them.
+  # (t2t_keras.data.sources.sources); flags.py makes this flag an enum of them.
   source: str = setting("synthetic", "Where the sentence pairs come from.",
                         flag="data_source")
   train_src: Optional[str] = setting(
@@ -232,7 +232,7 @@ class DataConfig:
       None, "Several training corpora (--train_src=a.en,b.en, or --tfds_train_subsets): "
       "one positive weight each, comma-separated (e.g. 1,3); unset = 1 each. Each "
       "corpus's pairs are trained on a whole number of times an epoch, chosen to give it "
-      "its share (t2t_keras/data/corpora.py); the training log shows requested and "
+      "its share (t2t_keras/data/sources/corpora.py); the training log shows requested and "
       "achieved shares.")
   train_weights_by: str = setting(
       "size", "How --train_weights share an epoch. size: in proportion to weight x pairs "
@@ -338,7 +338,7 @@ class DataConfig:
     """Raises ConfigError naming the offending flags and values; returns self.
 
     The settings of the chosen source are checked by the source
-    (`t2t_keras.data.sources.data_source`).
+    (`t2t_keras.data.sources.sources.data_source`).
     """
     problems = check_fields(self)
     if self.batch_size < self.max_length:
@@ -443,7 +443,7 @@ class TrainConfig:
       "dispatcher with one worker (python -m t2t_keras.tools.data_service), or several "
       "such dispatchers comma-separated (input pipeline i reads from the i-th mod their "
       "number). The same batches as without it, at every step and on resume "
-      "(t2t_keras/data/service.py; docs/training.md).")
+      "(t2t_keras/data/batching/service.py; docs/training.md).")
   num_logical_devices: int = setting(
       0, "Split the CPU into N logical devices (testing distribution).")
   peer_timeout_minutes: float = setting(

@@ -194,7 +194,7 @@ def alignment_attention(model_dirs) -> tuple:
   else, for one model trained with guided alignment (--train_alignments), the head
   it was trained to align with (the average of the heads aligns worse: the other
   heads were never told to); else the flags' defaults (last layer, heads averaged)."""
-  from t2t_keras import modeldir  # pylint: disable=import-outside-toplevel
+  from t2t_keras.trained import modeldir  # pylint: disable=import-outside-toplevel
   layer, head = FLAGS.alignment_layer, FLAGS.alignment_head
   if FLAGS["alignment_layer"].present or FLAGS["alignment_head"].present:
     return layer, head
@@ -350,7 +350,7 @@ def run() -> None:
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
 
-  from t2t_keras import modeldir
+  from t2t_keras.trained import modeldir
   from t2t_keras.inference import decoding, loading, translate
 
   tf.get_logger().setLevel("WARNING")

@@ -8,7 +8,7 @@ check); this module adds the few shared flags that are not config fields (--mode
 `decoding_flags(command)`: the one list of decoding flags. The settings' checks are not
 written here: each config group gets one flag validator that builds the config and calls
 its `validate()`, and the data group's also asks the chosen data source
-(t2t_keras.data.sources) to check its own flags; which data flags a source reads, and so
+(t2t_keras.data.sources.sources) to check its own flags; which data flags a source reads, and so
 which ones train refuses, is the source's answer. This module's own checks are of the
 command line: flags typed for a run that ignores them, and the few checks across configs
 (a TPU needs static shapes). Entry points call `define_*` for the groups they use and
@@ -41,7 +41,7 @@ from t2t_keras import errors
 from t2t_keras.configs import (SHARED_EMBEDDINGS_PROBLEM, DataConfig, DecodeConfig,
                                ModelConfig, RunConfig, TrainConfig, WeightsConfig,
                                dtype_name, flag_name, guided_alignment_problems)
-from t2t_keras.data import sources
+from t2t_keras.data.sources import sources
 
 FLAGS = flags.FLAGS
 
@@ -162,13 +162,13 @@ def define_model_flags(f):
 
 @_once("data_source", "data")
 def define_data_flags(f):
-  """Where the sentence pairs come from (the sources of t2t_keras.data.sources) and how
+  """Where the sentence pairs come from (the sources of t2t_keras.data.sources.sources) and how
   they are batched."""
   define_settings(DataConfig, flag_values=f.flag_values,
                   choices={"source": sources.SOURCES},
                   helps={"source": sources.flag_help()})
   f.DEFINE_integer("shuffle_buffer", None, "Deprecated and ignored: training shuffles "
-                       "the whole corpus (t2t_keras.data.plan). Kept so that old "
+                       "the whole corpus (t2t_keras.data.batching.plan). Kept so that old "
                        "recipes run; setting it logs a warning.")
   _validate_group(f, DataConfig, _check_data)
 
@@ -352,7 +352,7 @@ def use_recipe(model_dir: str, fv=FLAGS) -> RecipeUse:
   decode, score and export decode a model as its recipe says, as tensor2tensor's
   hparams and OpenNMT-tf's model configuration do. Given flags win; a directory
   without a record keeps the flags' defaults. Call before reading the configs."""
-  from t2t_keras import modeldir  # pylint: disable=import-outside-toplevel
+  from t2t_keras.trained import modeldir  # pylint: disable=import-outside-toplevel
   applied, overridden = {}, {}
   for name, value in modeldir.recipe_decoding_of(model_dir).items():
     if name not in fv or name in _NOT_RECORDED:

@@ -45,7 +45,8 @@ def run() -> None:
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
 
-  from t2t_keras import language_tags, modeldir
+  from t2t_keras.trained import modeldir
+  from t2t_keras import language_tags
   from t2t_keras.inference import loading, scoring, translate
   from t2t_keras.textio import read_lines
   from t2t_keras.errors import ConfigError, DataError

@@ -14,8 +14,9 @@ import pytest
 import tensorflow as tf
 
 from t2t_keras.configs import DataConfig, ModelConfig, TrainConfig
-from t2t_keras.data import alignments, pipeline
-from t2t_keras.data import tokenizer as tokenizer_lib
+from t2t_keras.data.tokens import alignments
+from t2t_keras.data.batching import pipeline
+from t2t_keras.data.tokens import tokenizer as tokenizer_lib
 from t2t_keras.errors import ConfigError, DataError
 from t2t_keras.inference import scoring
 from t2t_keras.training import losses
@@ -165,7 +166,7 @@ def test_packed_rows_and_skipped_lines_are_refused_naming_both_flags():
 
 
 def test_several_corpora_and_language_tags_are_refused_naming_the_flags():
-  from t2t_keras.data import sources
+  from t2t_keras.data.sources import sources
   several = DataConfig(source="files", train_src="a.en,b.en", train_tgt="a.de,b.de",
                        train_alignments="x.align")
   assert any("--train_alignments=x.align with several corpora (--train_src=a.en,b.en)"
@@ -200,7 +201,7 @@ def test_train_refuses_guided_flags_without_alignments_and_other_sources(tmp_pat
 
 
 def test_config_json_and_the_model_card_record_the_guidance(tmp_path):
-  from t2t_keras import model_card, modeldir
+  from t2t_keras.trained import model_card, modeldir
   from tests.model_card_test import fake_translator
   path = str(tmp_path / "m")
   model = ModelConfig(vocab_size=60, hidden_size=16, num_heads=4, num_hidden_layers=2)
@@ -326,8 +327,9 @@ def test_ctranslate2_attention_is_head_0_of_the_guided_layer(tmp_path):
   (what its alignments read) equals our head 0 of layer 0, not the last layer's."""
   ctranslate2 = pytest.importorskip("ctranslate2")
   import keras  # pylint: disable=import-outside-toplevel
-  from t2t_keras import EOS_ID, modeldir
-  from t2t_keras.data.tokenizer import IntegerTokenizer
+  from t2t_keras.trained import modeldir
+  from t2t_keras import EOS_ID
+  from t2t_keras.data.tokens.tokenizer import IntegerTokenizer
   from t2t_keras.export import ctranslate2 as ce
   from t2t_keras.model import create_model
   path = str(tmp_path / "m")

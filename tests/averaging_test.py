@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t2t_keras import checkpoints, modeldir
+from t2t_keras.trained import checkpoints, modeldir
 from t2t_keras.inference import loading
 from t2t_keras.configs import DataConfig, ModelConfig
 from t2t_keras.model import create_model
-from t2t_keras import averaging
+from t2t_keras.trained import averaging
 from t2t_keras.errors import CheckpointError, ModelDirError
 from tests.conftest import REPO_ROOT
 

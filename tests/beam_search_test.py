@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from t2t_keras import BOS_ID, EOS_ID, PAD_ID
-from t2t_keras.inference import beam_search as bs
+from t2t_keras.inference import search as bs
 
 VOCAB = 5  # 0 PAD, 1 EOS, 2..4 words
 TABLE_ROWS = 97

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t2t_keras import checkpoints, errors, modeldir
+from t2t_keras.trained import checkpoints, modeldir
+from t2t_keras import errors
 from t2t_keras.inference import loading
 from t2t_keras.configs import DataConfig, TrainConfig
 from t2t_keras.training import distribute
-from t2t_keras.modeldir import BEST_STATE_FILE
+from t2t_keras.trained.modeldir import BEST_STATE_FILE
 from t2t_keras.training.trainer import Trainer
 from tests.trainer_test import MODEL, make_dataset_fn
 

@@ -3,7 +3,7 @@
 import os
 
 from t2t_keras.configs import DataConfig
-from t2t_keras.data import tokenizer as tokenizer_lib
+from t2t_keras.data.tokens import tokenizer as tokenizer_lib
 from tests import inprocess
 
 

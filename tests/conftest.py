@@ -217,9 +217,9 @@ def build_tiny_model_dir(path, seed=0, **model_flags):
   import numpy as np
   import tensorflow as tf
 
-  from t2t_keras import modeldir
+  from t2t_keras.trained import modeldir
   from t2t_keras.configs import DataConfig, ModelConfig
-  from t2t_keras.data import tokenizer as tokenizer_lib
+  from t2t_keras.data.tokens import tokenizer as tokenizer_lib
   from t2t_keras.model import create_model
 
   rng = np.random.default_rng(seed)
@@ -320,8 +320,8 @@ def build_trained_reverse_dir(path, steps=600, seed=3):
   import keras
 
   from t2t_keras.configs import DataConfig, ModelConfig, TrainConfig
-  from t2t_keras.data import pipeline
-  from t2t_keras import modeldir
+  from t2t_keras.data.batching import pipeline
+  from t2t_keras.trained import modeldir
   from t2t_keras.training import distribute
   from t2t_keras.training.trainer import Trainer
 

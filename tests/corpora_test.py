@@ -1,4 +1,4 @@
-"""Tests of t2t_keras.data.corpora: several training corpora mixed by weights, through
+"""Tests of t2t_keras.data.sources.corpora: several training corpora mixed by weights, through
 the batch plan and the training dataset (issue 35)."""
 
 import collections
@@ -10,7 +10,9 @@ import pytest
 import tensorflow as tf
 
 from t2t_keras.configs import DataConfig
-from t2t_keras.data import cache, corpora, pipeline, sources
+from t2t_keras.data.tokens import cache
+from t2t_keras.data.sources import corpora, sources
+from t2t_keras.data.batching import pipeline
 from t2t_keras.errors import ConfigError, DataError
 from tests import inprocess
 

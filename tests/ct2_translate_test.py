@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from t2t_keras import modeldir
+from t2t_keras.trained import modeldir
 from t2t_keras.inference import loading
 from t2t_keras.export import ctranslate2 as ct2_export
 from tests import inprocess

@@ -25,7 +25,7 @@ from t2t_keras import EOS_ID, PAD_ID
 from t2t_keras.export import ctranslate2 as ce
 from t2t_keras.inference import decoding, loading
 from t2t_keras.configs import DecodeConfig, ModelConfig
-from t2t_keras.data.tokenizer import IntegerTokenizer
+from t2t_keras.data.tokens.tokenizer import IntegerTokenizer
 from t2t_keras.model import create_model
 from tests import inprocess
 from tests.conftest import REPO_ROOT

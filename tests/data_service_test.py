@@ -20,7 +20,7 @@ import pytest
 import tensorflow as tf
 
 from t2t_keras.configs import DataConfig
-from t2t_keras.data import dev_batches, pipeline, service as service_lib
+from t2t_keras.data.batching import dev_batches, pipeline, service as service_lib
 from tests import inprocess
 from tests.conftest import REPO_ROOT
 

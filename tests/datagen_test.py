@@ -14,7 +14,7 @@ import zipfile
 
 import pytest
 
-from t2t_keras.data import public_corpora
+from t2t_keras.data.fetch import public_corpora
 from tests import inprocess
 from tests.conftest import REPO_ROOT, SHARED_DATA, flagfile_values
 
@@ -293,7 +293,7 @@ def test_recipes_read_the_files_datagen_writes_under_data(recipe):
 
 
 def test_a_missing_recipe_file_names_the_command_that_fetches_it():
-  from t2t_keras.data import textfiles  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data.sources import textfiles  # pylint: disable=import-outside-toplevel
   from t2t_keras.errors import DataError  # pylint: disable=import-outside-toplevel
   with pytest.raises(DataError, match=r"data/nope/train\.en.*python -m "
                      r"t2t_keras\.tools\.datagen"):

@@ -9,11 +9,11 @@ import pytest
 import tensorflow as tf
 
 from t2t_keras import BOS_ID, EOS_ID, PAD_ID
-from t2t_keras.inference import beam_search as bs
+from t2t_keras.inference import search as bs
 from t2t_keras import console
 from t2t_keras.inference import decoding, processors, translate
 from t2t_keras.configs import DecodeConfig, ModelConfig
-from t2t_keras.data.tokenizer import IntegerTokenizer
+from t2t_keras.data.tokens.tokenizer import IntegerTokenizer
 from t2t_keras.model import create_model
 
 V = 30

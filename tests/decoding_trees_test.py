@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from t2t_keras import BOS_ID, EOS_ID, PAD_ID
 from t2t_keras.configs import DecodeConfig
-from t2t_keras.inference import beam_search as bs
+from t2t_keras.inference import search as bs
 from t2t_keras.inference import decoding, processors
 from t2t_keras.parsing.constraint import TreeConstraint
 # The module's fixtures by import (pytest finds them here); tests name them as arguments.

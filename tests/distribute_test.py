@@ -142,7 +142,7 @@ def test_the_first_call_of_each_program_is_not_bounded_by_the_watch(two_device_w
   import keras
 
   from t2t_keras.configs import DataConfig, TrainConfig
-  from t2t_keras.data import pipeline
+  from t2t_keras.data.batching import pipeline
   from t2t_keras.training.trainer import Trainer
   from tests.trainer_test import MODEL
   data = pipeline.make_datasets(DataConfig(
@@ -240,7 +240,7 @@ def test_a_non_chief_saves_on_its_local_disk_never_under_the_model_dir(
   # pylint: disable=import-outside-toplevel
   import keras
 
-  from t2t_keras import modeldir
+  from t2t_keras.trained import modeldir
   from t2t_keras.configs import TrainConfig
   from t2t_keras.training.trainer import Trainer
   from tests.trainer_test import MODEL, make_dataset_fn

@@ -14,7 +14,7 @@ import tensorflow as tf
 from t2t_keras import EOS_ID, PAD_ID
 from t2t_keras.inference import decoding, loading
 from t2t_keras.configs import DecodeConfig, WeightsConfig
-from t2t_keras.data import tokenizer as tokenizer_lib
+from t2t_keras.data.tokens import tokenizer as tokenizer_lib
 from t2t_keras.export import ExportSettings
 from t2t_keras.export.saved_model import export_from_settings
 from tests import inprocess
@@ -453,7 +453,7 @@ def test_a_request_decodes_its_own_rows_only(tiny_model_dir, monkeypatch):
   no graph of its own); the minimum length kept it from ending at once, so in a weak
   model it ran to its length limit and the whole search with it. Now a request of B
   rows decodes B rows, and an empty request one stand-in row, in every signature."""
-  from t2t_keras import modeldir  # pylint: disable=import-outside-toplevel
+  from t2t_keras.trained import modeldir  # pylint: disable=import-outside-toplevel
   from t2t_keras.export import saved_model  # pylint: disable=import-outside-toplevel
   loaded = loading.load(tiny_model_dir)
   translator = saved_model.Translator(
@@ -491,7 +491,7 @@ def test_the_two_halves_of_a_request_translate_as_one_search(tiny_model_dir):
   """A request's rows, in no particular length order, searched as two halves in length
   order (graph mode) and put back in request order: ids and scores those of one search
   over all rows."""
-  from t2t_keras import modeldir  # pylint: disable=import-outside-toplevel
+  from t2t_keras.trained import modeldir  # pylint: disable=import-outside-toplevel
   from t2t_keras.export import saved_model  # pylint: disable=import-outside-toplevel
   loaded = loading.load(tiny_model_dir)
   config = DecodeConfig(beam_size=3, extra_decode_length=4, max_input_length=24)

@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from t2t_keras import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from t2t_keras.configs import DecodeConfig, ModelConfig
-from t2t_keras.data import tokenizer as tokenizer_lib
+from t2t_keras.data.tokens import tokenizer as tokenizer_lib
 from t2t_keras import export
 from t2t_keras.errors import ExportError
 from t2t_keras.export import huggingface as hf

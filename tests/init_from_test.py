@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t2t_keras import modeldir
+from t2t_keras.trained import modeldir
 from t2t_keras.errors import CheckpointError, ModelDirError
 from t2t_keras.model import create_model
 from t2t_keras.training import init_from
@@ -41,7 +41,7 @@ def test_weights_are_the_checkpoints_and_other_shapes_are_refused(tiny_model_dir
 def test_a_new_vocabulary_keeps_the_rows_of_shared_pieces(tiny_model_dir):
   """--init_from_vocab=new: a row of a piece both vocabularies hold is the source's
   row of that piece (wherever its id moved); a new piece's row is untouched."""
-  from t2t_keras.data import tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data.tokens import tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
   config = modeldir.load_model_config(tiny_model_dir)
   old = init_from.pieces(tokenizer_lib.load_tokenizer(modeldir.vocab_path(tiny_model_dir)))
   # Control ids stay; the other pieces reversed, 10 of them replaced by new ones.
@@ -228,7 +228,7 @@ def test_a_synthetic_task_model_is_a_valid_init_from(tmp_path, tiny_model_dir):
 
   # --init_from_vocab=new reads the source's tokenizer as train's start_from does.
   from t2t_keras.inference import loading  # pylint: disable=import-outside-toplevel
-  from t2t_keras.data import tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data.tokens import tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
   old = init_from.pieces(loading.load_model_tokenizer(str(source)))
   new = init_from.pieces(tokenizer_lib.IntegerTokenizer(22))
   model = create_model(dataclasses.replace(modeldir.load_model_config(str(source)),

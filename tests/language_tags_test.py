@@ -15,7 +15,8 @@ import tensorflow as tf
 from t2t_keras import language_tags
 from t2t_keras.inference import decoding, translate
 from t2t_keras.configs import DataConfig, DecodeConfig
-from t2t_keras.data import pipeline, sources
+from t2t_keras.data.sources import sources
+from t2t_keras.data.batching import pipeline
 from t2t_keras.errors import DataError
 from tests import inprocess
 from tests.conftest import REPO_ROOT, SessionModel

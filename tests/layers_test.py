@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t2t_keras import layers
-from t2t_keras.layers.attention import HeadDense
-from t2t_keras.layers.position import sinusoid
+from t2t_keras.model import layers
+from t2t_keras.model.layers.attention import HeadDense
+from t2t_keras.model.layers.position import sinusoid
 
 LAYER_CASES = [
     (layers.MultiHeadAttention, dict(num_heads=2, key_size=3, value_size=5, output_size=8,

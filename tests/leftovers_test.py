@@ -1,4 +1,4 @@
-"""Tests of t2t_keras.data.leftovers: builds sweep the temporaries killed builds left.
+"""Tests of t2t_keras.data.fetch.leftovers: builds sweep the temporaries killed builds left.
 
 Before: a `build-<id>` directory or `.tmp-<id>` file of a killed cache or vocabulary
 build stayed forever. Now a build, as it starts, removes those untouched for more than
@@ -16,8 +16,9 @@ import pytest
 import tensorflow as tf
 
 from t2t_keras.configs import DataConfig
-from t2t_keras.data import leftovers, pipeline
-from t2t_keras.data import tokenizer as tokenizer_lib
+from t2t_keras.data.batching import pipeline
+from t2t_keras.data.fetch import leftovers
+from t2t_keras.data.tokens import tokenizer as tokenizer_lib
 
 DAY = 24 * 3600
 OLD = time.time() - DAY - 3600  # a day and an hour ago

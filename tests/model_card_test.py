@@ -15,7 +15,8 @@ import pytest
 import tensorflow as tf
 
 import t2t_keras
-from t2t_keras import metrics, model_card, modeldir
+from t2t_keras.trained import model_card, modeldir
+from t2t_keras import metrics
 from t2t_keras.inference import loading
 from t2t_keras.configs import DataConfig, DecodeConfig, ModelConfig
 from t2t_keras.export import ExportSettings

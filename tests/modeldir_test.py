@@ -3,7 +3,7 @@
 import pytest
 import tensorflow as tf
 
-from t2t_keras import checkpoints, modeldir
+from t2t_keras.trained import checkpoints, modeldir
 from t2t_keras.configs import DataConfig, TrainConfig
 
 

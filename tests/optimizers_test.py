@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t2t_keras import averaging, errors, modeldir
+from t2t_keras.trained import averaging, modeldir
+from t2t_keras import errors
 from t2t_keras.configs import TrainConfig
 from t2t_keras.training import init_from
 from t2t_keras.training.trainer import Trainer
@@ -328,7 +329,7 @@ def test_a_restart_with_another_optimizer_is_refused(tmp_path):
 def test_the_model_card_names_the_optimizer():
   """An export's card says how the weights were optimised: Adafactor with its clip;
   Adam with its betas; a run recorded before --optimizer existed: Adam."""
-  from t2t_keras import model_card  # pylint: disable=import-outside-toplevel
+  from t2t_keras.trained import model_card  # pylint: disable=import-outside-toplevel
   adafactor = model_card.training(dataclasses.asdict(
       TrainConfig(optimizer="adafactor", clip_grad_norm=1.0)))
   print(adafactor)

@@ -246,7 +246,7 @@ def test_wheel_carries_the_tools_commands_and_license(tmp_path):
   _, tools = setup_literals()
   for module in tools:
     assert f"t2t_keras/tools/{module}.py" in names, module
-  assert "t2t_keras/model_card.py" in names and "t2t_keras/tools/__init__.py" in names
+  assert "t2t_keras/trained/model_card.py" in names and "t2t_keras/tools/__init__.py" in names
   assert not any(n.startswith(("tools/", "tests/", "bench/")) for n in names)
   parser = configparser.ConfigParser()
   parser.read_string(entry_points)
@@ -309,7 +309,7 @@ def test_import_without_tensorflow_says_how_to_install_it(monkeypatch):
 
 def test_a_tensorflow_text_of_another_line_is_named_with_the_fix(monkeypatch):
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  from t2t_keras.data import tokenizer  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data.tokens import tokenizer  # pylint: disable=import-outside-toplevel
   line = ".".join(tf.__version__.split(".")[:2])
   fake = type(sys)("tensorflow_text")
   fake.__version__ = "2.19.0"

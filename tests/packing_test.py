@@ -1,4 +1,4 @@
-"""Packed rows (--packed_length, t2t_keras/data/packing.py): a packed row computes what
+"""Packed rows (--packed_length, t2t_keras/data/batching/packing.py): a packed row computes what
 each of its pairs computes alone (every position kind), the packed dataset holds the
 batch plan's pairs (none lost, none twice, segment ids and positions right) with its
 resume and hosts, the loss and its normalisation are those of unpacked training, and a
@@ -13,8 +13,10 @@ import tensorflow as tf
 
 from t2t_keras import EOS_ID, PAD_ID
 from t2t_keras.configs import DataConfig, ModelConfig, TrainConfig
-from t2t_keras.data import cache, corpora, packing, pipeline
-from t2t_keras.data import plan as plan_lib
+from t2t_keras.data.tokens import cache
+from t2t_keras.data.sources import corpora
+from t2t_keras.data.batching import packing, pipeline
+from t2t_keras.data.batching import plan as plan_lib
 from t2t_keras.errors import ConfigError
 from t2t_keras.model import create_model
 from t2t_keras.training import losses
@@ -255,7 +257,7 @@ def test_the_train_command_refuses_packing_with_a_source_pointer_and_records_pac
   from absl import flags  # pylint: disable=import-outside-toplevel
   from tests.user_errors_test import _parsed  # pylint: disable=import-outside-toplevel
   from t2t_keras import flags as t2t_flags  # pylint: disable=import-outside-toplevel
-  from t2t_keras import model_card  # pylint: disable=import-outside-toplevel
+  from t2t_keras.trained import model_card  # pylint: disable=import-outside-toplevel
   argv, fv = _parsed("--flagfile=flags/demo.cfg", "--packed_length=16", "--source_pointer")
   with pytest.raises(flags.ValidationError, match="--packed_length=16 packs several pairs "
                      "into a row, and --source_pointer reads one source per row"):
@@ -267,7 +269,7 @@ def test_the_train_command_refuses_packing_with_a_source_pointer_and_records_pac
   assert model_card.training_data(data)["packed_length"] == 256
   assert "packed_length" not in model_card.training_data({**data, "packed_length": 0})
   # A restart that packs differently is a changed batch plan (modeldir.check_plan).
-  from t2t_keras import modeldir  # pylint: disable=import-outside-toplevel
+  from t2t_keras.trained import modeldir  # pylint: disable=import-outside-toplevel
   assert modeldir.plan_key(_config(), TrainConfig(), 1)["packed_length"] == L
   assert modeldir.plan_key(_config(), TrainConfig(), 1)["packing"] == "length strata"
   # Packed steps mix buckets whatever --static_run_steps says (one shape for all).
@@ -380,7 +382,7 @@ def test_packed_dev_loss_equals_the_unpacked_dev_loss():
   """With --static_shapes, evaluation packs the dev pairs as training does, in one
   program: every dev pair once, and the loss, tokens and accuracy of the unpacked
   (dynamic) evaluation, to 1e-5."""
-  from t2t_keras.data import dev_batches  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data.batching import dev_batches  # pylint: disable=import-outside-toplevel
   packed = _synthetic(synthetic_eval_size=97)
   plain = _synthetic(synthetic_eval_size=97, packed_length=0, static_shapes=False)
   eval_data = packed.eval_fn
@@ -412,7 +414,7 @@ def test_packed_evaluation_keeps_longer_pairs_apart_and_runs_on_two_replicas(tmp
   """Dev pairs longer than L (kept in evaluation) stay in buckets of their own after
   the packed rows; every dev pair, empty sides included, comes once; and the dev loss
   on 2 replicas (the CPU split in two) and on 1 equals the unpacked (dynamic) one."""
-  from t2t_keras.data import dev_batches  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data.batching import dev_batches  # pylint: disable=import-outside-toplevel
   from t2t_keras.training import distribute  # pylint: disable=import-outside-toplevel
   # Padded lengths 23 (packed) and 25 (not) share the dev bucket (20, 26]: L = 24
   # is no bucket boundary.

@@ -1,4 +1,5 @@
-"""Tests of t2t_keras.data.pipeline: buckets, token budgets, exactly-once, shards, cache."""
+"""Tests of t2t_keras.data.batching.pipeline: buckets, token budgets, exactly-once, shards,
+cache."""
 
 import collections
 import dataclasses
@@ -12,8 +13,10 @@ import tensorflow as tf
 
 from t2t_keras import BOS_ID, EOS_ID, PAD_ID
 from t2t_keras.configs import DataConfig
-from t2t_keras.data import cache, dev_batches, pipeline, sources
-from t2t_keras.data.sources import DataError
+from t2t_keras.data.tokens import cache
+from t2t_keras.data.sources import sources
+from t2t_keras.data.batching import dev_batches, pipeline
+from t2t_keras.data.sources.sources import DataError
 
 WORDS = "the a house cat dog runs sleeps under over small big green Haus Katze grün".split()
 NUM_NORMAL, NUM_EMPTY, NUM_LONG = 400, 3, 2

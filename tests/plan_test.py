@@ -1,4 +1,4 @@
-"""Tests of t2t_keras.data.plan: the batch plan (TensorFlow ops of seed and step)."""
+"""Tests of t2t_keras.data.batching.plan: the batch plan (TensorFlow ops of seed and step)."""
 
 import collections
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t2t_keras.data import pipeline, plan
+from t2t_keras.data.batching import pipeline, plan
 
 BOUNDARIES = pipeline.bucket_boundaries(8, 32)
 

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t2t_keras import modeldir
+from t2t_keras.trained import modeldir
 from t2t_keras.inference import loading
 from t2t_keras.export import ctranslate2 as ct2_export
 from t2t_keras.export import publish, saved_model
 from t2t_keras.configs import DecodeConfig
-from t2t_keras import averaging
+from t2t_keras.trained import averaging
 from tests.conftest import SessionModel
 
 DECODE = DecodeConfig(beam_size=2, alpha=0.6, extra_decode_length=3)

@@ -75,7 +75,7 @@ def say_where(weights, *args, **kwargs):  # where each copy that decodes lives
   print("decoding weights on", weights.model.weights[0].value.device, flush=True)
 evaluator.DecodingWeights.__init__ = say_where
 
-from t2t_keras.data import tokenizer
+from t2t_keras.data.tokens import tokenizer
 loaded = tokenizer.SentencePieceTokenizer.__init__
 def say_where_too(self, *args, **kwargs):  # each tokenizer's SentencePiece model
   loaded(self, *args, **kwargs)  # (an error on the master may surface later, or never)
@@ -118,7 +118,7 @@ def test_tpu_run_with_a_remote_master_keeps_string_ops_in_the_client(
   """From text files: the vocabulary and the caches are built, the run starts from
   another model's weights with its own vocabulary (--init_from_vocab=new loads the
   source's tokenizer), trains on bucketed static shapes (the host reads each epoch's
-  order, data/plan.py), evaluates dev BLEU, prints an example and exports.
+  order, data/batching/plan.py), evaluates dev BLEU, prints an example and exports.
 
   Before: the cache's tokenization ran on the master and failed with "NotFoundError:
   'SentencepieceOp' is neither a type of a primitive operation nor a name of a function

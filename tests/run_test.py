@@ -5,9 +5,9 @@ import os
 import tensorflow as tf
 from absl import flags
 
-from t2t_keras import modeldir
+from t2t_keras.trained import modeldir
 from t2t_keras.configs import DataConfig, DecodeConfig, ModelConfig, RunConfig, TrainConfig
-from t2t_keras.data import sources
+from t2t_keras.data.sources import sources
 from t2t_keras.training import run
 
 

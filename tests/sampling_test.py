@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from t2t_keras import BOS_ID, EOS_ID, PAD_ID
-from t2t_keras.inference import sampling
+from t2t_keras.inference.search import sampling
 from t2t_keras.inference import decoding, scoring, translate
 from t2t_keras.configs import DecodeConfig, ModelConfig
 from t2t_keras.model import create_model

@@ -265,7 +265,7 @@ def second_member(model_dir, path, seed):
   own (random, from `seed`): an ensemble member that disagrees with it."""
   import os  # pylint: disable=import-outside-toplevel
   import shutil  # pylint: disable=import-outside-toplevel
-  from t2t_keras import modeldir  # pylint: disable=import-outside-toplevel
+  from t2t_keras.trained import modeldir  # pylint: disable=import-outside-toplevel
   os.makedirs(path)
   for name in os.listdir(model_dir):
     if name == "config.json" or name.startswith("vocab"):

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t2t_keras import EOS_ID, modeldir
+from t2t_keras.trained import modeldir
+from t2t_keras import EOS_ID
 from t2t_keras.configs import DecodeConfig
 from t2t_keras.export.saved_model import RequestLimits, read_limits
 from tests.conftest import (REPO_ROOT, TINY_EXPORT_DECODE, TINY_EXPORT_MAX_INPUT,

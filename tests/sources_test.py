@@ -1,4 +1,4 @@
-"""Tests of t2t_keras.data.sources: file validation, bad input, TFDS, synthetic tasks."""
+"""Tests of t2t_keras.data.sources.sources: file validation, bad input, TFDS, synthetic tasks."""
 
 import dataclasses
 import os
@@ -9,8 +9,9 @@ import tensorflow as tf
 
 from t2t_keras import NUM_RESERVED_IDS
 from t2t_keras.configs import DataConfig
-from t2t_keras.data import pipeline, sources, textfiles
-from t2t_keras.data.sources import DataError
+from t2t_keras.data.sources import sources, textfiles
+from t2t_keras.data.batching import pipeline
+from t2t_keras.data.sources.sources import DataError
 
 
 def _write(path, data: bytes):
@@ -166,7 +167,7 @@ def test_fingerprint_follows_content_not_size_or_time(tmp_path):
   a `touch` does not."""
   import os  # pylint: disable=import-outside-toplevel
 
-  from t2t_keras.data import textfiles  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data.sources import textfiles  # pylint: disable=import-outside-toplevel
   path = tmp_path / "big.txt"
   lines = [f"line {i:07d} of a corpus\n" for i in range(200_000)]  # ~5 MB
   path.write_text("".join(lines))
@@ -229,7 +230,7 @@ def test_a_new_source_is_one_class_and_one_registration(monkeypatch):
 
 
 def test_synthetic_dev_pairs_are_the_held_out_examples_as_text():
-  from t2t_keras.data import tokenizer  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data.tokens import tokenizer  # pylint: disable=import-outside-toplevel
   config = DataConfig(synthetic_task="reverse", synthetic_eval_size=7)
   source = sources.data_source(config)
   srcs, refs = source.dev_pairs(5)

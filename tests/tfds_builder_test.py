@@ -20,7 +20,8 @@ import tensorflow as tf
 import tree
 
 from t2t_keras.configs import DataConfig
-from t2t_keras.data import pipeline, sources
+from t2t_keras.data.sources import sources
+from t2t_keras.data.batching import pipeline
 from tests.conftest import REPO_ROOT
 
 tfds = pytest.importorskip("tensorflow_datasets")

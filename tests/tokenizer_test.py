@@ -1,4 +1,4 @@
-"""Tests of t2t_keras.data.tokenizer: vocabulary building/reuse, in-graph tokenizers."""
+"""Tests of t2t_keras.data.tokens.tokenizer: vocabulary building/reuse, in-graph tokenizers."""
 
 import os
 
@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from t2t_keras import BOS_ID, EOS_ID, NUM_RESERVED_IDS, PAD_ID, UNK_ID
 from t2t_keras.configs import DataConfig
-from t2t_keras.data import tokenizer as tokenizer_lib
+from t2t_keras.data.tokens import tokenizer as tokenizer_lib
 
 WORDS = ("the a house cat dog runs sleeps quickly under over small big green red "
          "Haus Katze Hund läuft schläft schnell unter über klein groß grün rot").split()

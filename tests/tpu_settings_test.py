@@ -13,7 +13,7 @@ from absl import flags
 from tensorflow.python.framework import ops
 
 from t2t_keras import flags as t2t_flags
-from t2t_keras import modeldir
+from t2t_keras.trained import modeldir
 from t2t_keras.configs import ModelConfig, TrainConfig
 from t2t_keras.model import create_model
 from t2t_keras.training import trainer as trainer_lib

@@ -21,7 +21,7 @@ def test_static_per_bucket_resume_equals_uninterrupted(tmp_path):
   restart in the middle of a run (step 7 of runs of 5) continues with exactly the
   batches of an uninterrupted run."""
   from t2t_keras.configs import DataConfig  # pylint: disable=import-outside-toplevel
-  from t2t_keras.data import pipeline  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data.batching import pipeline  # pylint: disable=import-outside-toplevel
   data = pipeline.make_datasets(DataConfig(
       source="synthetic", synthetic_max_length=20, synthetic_vocab_size=16,
       synthetic_train_size=2000, synthetic_eval_size=10, max_length=24, batch_size=128,
@@ -43,7 +43,7 @@ def test_static_per_bucket_resume_equals_uninterrupted(tmp_path):
 def _shapes_per_step(static, steps=30, accum_steps=1):
   """Per step of a 2-replica MirroredStrategy: the shapes each replica's batches have."""
   from t2t_keras.configs import DataConfig  # pylint: disable=import-outside-toplevel
-  from t2t_keras.data import pipeline  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data.batching import pipeline  # pylint: disable=import-outside-toplevel
   config = DataConfig(source="synthetic", synthetic_max_length=20, synthetic_vocab_size=16,
                       synthetic_train_size=3000, synthetic_eval_size=10, max_length=24,
                       batch_size=128, static_shapes=static,
@@ -79,7 +79,7 @@ def test_static_two_replicas_equal_one_with_accumulation_on_the_real_pipeline(tm
   """The per-step bucketing keeps the invariant: with the real pipeline in static mode,
   2 replicas make the updates of 1 replica with --accum_steps=2."""
   from t2t_keras.configs import DataConfig  # pylint: disable=import-outside-toplevel
-  from t2t_keras.data import pipeline  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data.batching import pipeline  # pylint: disable=import-outside-toplevel
   runs = {}
   for name, strategy, accum in (("one", "default", 2), ("two", "mirrored", 1)):
     data = pipeline.make_datasets(DataConfig(
@@ -110,7 +110,7 @@ def _compiled_step_signatures(tmp_path, static, steps=None):
   more each) in which at least 2 buckets come up and one of them twice (so that a
   retrace per call would show)."""
   from t2t_keras.configs import DataConfig  # pylint: disable=import-outside-toplevel
-  from t2t_keras.data import pipeline  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data.batching import pipeline  # pylint: disable=import-outside-toplevel
   datasets = pipeline.make_datasets(DataConfig(
       source="synthetic", synthetic_max_length=20, synthetic_vocab_size=16,
       synthetic_train_size=2000, synthetic_eval_size=10, max_length=24, batch_size=128,
@@ -146,7 +146,7 @@ def test_xla_on_two_replicas_compiles_one_program_per_bucket(tmp_path):
   step is traced for [None, None], which XLA recompiles for every new shape: the check
   fails."""
   from t2t_keras.configs import DataConfig  # pylint: disable=import-outside-toplevel
-  from t2t_keras.data import pipeline  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data.batching import pipeline  # pylint: disable=import-outside-toplevel
   shapes, buckets, trainer = _compiled_step_signatures(tmp_path, static=True)
   runs = trainer.current_step() // min(5, trainer.config.static_run_steps)
   assert all(None not in shape for shape in shapes), shapes
@@ -163,7 +163,7 @@ def _eval_datasets(static):
   """A dev set of 60 pairs over both buckets (8 and 24 tokens: 16 and 5 rows), whose
   batches straddle the buckets and end partly filled."""
   from t2t_keras.configs import DataConfig  # pylint: disable=import-outside-toplevel
-  from t2t_keras.data import pipeline  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data.batching import pipeline  # pylint: disable=import-outside-toplevel
   return pipeline.make_datasets(DataConfig(
       source="synthetic", synthetic_max_length=20, synthetic_vocab_size=16,
       synthetic_train_size=200, synthetic_eval_size=60, max_length=24, batch_size=128,
@@ -177,7 +177,7 @@ def test_static_eval_on_two_replicas_is_one_program_per_bucket_with_the_dynamic_
   bucket, traced for the bucket's static shape on both replicas (also in a second
   evaluation: no retrace), every step gives both replicas one shape (padding batches
   and rows are masked), and the dev loss is the dynamic evaluation's."""
-  from t2t_keras.data import pipeline  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data.batching import pipeline  # pylint: disable=import-outside-toplevel
   static_data, dynamic_data = _eval_datasets(True), _eval_datasets(False)
   config = TrainConfig(model_dir=str(tmp_path / "m"), strategy="mirrored", train_steps=1,
                        jit_compile=True)
@@ -225,7 +225,8 @@ def test_dev_bleu_under_two_replicas_decodes_a_host_copy_as_the_plain_decode(mon
   from t2t_keras.training import evaluator
   from t2t_keras.inference import decoding, translate
   from t2t_keras.configs import DataConfig, DecodeConfig
-  from t2t_keras.data import sources, tokenizer
+  from t2t_keras.data.tokens import tokenizer
+  from t2t_keras.data.sources import sources
   from t2t_keras.model import create_model
   data = DataConfig(synthetic_task="copy", synthetic_vocab_size=8, synthetic_eval_size=6,
                     static_shapes=True)

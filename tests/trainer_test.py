@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from t2t_keras import EOS_ID, PAD_ID, errors, modeldir
+from t2t_keras.trained import modeldir
+from t2t_keras import EOS_ID, PAD_ID, errors
 from t2t_keras.configs import ModelConfig, TrainConfig
-from t2t_keras import checkpoints
+from t2t_keras.trained import checkpoints
 from t2t_keras.training import distribute, losses
 from t2t_keras.training.schedules import TransformerSchedule
 from t2t_keras.training.trainer import Trainer, TrainingError
@@ -368,7 +369,8 @@ def test_dev_bleu_reads_the_dev_pairs_of_any_source(monkeypatch):
   set works as the --dev_src/--dev_tgt files do."""
   from t2t_keras.training import evaluator  # pylint: disable=import-outside-toplevel
   from t2t_keras.configs import DataConfig, DecodeConfig  # pylint: disable=import-outside-toplevel
-  from t2t_keras.data import sources, tokenizer  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data.tokens import tokenizer  # pylint: disable=import-outside-toplevel
+  from t2t_keras.data.sources import sources  # pylint: disable=import-outside-toplevel
   from t2t_keras.model import create_model  # pylint: disable=import-outside-toplevel
   import sacrebleu  # pylint: disable=import-outside-toplevel
   from t2t_keras import metrics  # pylint: disable=import-outside-toplevel

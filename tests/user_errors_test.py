@@ -17,11 +17,12 @@ import tensorflow as tf
 from absl import flags
 
 from t2t_keras import flags as t2t_flags
-from t2t_keras import errors, modeldir
+from t2t_keras.trained import modeldir
+from t2t_keras import errors
 from t2t_keras.inference import loading
 from t2t_keras.configs import DecodeConfig, ModelConfig
-from t2t_keras.data import sources
-from t2t_keras.data import tokenizer as tokenizer_lib
+from t2t_keras.data.sources import sources
+from t2t_keras.data.tokens import tokenizer as tokenizer_lib
 from t2t_keras.model import create_model
 from tests import inprocess
 from tests.conftest import REPO_ROOT

@@ -19,8 +19,8 @@ import tensorflow as tf
 
 from t2t_keras import EOS_ID
 from t2t_keras.configs import DataConfig, ModelConfig
-from t2t_keras.data import cache
-from t2t_keras.data import tokenizer as tokenizer_lib
+from t2t_keras.data.tokens import cache
+from t2t_keras.data.tokens import tokenizer as tokenizer_lib
 from t2t_keras.errors import ConfigError
 from t2t_keras.inference import loading
 from t2t_keras.model import create_model

@@ -1,16 +1,27 @@
 """Data: sources (files, TFDS, synthetic, treebanks for parsing), in-graph tokenizers,
 tf.data pipelines.
 
+Four packages by job:
+- `fetch/`: getting corpora onto disk (`public_corpora`, `fetch`: checked downloads;
+  `tfds_reader`: offline-first TFDS loading; `leftovers`: sweeping killed builds' files).
+- `sources/`: reading sentence pairs (`sources`: one object per kind of source;
+  `textfiles`: text-file checks; `corpora`: several corpora mixed by weights).
+- `tokens/`: pairs as ids (`tokenizer`, `cache`: the tokenized cache, `alignments`:
+  guided alignment's links, `words`: which pieces start a word).
+- `batching/`: ids as batches (`plan`: the batch plan, `packing`, `pipeline`: the train
+  and eval pipelines, `dev_batches`: the dev split as evaluation reads it, `buckets`:
+  what both share, `service`: tf.data service).
+
 The trainer needs one call, `make_datasets(config)`; decoding and export need
 `load_or_build_tokenizer(config)` or `load_tokenizer(vocab_file)`.
 """
 
 import warnings
 
-from t2t_keras.data.pipeline import (Datasets, SplitStats, bucket_boundaries,
+from t2t_keras.data.batching.pipeline import (Datasets, SplitStats, bucket_boundaries,
                                      eval_dataset, make_datasets, train_dataset)
-from t2t_keras.data.sources import DataError
-from t2t_keras.data.tokenizer import (IntegerTokenizer, SentencePieceTokenizer,
+from t2t_keras.data.sources.sources import DataError
+from t2t_keras.data.tokens.tokenizer import (IntegerTokenizer, SentencePieceTokenizer,
                                       build_vocab, data_vocab_path,
                                       load_or_build_tokenizer, load_tokenizer)
 
@@ -21,7 +32,7 @@ __all__ = [
 ]
 
 # Old names, kept one release: `vocab_path` is now only a model directory's vocab.model
-# (t2t_keras.modeldir.vocab_path).
+# (t2t_keras.trained.modeldir.vocab_path).
 _RENAMED = {"vocab_path": "data_vocab_path"}
 
 

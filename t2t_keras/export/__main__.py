@@ -80,7 +80,7 @@ def run() -> None:
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
 
-  from t2t_keras import modeldir
+  from t2t_keras.trained import modeldir
   tf.get_logger().setLevel("ERROR")
   export_format = export.FORMATS[FLAGS.format]
   recipe = t2t_flags.use_recipe(FLAGS.model_dir)  # before the flags are read

@@ -74,7 +74,8 @@ from typing import Optional
 import tensorflow as tf
 
 from t2t_keras import EOS_ID, PAD_ID
-from t2t_keras import language_tags, model_card
+from t2t_keras.trained import model_card
+from t2t_keras import language_tags
 from t2t_keras.inference import decoding
 from t2t_keras.configs import DecodeConfig
 from t2t_keras.errors import ExportError
@@ -454,7 +455,7 @@ def export(translator: Translator, export_dir: str, version: Optional[int] = Non
   (`publish`: a rename on local disk; on object stores a copy with saved_model.pb
   last), so TF Serving polling export_dir never loads half an export. The request
   limits go to `<version>/assets.extra/t2t_keras.json`, the model card (of
-  `model_dir` and `checkpoints`, t2t_keras.model_card) to `assets.extra/model_card.json`.
+  `model_dir` and `checkpoints`, t2t_keras.trained.model_card) to `assets.extra/model_card.json`.
 
   Args:
     translator: the module to export.
@@ -570,7 +571,7 @@ def translator_of(settings: ExportSettings) -> tuple:
   its weights come from). ExportError for a --decode_dtype the model cannot take and
   for --constrain_trees on a model that is no parser."""
   # pylint: disable=import-outside-toplevel
-  from t2t_keras import modeldir
+  from t2t_keras.trained import modeldir
   from t2t_keras.inference import loading
   model_dir, config, dtype = settings.model_dir, settings.decode_config, settings.weights.dtype
   if dtype:
@@ -600,7 +601,7 @@ def translator_of(settings: ExportSettings) -> tuple:
 
 # The format's interface (t2t_keras/export/__init__.py: `Format`).
 def default_dir(model_dir: str) -> str:
-  from t2t_keras import modeldir  # pylint: disable=import-outside-toplevel
+  from t2t_keras.trained import modeldir  # pylint: disable=import-outside-toplevel
   return modeldir.default_export_dir(model_dir)
 
 

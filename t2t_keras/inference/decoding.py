@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Callable, Optional
 import tensorflow as tf
 
 from t2t_keras import BOS_ID, PAD_ID
-from t2t_keras.inference import beam_search as beam_search_lib
-from t2t_keras.inference import processors, sampling
+from t2t_keras.inference import search as beam_search_lib
+from t2t_keras.inference.search import sampling
+from t2t_keras.inference import processors
 from t2t_keras.configs import DecodeConfig
 from t2t_keras.model import advance_pointer
 

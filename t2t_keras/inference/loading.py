@@ -1,8 +1,8 @@
 """Loading a trained model for inference: the model directory's config and vocabulary,
 the model built from them, and the checkpoint (or the average of several) restored.
 
-Sits above t2t_keras.modeldir (the directory's files), t2t_keras.checkpoints (which
-checkpoints, restoring them) and t2t_keras.averaging; decode, score, export and the
+Sits above t2t_keras.trained.modeldir (the directory's files), t2t_keras.trained.checkpoints (which
+checkpoints, restoring them) and t2t_keras.trained.averaging; decode, score, export and the
 tools load models through here.
 """
 
@@ -15,14 +15,14 @@ from typing import Optional, Sequence
 import tensorflow as tf
 from absl import logging
 
-from t2t_keras import averaging, checkpoints
+from t2t_keras.trained import averaging, checkpoints
 from t2t_keras.configs import DataConfig, DecodeConfig, ModelConfig
-from t2t_keras.data import sources
-from t2t_keras.data import tokenizer as tokenizer_lib
+from t2t_keras.data.sources import sources
+from t2t_keras.data.tokens import tokenizer as tokenizer_lib
 from t2t_keras.inference.ensemble import Ensemble
 from t2t_keras.errors import ModelDirError
 from t2t_keras.model import create_model
-from t2t_keras.modeldir import (VOCAB_FILE, data_config_of, load_model_config,
+from t2t_keras.trained.modeldir import (VOCAB_FILE, data_config_of, load_model_config,
                                 recipe_decode_config, recipe_weights, vocab_paths)
 
 

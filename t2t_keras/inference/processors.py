@@ -4,7 +4,7 @@ A decoding option (a minimum length, the length limit, the tree constraint of pa
 later a target prefix or a repetition penalty) is one small object behind one protocol,
 composed by `t2t_keras.inference.decoding.decode_ids` around the model's step, as keras-hub
 composes samplers and OpenNMT-tf decoding strategies. The searches themselves (beam,
-greedy, sampling in `t2t_keras.inference.beam_search`) stay pure functions that know nothing of
+greedy, sampling in `t2t_keras.inference.search`) stay pure functions that know nothing of
 the options.
 
 Protocol: `processor.start(rows)` binds the processor to a batch and returns
@@ -30,16 +30,13 @@ a new decoding option is its setting there and its processor here.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
 from t2t_keras import EOS_ID, PAD_ID
 from t2t_keras.configs import DecodeConfig
-from t2t_keras.inference.beam_search import NEG_INF
-
-if TYPE_CHECKING:
-  from t2t_keras.parsing.constraint import TreeConstraint
+from t2t_keras.inference.search import NEG_INF
 
 Step = Callable[[tf.Tensor, tf.Tensor, tf.Tensor, Any], Tuple[tf.Tensor, Any]]
 
@@ -53,7 +50,7 @@ class Rows(NamedTuple):
   vocab_size: Optional[int] = None  # V, the logits' width
 
 
-def for_config(config: DecodeConfig, tree_constraint: Optional[TreeConstraint] = None,
+def for_config(config: DecodeConfig, tree_constraint: Optional["Processor"] = None,
                target_prefix: bool = False) -> List["Processor"]:
   """The decoding options of `config`, in the order they apply: the target prefix,
   the tree constraint (parsing, `config.constrain_trees`: its `TreeConstraint`), the

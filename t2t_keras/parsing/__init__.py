@@ -9,7 +9,7 @@
   imported here: `python -m t2t_keras.evaluate` and tools/linearize_trees.py start
   without TensorFlow.
 
-The data source for treebanks is `t2t_keras.data.sources` (--data_source=parsing).
+The data source for treebanks is `t2t_keras.data.sources.sources` (--data_source=parsing).
 """
 
 from t2t_keras.errors import TreeError

@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from t2t_keras import BOS_ID, EOS_ID, PAD_ID
-from t2t_keras.inference.beam_search import NEG_INF
+from t2t_keras.inference.search import NEG_INF
 from t2t_keras.parsing.trees import LINEARIZATIONS, token_kind
 from t2t_keras.inference.processors import Processor, Rows
 
@@ -53,7 +53,7 @@ class TreeConstraint(Processor):
 
   Words are counted as the source pieces that start a word (SentencePiece's "▁"), so
   the constraint needs the tokenizer's vocabulary and whole-token tree pieces (the
-  parsing vocabulary: t2t_keras.data.tokenizer). Leaves are the Penn Treebank's 45 POS
+  parsing vocabulary: t2t_keras.data.tokens.tokenizer). Leaves are the Penn Treebank's 45 POS
   tags (`trees.PTB_TAGS`); a treebank with another tagset needs that set extended.
   """
 

@@ -28,7 +28,7 @@ Linearization (`linearize`), tokens separated by single spaces:
     leaves), never a mismatched label that would need an arbitrary rule.
   * Opening tokens carry their label (`(NP`): a few dozen frequent, space-separated
     symbols. The parsing vocabulary lets SentencePiece merge "(" with letters
-    (t2t_keras.data.tokenizer), so each tree token is one piece (measured on the
+    (t2t_keras.data.tokens.tokenizer), so each tree token is one piece (measured on the
     sample: 1.0002 pieces per token with a 3k vocabulary, against 1.31 when "(" and
     "NP" must stay apart); a rare token split into pieces is joined again on output.
 The source is the words joined by single spaces; words never contain spaces.

@@ -6,7 +6,7 @@ The output directory holds `ckpt-<newest step>` (model weights only), `config.js
 and the vocabulary, so it works as the --model_dir of decode and export. To decode
 with an average without writing one, use `decode --average_last_n=5` instead.
 
-It is a thin CLI: the work is t2t_keras.averaging.write_averaged.
+It is a thin CLI: the work is t2t_keras.trained.averaging.write_averaged.
 
 After `pip install`, `t2t-average-checkpoints` is this tool (same flags).
 """
@@ -35,7 +35,7 @@ def main(argv):
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
 
-  from t2t_keras import averaging
+  from t2t_keras.trained import averaging
 
   tf.get_logger().setLevel("WARNING")
   path = averaging.write_averaged(FLAGS.model_dir, FLAGS.output_dir, FLAGS.last_n,

@@ -20,7 +20,8 @@ from t2t_keras import console, errors  # noqa: E402
 console.quiet_tensorflow()  # before TensorFlow is imported
 
 from t2t_keras import flags as t2t_flags  # noqa: E402
-from t2t_keras.data import build_vocab, make_datasets, sources  # noqa: E402
+from t2t_keras.data.sources import sources  # noqa: E402
+from t2t_keras.data import build_vocab, make_datasets  # noqa: E402
 
 flags.DEFINE_boolean("overwrite_vocab", False,
                      "Rebuild the vocabulary even if it exists (invalidates caches and "

@@ -3,7 +3,7 @@
 tensor2tensor's t2t-datagen, for the corpora of this project's CPU recipes: each is
 fetched from its official public location (sacreBLEU's table for the WMT test sets),
 prepared as the published figures (docs/results.md) were measured, and checked file by
-file against the SHA-256 recorded in t2t_keras/data/public_corpora.py.
+file against the SHA-256 recorded in t2t_keras/data/fetch/public_corpora.py.
 
   python -m t2t_keras.tools.datagen                      # multi30k, wmt14, ptb_wsj_sample
   python -m t2t_keras.tools.datagen --corpora=multi30k --data_dir=data
@@ -23,7 +23,7 @@ The corpora (docs/data.md has where each comes from and its terms):
   ptb_wsj_sample   NLTK's Penn Treebank WSJ sample, split by file (non-commercial)
   tatoeba_deu_eng  Tatoeba EN-DE from an export you give; not reproducible byte for byte
 
-A thin CLI over t2t_keras.data.public_corpora (the downloads: t2t_keras.data.fetch).
+A thin CLI over t2t_keras.data.fetch.public_corpora (the downloads: t2t_keras.data.fetch.fetch).
 After `pip install`, `t2t-datagen` is this tool (same flags).
 """
 
@@ -33,7 +33,7 @@ from t2t_keras import console, errors
 
 console.quiet_tensorflow()  # t2t_keras.data's package imports TensorFlow: quietly
 
-from t2t_keras.data import public_corpora  # noqa: E402
+from t2t_keras.data.fetch import public_corpora  # noqa: E402
 
 flags.DEFINE_string("data_dir", "data",
                     "Where the corpora go, one folder each (the recipes read data/...).")

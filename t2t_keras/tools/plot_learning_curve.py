@@ -19,7 +19,8 @@ import sys
 
 from absl import app, flags
 
-from t2t_keras import console, modeldir  # noqa: E402
+from t2t_keras.trained import modeldir  # noqa: E402
+from t2t_keras import console  # noqa: E402
 
 console.quiet_tensorflow()  # before TensorFlow is imported
 

@@ -207,7 +207,8 @@ def main(argv):
     decode_wall = run(decode_cmd, os.path.join(FLAGS.model_dir, "decode.log"), signals)
 
   # pylint: disable=import-outside-toplevel
-  from t2t_keras import metrics, modeldir
+  from t2t_keras.trained import modeldir
+  from t2t_keras import metrics
   from t2t_keras.learning_curves import read_scalars
   with open(hypotheses, encoding="utf-8") as f:
     hyps = [line.rstrip("\n") for line in f]

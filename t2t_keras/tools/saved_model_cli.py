@@ -9,7 +9,7 @@ saved_model_cli, e.g.
   python tools/saved_model_cli.py run --dir /tmp/export/1 --tag_set serve \\
       --signature_def serving_default --input_exprs "inputs=['A dog runs.']"
 
-`show` starts with the export's model card (t2t_keras.model_card: the model, its
+`show` starts with the export's model card (t2t_keras.trained.model_card: the model, its
 training data, its last dev BLEU with sacreBLEU's signature); `card --dir D` prints
 the card alone, as JSON. After `pip install`, `t2t-saved-model-cli` is this tool.
 """
@@ -34,7 +34,7 @@ def show_card(argv: Sequence[str], out=None) -> int:
   # pylint: disable=import-outside-toplevel
   from t2t_keras import console
   console.quiet_tensorflow(argv)
-  from t2t_keras import model_card
+  from t2t_keras.trained import model_card
   out = out or sys.stdout
   path = _dir_argument(argv)
   if not path:
@@ -64,7 +64,7 @@ def console_main():
   # argparse commands could).
   console.own_help(__name__, adopt=(saved_model_cli.__name__,))
 
-  from t2t_keras import model_card
+  from t2t_keras.trained import model_card
   path = _dir_argument(argv)
   if len(argv) > 1 and argv[1] == "show" and path:
     card = model_card.read(path)

@@ -19,9 +19,10 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-from t2t_keras import language_tags, modeldir
+from t2t_keras.trained import modeldir
+from t2t_keras import language_tags
 from t2t_keras import metrics as metrics_lib
-from t2t_keras.data import sources as sources_lib
+from t2t_keras.data.sources import sources as sources_lib
 from t2t_keras.errors import DataError, TrainingError
 from t2t_keras.inference import decoding, translate
 from t2t_keras.model import create_model

@@ -36,9 +36,9 @@ import numpy as np
 import tensorflow as tf
 from absl import flags
 
-from t2t_keras import averaging, checkpoints, modeldir
+from t2t_keras.trained import averaging, checkpoints, modeldir
 from t2t_keras.configs import DataConfig
-from t2t_keras.data import sources
+from t2t_keras.data.sources import sources
 from t2t_keras.errors import CheckpointError, ModelDirError
 from t2t_keras.inference import loading
 

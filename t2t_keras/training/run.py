@@ -17,10 +17,12 @@ from typing import Callable, NamedTuple, Optional, Sequence
 import keras
 import tensorflow as tf
 
-from t2t_keras import modeldir
-from t2t_keras.checkpoints import listed_checkpoints
+from t2t_keras.trained import modeldir
+from t2t_keras.trained.checkpoints import listed_checkpoints
 from t2t_keras.configs import DataConfig, DecodeConfig, ModelConfig, RunConfig, TrainConfig
-from t2t_keras.data import make_datasets, service, sources
+from t2t_keras.data.sources import sources
+from t2t_keras.data.batching import service
+from t2t_keras.data import make_datasets
 from t2t_keras.errors import DataError, UserError
 from t2t_keras.export import saved_model
 from t2t_keras.inference import translate

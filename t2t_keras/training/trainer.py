@@ -32,12 +32,13 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from t2t_keras import PAD_ID, modeldir
+from t2t_keras.trained import modeldir
+from t2t_keras import PAD_ID
 from t2t_keras.configs import (ModelConfig, TrainConfig, guided_alignment_problems,
                                raise_problems)
 from t2t_keras.errors import TrainingError
 from t2t_keras.model import create_model
-from t2t_keras import checkpoints
+from t2t_keras.trained import checkpoints
 from t2t_keras.training import batches as batches_lib
 from t2t_keras.training import distribute, flops, losses, optimizers
 from t2t_keras.training.evaluator import BestEval, Evaluator  # noqa: F401 (re-export)
