@@ -12,6 +12,7 @@ ENTRY_POINTS = {"train": "train", "decode": "decode", "export": "export.__main__
 # are not in the wheel, so reproducing them needs a checkout (its --help says so).
 TOOLS = {
     "average_checkpoints": "t2t-average-checkpoints",
+    "beam_translate": "t2t-beam-translate",  # needs the beam extra
     "build_vocab": "t2t-build-vocab",  # the vocabulary half of tensor2tensor's t2t-datagen
     "data_service": "t2t-data-service",  # tf.data service servers for train --data_service
     "ct2_translate": "t2t-ct2-translate",
@@ -93,5 +94,10 @@ setup(
                  "ctranslate2>=4.5"],
         # `python -m t2t_keras.export --format=ctranslate2` and t2t-ct2-translate
         "ctranslate2": ["ctranslate2>=4.5"],
+        # `python -m t2t_keras.tools.beam_translate`: the SavedModel over files with
+        # Apache Beam's RunInference (DirectRunner here; Dataflow needs
+        # apache-beam[gcp]). An extra of its own: Beam is large and pins protobuf and
+        # numpy ranges of its own.
+        "beam": ["apache-beam>=2.60"],
     },
 )
