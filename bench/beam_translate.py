@@ -29,6 +29,8 @@ flags.DEFINE_list("sizes", ["2000", "20000", "200000"], "Input lines per run.")
 flags.DEFINE_integer("rounds", 1, "Runs of each command per size (alternating).")
 flags.DEFINE_integer("beam_size", 4, "Beam size (graph mode in both).")
 flags.DEFINE_integer("extra_decode_length", 2, "Output length limit: source + this.")
+flags.DEFINE_boolean("beam_first", False, "Run the pipeline before the command in each "
+                     "round (a load that falls or rises then favours the other).")
 flags.DEFINE_string("work_dir", None, "Where the model, inputs and outputs go (default "
                     "a temporary directory).")
 FLAGS = flags.FLAGS
@@ -100,8 +102,11 @@ def main(argv):
             sys.executable, "-m", "t2t_keras.tools.beam_translate", f"--saved_model={export}",
             f"--input={source}", f"--output_dir={work}/beam{size}"],
     }
+    order = list(commands.items())
+    if FLAGS.beam_first:
+      order.reverse()
     for _ in range(FLAGS.rounds):
-      for name, command in commands.items():
+      for name, command in order:
         seconds, peak = measure(command, env)
         print(f"| {size:,} | {name} | {size / seconds:,.0f} ({seconds:.1f} s) | "
               f"{peak:,.0f} MB |", flush=True)
