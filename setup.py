@@ -97,7 +97,8 @@ setup(
         # `python -m t2t_keras.tools.beam_translate`: the SavedModel over files with
         # Apache Beam's RunInference (DirectRunner here; Dataflow needs
         # apache-beam[gcp]). An extra of its own: Beam is large and pins protobuf and
-        # numpy ranges of its own.
+        # numpy ranges of its own (2.77: protobuf < 7 and numpy < 2.5, within
+        # TensorFlow 2.21's ranges: pip co-installs them; CI's .ci/beam checks it).
         "beam": ["apache-beam>=2.60"],
     },
 )
