@@ -12,6 +12,7 @@ ENTRY_POINTS = {"train": "train", "decode": "decode", "export": "export.__main__
 # are not in the wheel, so reproducing them needs a checkout (its --help says so).
 TOOLS = {
     "average_checkpoints": "t2t-average-checkpoints",
+    "beam_translate": "t2t-beam-translate",  # needs the beam extra
     "build_vocab": "t2t-build-vocab",  # the vocabulary half of tensor2tensor's t2t-datagen
     "data_service": "t2t-data-service",  # tf.data service servers for train --data_service
     "ct2_translate": "t2t-ct2-translate",
@@ -101,5 +102,11 @@ setup(
         # in safetensors that transformers' MarianMT / Pegasus load. Install torch first
         # (`pip install torch`, or its CPU build) so pip does not pick a CUDA build.
         "huggingface": HUGGINGFACE,
+        # `python -m t2t_keras.tools.beam_translate`: the SavedModel over files with
+        # Apache Beam's RunInference (DirectRunner here; Dataflow needs
+        # apache-beam[gcp]). An extra of its own: Beam is large and pins protobuf and
+        # numpy ranges of its own (2.77: protobuf < 7 and numpy < 2.5, within
+        # TensorFlow 2.21's ranges: pip co-installs them; CI's .ci/beam checks it).
+        "beam": ["apache-beam>=2.60"],
     },
 )

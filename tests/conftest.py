@@ -76,10 +76,20 @@ def in_ci() -> bool:
   return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 
 
+# The skip of the tests that need Apache Beam (the beam extra, which README's test
+# command does not install): CI runs them in a lane of their own, .ci/beam, in a
+# venv with the extra and BEAM_LANE=1, where this skip fails as any other; in the
+# main lane it is the one skip CI lets through.
+BEAM_SKIP = ("needs Apache Beam: pip install -e '.[beam]' (CI runs these tests in their "
+             "own lane, .ci/beam)")
+
+
 def _fail_if_skipped_in_ci(report, what):
   if in_ci() and report.skipped and not hasattr(report, "wasxfail"):
     reason = (report.longrepr[2] if isinstance(report.longrepr, tuple)
               else str(report.longrepr))
+    if BEAM_SKIP in reason and not os.environ.get("BEAM_LANE"):
+      return
     report.outcome = "failed"
     report.longrepr = (f"{what} was skipped, and CI (CI=true) runs every test: {reason}. "
                        "Install the test extras (README's test command) and put the "

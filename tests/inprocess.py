@@ -43,8 +43,9 @@ from tests.conftest import REPO_ROOT
 ENTRY_POINTS = {"train": "t2t_keras.train", "decode": "t2t_keras.decode",
                 "score": "t2t_keras.score", "evaluate": "t2t_keras.evaluate",
                 "export": "t2t_keras.export.__main__"}
-TOOLS = ("average_checkpoints", "build_vocab", "ct2_translate", "datagen", "linearize_trees",
-         "plot_learning_curve", "query_serving", "run_recipe", "visualize_attention")
+TOOLS = ("average_checkpoints", "beam_translate", "build_vocab", "ct2_translate", "datagen",
+         "linearize_trees", "plot_learning_curve", "query_serving", "run_recipe",
+         "visualize_attention")
 
 _TOOL_REGISTRIES: Dict[str, dict] = {}
 
@@ -132,11 +133,12 @@ def run(command: str, *args, stdin: Optional[str] = None,
   was_deterministic = tf_config.is_op_determinism_enabled()
   code = 0
 
-  def app_run(main, argv=None, **unused):
-    """absl.app.run's part that matters in-process: parse, log at INFO, run main."""
+  def app_run(main, argv=None, flags_parser=None, **unused):
+    """absl.app.run's part that matters in-process: parse (with the command's
+    `flags_parser`, if it has one), log at INFO, run main."""
     del unused
     try:
-      remaining = flags.FLAGS(argv or sys.argv)
+      remaining = (flags_parser or flags.FLAGS)(argv or sys.argv)
     except flags.Error as error:
       print(f"FATAL Flags parsing error: {error}", file=sys.stderr)
       sys.exit(1)

@@ -90,6 +90,8 @@ OWN_FLAGS = {
     "t2t-score": {"score": ["source_file", "target_file", "output_file"],
                   "training": ["model_dir"]},
     "t2t-average-checkpoints": {"average_checkpoints": ["model_dir", "last_n"]},
+    "t2t-beam-translate": {"beam_translate": ["saved_model", "input", "output_dir",
+                                              "invalid_utf8"]},
     "t2t-build-vocab": {"build_vocab": ["overwrite_vocab"],
                         "model": ["vocab_size"], "data": ["data_dir"]},
     "t2t-ct2-translate": {"ct2_translate": ["model", "compute_type", "beam_size"]},

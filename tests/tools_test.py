@@ -124,3 +124,17 @@ def test_console_scripts_run_the_entry_points(tiny_model_dir, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     outputs.append(output.read_text(encoding="utf-8"))
   assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 2
+
+
+def test_beam_translate_without_apache_beam_says_how_to_install_it(monkeypatch, tmp_path):
+  # README's install has no Apache Beam (the beam extra): the tool says how to get it,
+  # and --help works without it (tests/packaging_test.py). Beam is hidden here, so that
+  # the lane with the extra (.ci/beam) sees the same.
+  monkeypatch.setitem(sys.modules, "apache_beam", None)
+  monkeypatch.delitem(sys.modules, "t2t_keras.inference.beam_pipeline", raising=False)
+  result = inprocess.run("beam_translate", f"--saved_model={tmp_path}",
+                         f"--input={tmp_path}/*", f"--output_dir={tmp_path}/out")
+  assert result.returncode == 1
+  assert 'needs Apache Beam: pip install -e ".[beam]"' in result.stderr
+  result = inprocess.run("beam_translate", f"--input={tmp_path}/*")
+  assert result.returncode == 1 and "--saved_model is required" in result.stderr

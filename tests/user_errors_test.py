@@ -52,6 +52,8 @@ OTHER_PROGRAMS = {
     "xla_cpu_experimental_onednn_custom_call",  # XLA_FLAGS (docs/benchmarks.md)
     "zone", "worker", "command",  # gcloud compute tpus tpu-vm ssh (docs/training.md)
     "force",  # wget's --force-directories (a datagen mirror's layout; the hyphen ends it)
+    "runner", "project", "region", "temp_location", "setup_file", "requirements_file",
+    "sdk_container_image", "max_num_workers",  # Beam's pipeline options (docs/decoding.md)
 }
 _FLAG_NAME = re.compile(r"(?<![\w-])--([a-z][a-z0-9_]*)")
 
