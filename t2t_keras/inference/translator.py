@@ -128,7 +128,7 @@ class Translator:
 
   def __init__(self, model, loaded: Sequence[loading.Loaded], decode_config: DecodeConfig,
                *, xla: Optional[bool] = None, sentences: Optional[int] = None,
-               constraint=None, model_dirs: Sequence[str] = ()):
+               constraint=None):
     """Wraps a model already loaded (`Translator.load` loads one).
 
     Args:
@@ -140,9 +140,8 @@ class Translator:
         decode command's input): XLA or graph mode is chosen once for them; None:
         for each `translate` call's lines.
       constraint: the tree constraint of a parsing model (`tree_constraint`).
-      model_dirs: the model directories (a guided model's alignment head is read there).
     """
-    self.model, self.loaded, self.model_dirs = model, list(loaded), list(model_dirs)
+    self.model, self.loaded = model, list(loaded)
     self.tokenizer = self.loaded[0].tokenizer
     self.xla_given = xla is not None
     if self.xla_given:
@@ -190,8 +189,7 @@ class Translator:
     model, loaded = loading.load_ensemble(model_dirs, weights.checkpoint_path,
                                           weights.average_last_n, weights.dtype)
     return cls(model, loaded, decode_config, xla=xla, sentences=sentences,
-               constraint=tree_constraint(decode_config, loaded, model_dirs),
-               model_dirs=model_dirs)
+               constraint=tree_constraint(decode_config, loaded, model_dirs))
 
   def config_for(self, sentences: int) -> DecodeConfig:
     """The settings a call translating `sentences` sentences decodes with."""
