@@ -98,6 +98,7 @@ flags.DEFINE_integer("num_shards", 1,
                      "host); `cat` of the shards' outputs in order is the whole output.")
 flags.DEFINE_integer("shard_index", 0, "The range this run decodes, 0..--num_shards-1.")
 
+
 def config_from_flags() -> DecodeConfig:
   """The DecodeConfig of the decoding and sampling flags, validated."""
   try:

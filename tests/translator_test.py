@@ -56,6 +56,12 @@ def test_translator_translates_and_scores_as_the_commands(trained_reverse_dir, t
   assert command.stdout.splitlines() == [
       f"{r.total:.4f}\t{len(r.log_probs)}\t" + " ".join(f"{v:.4f}" for v in r.log_probs)
       for r in scored]
+  # A source over --max_input_length scores as its first 5 pieces and EOS
+  long = next(i for i, line in enumerate(lines) if len(line.split()) > 5)
+  cut = " ".join(lines[long].split()[:5])
+  # (alone, not in a batch of 12: the same up to float rounding)
+  assert translator.score([(cut, targets[long])])[0].total == pytest.approx(
+      scored[long].total, abs=1e-3)
 
 
 @pytest.mark.slow
