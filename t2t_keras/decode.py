@@ -16,8 +16,7 @@ final; greedy search and sampling use XLA (`translate.translate` pads batches so
 it compiles once per source-width bucket) from `AUTO_XLA_SENTENCES` input sentences on,
 where its faster steps repay the compilation; `--decode_jit_compile` /
 `--nodecode_jit_compile` (on the command line or in a flagfile) choose either way for
-any input. These choices are `inference.Translator`'s (`inference/translator.py`), so
-the Python API decodes as fast as this command. `--constrain_trees`
+any input. `--constrain_trees`
 (parsing models) lets the beam search write only valid trees over the input's words
 (`parsing.constraint.TreeConstraint`). `--target_prefix_file` (one prefix per input
 line, empty lines free) makes each translation start with its prefix and continues
@@ -175,6 +174,8 @@ def output_settings(decode_config: DecodeConfig, model_dirs, weights, attention)
 
 
 def run() -> None:
+  # The choices above (XLA or graph mode, batches at a time) are `inference.Translator`'s
+  # (inference/translator.py), so that the Python API decodes as fast as this command.
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
 
