@@ -24,6 +24,8 @@ from absl import logging  # noqa: E402
 
 from t2t_keras import flags as t2t_flags
 from t2t_keras import outputs
+from t2t_keras.configs import DecodeConfig
+from t2t_keras.errors import DataError
 
 FLAGS = flags.FLAGS
 t2t_flags.define_all()
@@ -46,10 +48,8 @@ def run() -> None:
   import tensorflow as tf
 
   from t2t_keras.trained import modeldir
-  from t2t_keras import language_tags
-  from t2t_keras.inference import loading, scoring, translate
   from t2t_keras.textio import read_lines
-  from t2t_keras.errors import ConfigError, DataError
+  from t2t_keras.inference.translator import Translator
 
   tf.get_logger().setLevel("WARNING")
   model_dirs = t2t_flags.model_dirs()
@@ -68,36 +68,15 @@ def run() -> None:
     raise DataError(f"--source_file {FLAGS.source_file} has {len(sources)} lines but "
                     f"--target_file {FLAGS.target_file} has {len(targets)}: they must be "
                     "line-aligned (one target per source).")
-  try:
-    language = language_tags.check_request(
-        FLAGS.target_language, modeldir.data_config_of(model_dirs[0]), "--target_language")
-  except ValueError as error:
-    raise ConfigError(str(error)) from None
-  weights = t2t_flags.weights_config(sys.argv)
-  model, loaded = loading.load_ensemble(model_dirs, weights.checkpoint_path,
-                                        weights.average_last_n, weights.dtype)
-  tokenizer = loaded[0].tokenizer
-  tag = [tokenizer.tag_id(language)] if language else []  # the source's first piece
+  # Scoring reads these decoding settings only, one batch at a time.
+  config = DecodeConfig(batch_size=FLAGS.decode_batch_size,
+                        max_input_length=FLAGS.max_input_length,
+                        target_language=FLAGS.target_language, parallel_batches=1)
+  translator = Translator.load(model_dirs, config, t2t_flags.weights_config(sys.argv))
   origin = recipe.describe(SCORING_FLAGS)
-  used = "; ".join(("the average of " if len(l.checkpoints) > 1 else "")
-                   + ", ".join(l.checkpoints) for l in loaded)
-  print(f"scoring {len(sources)} pairs with {used}{f'; {origin}' if origin else ''}",
-        file=sys.stderr, flush=True)
-  source_ids = [scoring.with_eos(tag + s) for s in tokenizer.tokenize(tf.constant(
-      sources or [""])).to_list()]
-  target_ids = [scoring.with_eos(t) for t in tokenizer.target.tokenize(tf.constant(targets or
-                                                                            [""])).to_list()]
-  if not sources:
-    source_ids = target_ids = []
-  limit = FLAGS.max_input_length
-  note = translate.truncation_note(sum(len(s) > limit for s in source_ids),
-                                   len(source_ids), limit, "sources", "score")
-  if note:
-    print(note, file=sys.stderr, flush=True)
-  source_ids = [s if len(s) <= limit else s[:limit - 1] + [s[-1]] for s in source_ids]
-  meter = console.Progress(len(sources), unit="pairs", verb="scored")
-  results = scoring.force(model, source_ids, target_ids,
-                          batch_size=FLAGS.decode_batch_size, progress=meter)
+  print(f"scoring {len(sources)} pairs with {translator.describe_weights()}"
+        f"{f'; {origin}' if origin else ''}", file=sys.stderr, flush=True)
+  results = translator.score(list(zip(sources, targets)), progress=True, stream=sys.stderr)
   with outputs.PendingOutputs() as pending:  # renamed to --output_file when complete
     out = pending.open(FLAGS.output_file) if FLAGS.output_file else sys.stdout
     for result in results:

@@ -359,12 +359,13 @@ def test_decode_cli_chooses_graph_mode_for_beams_and_xla_for_greedy_from_many_se
   import subprocess  # pylint: disable=import-outside-toplevel
   import sys  # pylint: disable=import-outside-toplevel
 
-  from t2t_keras import decode as decode_command  # pylint: disable=import-outside-toplevel
+  # pylint: disable-next=import-outside-toplevel
+  from t2t_keras.inference import translator as policy  # the decode command's choices
   from tests import inprocess  # pylint: disable=import-outside-toplevel
   from tests.conftest import REPO_ROOT  # pylint: disable=import-outside-toplevel
-  assert decode_command.AUTO_XLA_SENTENCES == 256  # README and the flag's help say 256
+  assert policy.AUTO_XLA_SENTENCES == 256  # README and the flag's help say 256
   many = 24
-  monkeypatch.setattr(decode_command, "AUTO_XLA_SENTENCES", many)
+  monkeypatch.setattr(policy, "AUTO_XLA_SENTENCES", many)
   rng = np.random.default_rng(9)
   words = "a the man dog runs in park red small plays ball .".split()
   lines = [" ".join(rng.choice(words, rng.integers(2, 14))) for _ in range(many)]
@@ -501,10 +502,11 @@ def test_decode_command_imports_leave_tensorflow_unstarted_and_cap_parallel_batc
   code = """
 import dataclasses, os
 import t2t_keras.decode, t2t_keras.inference.translate, t2t_keras.inference.loading
+import t2t_keras.inference.translator, t2t_keras.inference.bulk
 import tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(1)
 print('unstarted')
-from t2t_keras import decode
+from t2t_keras.inference import translator as decode
 from t2t_keras.configs import DecodeConfig
 config = DecodeConfig(batch_size=16, parallel_batches=4)
 auto = dataclasses.replace(config, parallel_batches=0)

@@ -33,14 +33,15 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import sys
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from t2t_keras import outputs
+from t2t_keras import console, outputs
 from t2t_keras.errors import DataError, InputError
-from t2t_keras.textio import decode_line
+from t2t_keras.textio import decode_line, read_lines
 
 STATE_VERSION = 1
 # The inputs whose lines decide the output (--reference_file only scores it): a resume
@@ -477,3 +478,77 @@ class Job:
     self._files = {}
     for reader in (self.input, *self.readers.values()):
       reader.close()
+
+
+# ------------------------------------------------------------------- the decoding loop
+@dataclasses.dataclass
+class Decoded:
+  """What `decode` reports: inputs cut to --max_input_length and decoded (this run's),
+  and with --reference_file the best translations and references of the whole range
+  (a resumed run's earlier ones read back)."""
+
+  cut: int = 0
+  count: int = 0
+  best: list = dataclasses.field(default_factory=list)
+  references: list = dataclasses.field(default_factory=list)
+
+
+def decode(job: Job, translator, multiple: bool, attention=(-1, -1)) -> Decoded:
+  """Decodes `job`'s windows in order with `translator` (`translator.Translator`), each
+  appended to the outputs when done (interrupted: the complete windows stay, and the
+  state to resume them). `multiple`: every beam or sample is written, as
+  `score<TAB>text` lines, an empty line after each input's; `attention`: the (decoder
+  layer, head) of --output_alignments."""
+  meter = console.Progress(job.lines, done=job.done)
+  references = job.aligned_paths.get("--reference_file")
+  done = Decoded()
+  with job:
+    job.open_outputs()
+    for window in job.windows():
+      results = translator.translations(
+          window.sentences, target_prefixes=window.aligned.get("--target_prefix_file"),
+          progress=meter, first_key=window.first)
+      _write_outputs(job, window, results, multiple, translator, attention)
+      done.cut += sum(r.truncated for r in results)
+      done.count += len(results)
+      if references:
+        done.best += [r.texts[0] for r in results]
+        done.references += window.aligned["--reference_file"]
+    job.finish()
+  if references and job.done > done.count:  # resumed: read the earlier back
+    best, earlier = _earlier_translations(job, job.done - done.count, multiple, references)
+    done.best, done.references = best + done.best, earlier + done.references
+  return done
+
+
+def _write_outputs(job: Job, window: Window, results, multiple: bool, translator,
+                   attention) -> None:
+  """One window's translations (and --output_alignments), appended to the outputs
+  (`Job.commit`)."""
+  out = io.StringIO()
+  for result in results:
+    if multiple:
+      for text, score in zip(result.texts, result.scores):
+        out.write(f"{score:.4f}\t{text}\n")
+      out.write("\n")
+    else:
+      out.write(result.texts[0] + "\n")
+  texts = {"output": out.getvalue()}
+  if job.output_alignments:
+    texts["alignments"] = "".join(
+        line + "\n" for line in translator.alignments(results, multiple, attention))
+  job.commit(window, texts)
+
+
+def _earlier_translations(job: Job, lines: int, multiple: bool, reference_file: str) -> tuple:
+  """The best translations of a resumed run's first `lines` lines, read back from
+  --output_file, and their --reference_file lines (for BLEU over the whole run)."""
+  written = read_lines(job.output_file, "--output_file", DataError)
+  if multiple:  # blocks of "score<TAB>text" lines, each ended by an empty line
+    starts = [0] + [i + 1 for i, line in enumerate(written) if not line]
+    written = [written[i].split("\t", 1)[1] for i in starts[:lines]]
+  reader = LineReader(reference_file, "--reference_file")
+  reader.skip(job.start)
+  references = reader.read(lines)
+  reader.close()
+  return written[:lines], references

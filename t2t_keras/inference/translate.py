@@ -78,7 +78,7 @@ def translate(decode_fn: Callable, tokenizer, sentences: Sequence[str],
   and are discarded) and to `decoding.padded_width` columns, so XLA compiles once per width
   bucket, not per batch. `config.parallel_batches` > 1 decodes that many batches at a
   time, from as many threads; the caller sets TensorFlow's threads per op before its
-  runtime starts, as the decode command does (`decode.choose_parallel_batches`).
+  runtime starts, as `translator.Translator` does (`translator.choose_parallel_batches`).
 
   Args:
     decode_fn: `decoding.make_decode_fn(model, config, ...)`: the model, and the tree
