@@ -1,7 +1,8 @@
 """Exports of a trained model: one module per format, and what each format carries.
 
 - `saved_model.py`: a SavedModel for TensorFlow Serving (strings in, translations out;
-  beam search, tokenization and per-request limits in the graph).
+  beam search, tokenization and per-request limits in the graph); `serving.py` the
+  module it serves (its signatures' graph).
 - `ctranslate2.py`: a CTranslate2 model directory (OpenNMT's C++ engine).
 - `huggingface.py`: a transformers model directory (MarianMT or Pegasus, safetensors).
 - `publish.py`: how both make an export appear whole or not at all.

@@ -15,7 +15,8 @@ Each kind is one object behind a small protocol (`Source`, made by `data_source`
 The flags, the vocabulary builder, the tokenized cache, the pipeline, the model
 directory and train.py ask these objects and never which kind they hold.
 
-Adding a source is a subclass here and its line in `SOURCE_CLASSES` (the flag
+The protocol (`Source` and its defaults) is t2t_keras.data.sources.source's; adding a
+source is a subclass of it here and its line in `SOURCE_CLASSES` (the flag
 --data_source accepts it from then on); settings of its own are DataConfig fields
 (configs.py), named in its `reads`. Synthetic tasks (copy, reverse:
 tensor2tensor's algorithmic problems) skip text and yield id sequences directly, so
@@ -31,23 +32,22 @@ offline-first is t2t_keras.data.fetch.tfds_reader's.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import time
-from typing import Dict, Iterator, List, Optional, Tuple, Type
+from typing import Dict, List, Optional, Tuple, Type
 
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
 from t2t_keras import NUM_RESERVED_IDS, language_tags, parsing
-from t2t_keras.configs import DataConfig, ModelConfig
+from t2t_keras.configs import DataConfig
 from t2t_keras.data.sources import corpora, textfiles
 from t2t_keras.data.fetch import tfds_reader
+from t2t_keras.data.sources.source import Source, check_split
 from t2t_keras.errors import DataError
 
 SYNTHETIC_TASKS = ("copy", "reverse")
-SPLITS = ("train", "dev")
 
 
 def split_files(config: DataConfig, split: str) -> Optional[Tuple[str, str]]:
@@ -84,18 +84,6 @@ def parsing_pairs(path: str, linearization: str = "tags") -> List[Tuple[str, str
   return pairs
 
 
-def _check_split(split: str):
-  if split not in SPLITS:
-    raise ValueError(f"split={split!r} must be 'train' or 'dev'")
-
-
-def _valid_utf8(text: tf.Tensor) -> tf.Tensor:
-  fixed = tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace",
-                                       replacement_char=0xFFFD,
-                                       replace_control_characters=False)
-  return tf.equal(fixed, text)
-
-
 def synthetic_vocab_size(config: DataConfig) -> int:
   """Reserved ids plus the task's symbols."""
   return NUM_RESERVED_IDS + config.synthetic_vocab_size
@@ -104,7 +92,7 @@ def synthetic_vocab_size(config: DataConfig) -> int:
 def _synthetic_examples(config: DataConfig, split: str
                         ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
   """The copy/reverse task of a validated config, deterministic (seeded per split)."""
-  _check_split(split)
+  check_split(split)
   lo, hi = config.synthetic_min_length, config.synthetic_max_length
   size = config.synthetic_train_size if split == "train" else config.synthetic_eval_size
   rng = np.random.default_rng([config.seed, 0 if split == "train" else 1])
@@ -120,131 +108,6 @@ def _synthetic_examples(config: DataConfig, split: str
 
 
 # ---------------------------------------------------------------- one object per kind
-class Source:
-  """What the flags, the pipeline, the cache, the vocabulary, the model directory and
-  training's dev BLEU ask of a data source. `data_source(config)` makes the object of
-  `config.source`; no other module asks which kind it holds.
-
-  Text sources give (source, target) string pairs, which a SentencePiece vocabulary
-  and the tokenized cache turn into ids; the synthetic source gives ids directly.
-
-  `validate()` checks its settings (the flags layer and `make_datasets` call it; a
-  model directory's source is made without its training files, to know its kind).
-  """
-
-  kind = ""
-  summary = ""  # what it reads, one line of --data_source's help
-  # The DataConfig fields (each its flag) this source reads; train refuses a flag of
-  # another source typed on its command line (flags.check_train_flags).
-  reads: Tuple[str, ...] = ()
-  dev_help = ""  # how to configure a dev split, for messages ("": it always has one)
-  is_text = True  # string pairs under a SentencePiece vocabulary (else ids: `examples`)
-  # Raw files that are scanned once (line counts, UTF-8: `check_files`) before they
-  # are read; the cache stores the scan's result (cache.validated_files).
-  scanned_before_reading = False
-  split_by_unicode_script = True  # the SentencePiece option of its vocabulary
-
-  def __init__(self, config: DataConfig):
-    self.config = config
-
-  def validate(self) -> "Source":
-    """Raises DataError naming each of `problems`; returns self."""
-    problems = self.problems()
-    if problems:
-      raise DataError("; ".join(problems) + ".")
-    return self
-
-  def problems(self) -> List[str]:
-    """What is wrong with this source's settings, each naming the flag and what to do
-    (no file is read: `check_files` does that).
-
-    Subclasses extend the base's check: a dev file pair given by halves is a mistake
-    whichever source the flags serve (a recipe may hold another source's files, not
-    half of them), except for a source that reads --dev_src alone.
-    """
-    config = self.config
-    if "dev_src" in self.reads and "dev_tgt" not in self.reads:
-      return []
-    if bool(config.dev_src) != bool(config.dev_tgt):
-      return [f"--dev_src and --dev_tgt go together: set both source and target files "
-              f"of the dev split, or neither (got --dev_src={config.dev_src}, "
-              f"--dev_tgt={config.dev_tgt})"]
-    return []
-
-  def check_model(self, model_config: ModelConfig) -> List[str]:
-    """Model settings that cannot work with this source's data, as `problems`."""
-    del model_config
-    return []
-
-  def corpora(self, split: str) -> List[Tuple[str, DataConfig]]:
-    """The split's corpora as (name, a config of this source reading that corpus
-    alone): several only for a training split of several corpora (--train_weights,
-    t2t_keras/data/sources/corpora.py), each tokenized and cached on its own; else the one
-    corpus, named by the split, with this source's own config."""
-    _check_split(split)
-    return [(split, self.config)]
-
-  def check_files(self, split: str) -> dict:
-    """Scans the split's raw files before they are read (only sources with
-    `scanned_before_reading`; call `cache.validated_files`, which stores the result).
-
-    Returns:
-      {"num_lines": int, "invalid_pairs": int (skipped with skip_invalid_utf8)}.
-
-    Raises:
-      DataError: missing files, different line counts, invalid UTF-8.
-    """
-    raise NotImplementedError
-
-  def dev_pairs(self, n: int) -> Optional[Tuple[List[str], List[str]]]:
-    """(sources, references): the first `n` dev pairs as text this source's tokenizer
-    reads (dev BLEU while training); None when no dev split is configured."""
-    if not self.has_split("dev"):
-      return None
-    pairs = list(itertools.islice(self.python_pairs("dev"), n))
-    return [src for src, _ in pairs], [tgt for _, tgt in pairs]
-
-  def has_split(self, split: str) -> bool:
-    """Whether the split is configured (dev is optional); raises DataError when it is
-    configured wrongly."""
-    raise NotImplementedError
-
-  def fingerprint(self, split: str, shared_vocab: bool = False) -> Optional[dict]:
-    """What determines the split's text (a cache key); None when the split is unset.
-
-    Args:
-      split: "train" or "dev".
-      shared_vocab: identify the language pair regardless of direction (a shared
-        vocabulary is the same for EN->DE and DE->EN).
-    """
-    raise NotImplementedError
-
-  def _raw_pairs(self, split: str) -> Optional[tf.data.Dataset]:
-    raise NotImplementedError
-
-  def text_pairs(self, split: str) -> Optional[tf.data.Dataset]:
-    """(source, target) scalar-string pairs of a split, in corpus order; None when the
-    split is not configured. Lines that are not valid UTF-8 are dropped here when
-    skip_invalid_utf8 is set (the scan counted them), so the tokenizer never sees them.
-    """
-    _check_split(split)
-    ds = self._raw_pairs(split)
-    if ds is not None and self.config.skip_invalid_utf8:
-      ds = ds.filter(lambda s, t: tf.logical_and(_valid_utf8(s), _valid_utf8(t)))
-    return ds
-
-  def python_pairs(self, split: str = "train") -> Iterator[Tuple[str, str]]:
-    """The same pairs as `text_pairs`, as Python strings (for vocabulary sampling)."""
-    _check_split(split)
-    text = self.text_pairs(split)
-    if text is None:
-      return
-    # Batched: tf.data costs per element, and TFDS splits have millions.
-    for src_batch, tgt_batch in text.batch(4096).as_numpy_iterator():
-      for src, tgt in zip(src_batch, tgt_batch):
-        yield src.decode("utf-8"), tgt.decode("utf-8")
-
-
 class FileSource(Source):
   """Line-aligned parallel text files (--train_src/--train_tgt, --dev_src/--dev_tgt)."""
 
@@ -306,7 +169,7 @@ class FileSource(Source):
     Raises:
       DataError: the files are not given in pairs (`problems`).
     """
-    _check_split(split)
+    check_split(split)
     config = self.validate().config
     if split == "dev":
       return [(config.dev_src, config.dev_tgt)] if config.dev_src else []
@@ -330,7 +193,7 @@ class FileSource(Source):
     Raises:
       DataError: the files are not both given (`problems`).
     """
-    _check_split(split)
+    check_split(split)
     config = self.validate().config
     src, tgt = ((config.train_src, config.train_tgt) if split == "train"
                 else (config.dev_src, config.dev_tgt))
@@ -437,7 +300,7 @@ class TreebankSource(Source):
     Raises:
       DataError: no training file (`problems`).
     """
-    _check_split(split)
+    check_split(split)
     self.validate()
     return (self.config.train_src if split == "train" else self.config.dev_src) or None
 
@@ -464,11 +327,11 @@ class TreebankSource(Source):
     return tf.data.Dataset.from_tensor_slices((list(sentences), list(trees)))
 
   def text_pairs(self, split):
-    _check_split(split)
+    check_split(split)
     return self._raw_pairs(split)  # read as Python text: already valid UTF-8
 
   def python_pairs(self, split="train"):
-    _check_split(split)
+    check_split(split)
     path = self.path(split)
     if path is not None:
       yield from parsing_pairs(path, self.config.parsing_linearization)
