@@ -18,8 +18,8 @@ def require_tensorflow() -> None:
   TensorFlow is an extra of the package (setup.py says why), and the bottom layer
   (`configs`, `errors`, `console`, `textio`, `metrics`, `parsing`: CONTRIBUTING.md's
   map) imports without it. So the check is not made here, on import, but where a
-  command first needs TensorFlow: `console.quiet_tensorflow()`, which every command
-  calls before importing it. A user without TensorFlow is told how to install it
+  command first needs TensorFlow: `console.quiet_tensorflow()`, which the commands
+  call before importing it. A user without TensorFlow is told how to install it
   rather than shown a bare ModuleNotFoundError.
   """
   if _importlib_util.find_spec("tensorflow") is None:

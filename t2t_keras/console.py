@@ -58,9 +58,12 @@ def quiet_tensorflow(argv: Optional[Sequence[str]] = None, import_now: bool = Tr
   printed twice) ignore it, so with `import_now` TensorFlow is imported here with the
   process's stderr set aside, and what it wrote is shown only if the import fails.
   A level the user set is kept; at 0 the import's lines are shown too. Without
-  TensorFlow installed, raises ImportError saying how to install it.
+  TensorFlow installed, raises ImportError saying how to install it, unless the
+  caller imports it only if it turns out to need it (`import_now=False`: evaluate,
+  which needs TensorFlow for remote paths only).
   """
-  t2t_keras.require_tensorflow()  # the first place a command needs TensorFlow
+  if import_now:  # the first place a command needs TensorFlow
+    t2t_keras.require_tensorflow()
   argv = sys.argv if argv is None else argv
   if _verbosity_requested(argv):
     return

@@ -156,8 +156,9 @@ def test_the_graph_reader_sees_lazy_imports_and_cycles(tmp_path):
 
 @pytest.mark.slow  # a fresh interpreter: this one has imported TensorFlow already
 def test_the_bottom_layer_imports_without_tensorflow():
-  """In a process where `import tensorflow` fails, the bottom layer imports, imports no
-  TensorFlow, and a command's first step says how to install it.
+  """In a process where `import tensorflow` fails, the bottom layer (and evaluate, which
+  builds on it alone) imports, imports no TensorFlow, and a command's first step says
+  how to install it.
 
   A fresh interpreter, because re-importing the package's modules in this process
   (where TensorFlow and the package are loaded) would make second copies of their
@@ -168,6 +169,7 @@ def test_the_bottom_layer_imports_without_tensorflow():
       sys.modules["tensorflow"] = None  # `import tensorflow` raises ModuleNotFoundError
       for name in {TENSORFLOW_FREE!r}:
         importlib.import_module(name)
+      import t2t_keras.evaluate  # a command on local files needs no TensorFlow either
       loaded = sorted(m for m in sys.modules
                       if m.split(".")[0] in ("tensorflow", "keras") and sys.modules[m])
       assert not loaded, loaded
