@@ -26,6 +26,9 @@ import tempfile
 import time
 from typing import Callable, Optional, Sequence
 
+import t2t_keras
+from t2t_keras import errors
+
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _REPO_DIR = os.path.dirname(_PACKAGE_DIR)
 _OWN_DIRS = tuple(os.path.join(_REPO_DIR, d) + os.sep for d in ("t2t_keras", "tools"))
@@ -54,8 +57,13 @@ def quiet_tensorflow(argv: Optional[Sequence[str]] = None, import_now: bool = Tr
   the lines written while `import tensorflow` runs (oneDNN and CUDA-stub notes, each
   printed twice) ignore it, so with `import_now` TensorFlow is imported here with the
   process's stderr set aside, and what it wrote is shown only if the import fails.
-  A level the user set is kept; at 0 the import's lines are shown too.
+  A level the user set is kept; at 0 the import's lines are shown too. Without
+  TensorFlow installed, raises ImportError saying how to install it, unless the
+  caller imports it only if it turns out to need it (`import_now=False`: evaluate,
+  which needs TensorFlow for remote paths only).
   """
+  if import_now:  # the first place a command needs TensorFlow
+    t2t_keras.require_tensorflow()
   argv = sys.argv if argv is None else argv
   if _verbosity_requested(argv):
     return
@@ -280,8 +288,6 @@ class Command:
     # pylint: disable=import-outside-toplevel
     from absl import app
     from absl import flags
-
-    from t2t_keras import errors
     setup_logging()
     if len(argv) > 1:
       raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")

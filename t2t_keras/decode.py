@@ -58,8 +58,10 @@ from absl import flags  # noqa: E402
 from absl import logging  # noqa: E402
 
 from t2t_keras import flags as t2t_flags
-from t2t_keras import outputs
+from t2t_keras import metrics, outputs
 from t2t_keras.configs import DecodeConfig, flag_name
+from t2t_keras.inference import bulk
+from t2t_keras.trained import modeldir
 
 FLAGS = flags.FLAGS
 t2t_flags.define_all()
@@ -176,12 +178,11 @@ def output_settings(decode_config: DecodeConfig, model_dirs, weights, attention)
 def run() -> None:
   # The choices above (XLA or graph mode, batches at a time) are `inference.Translator`'s
   # (inference/translator.py), so that the Python API decodes as fast as this command.
+  # The model's modules (Keras among them) load once the flags are checked.
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
 
-  from t2t_keras.trained import modeldir
-  from t2t_keras import metrics
-  from t2t_keras.inference import bulk, translate, translator as translator_lib
+  from t2t_keras.inference import translator as translator_lib
 
   tf.get_logger().setLevel("WARNING")
   # Every flag is checked before any work: the model's shape, the outputs, the inputs.
@@ -213,8 +214,7 @@ def run() -> None:
         file=sys.stderr, flush=True)
   multiple = decode_config.return_beams or decode_config.num_samples > 1
   results = bulk.decode(job, translator, multiple, attention)
-  note = translate.truncation_note(results.cut, results.count,
-                                   translator.decode_config.max_input_length)
+  note = translator.truncation_note(results.cut, results.count)
   if note:
     print(note, file=sys.stderr, flush=True)
   if FLAGS.reference_file:

@@ -35,7 +35,9 @@ console.quiet_tensorflow(import_now=False)  # TensorFlow only for remote paths
 
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
+from t2t_keras import metrics, parsing  # noqa: E402
 from t2t_keras.errors import InputError  # noqa: E402
+from t2t_keras.parsing import evalb  # noqa: E402
 from t2t_keras.textio import read_bytes, read_lines  # noqa: E402
 
 flags.DEFINE_string("hypotheses", None, "System output, one segment per line (UTF-8).")
@@ -86,8 +88,6 @@ def read_parsing_inputs(hypotheses_path: str, references_path: str,
     InputError: a missing or undecodable file, a malformed reference tree (naming file
       and line), or files that do not hold one entry per sentence.
   """
-  # pylint: disable=import-outside-toplevel
-  from t2t_keras import parsing
   hypotheses = read_lines(hypotheses_path, "--hypotheses", InputError)
   data = read_bytes(references_path, "--references", InputError)
   try:
@@ -141,14 +141,12 @@ def run() -> None:
 
 
 def _evaluate_translation():
-  from t2t_keras import metrics  # pylint: disable=import-outside-toplevel
   hypotheses, references = read_inputs(FLAGS.hypotheses, FLAGS.references)
   report = metrics.bleu_report(hypotheses, references, lowercase_chrf=FLAGS.lowercase)
   print(metrics.format_report(report, details=True))
 
 
 def _evaluate_parsing():
-  from t2t_keras.parsing import evalb  # pylint: disable=import-outside-toplevel
   if len(FLAGS.references) != 1:
     raise InputError(f"--task=parsing takes one --references treebank file, got "
                      f"{len(FLAGS.references)}.")

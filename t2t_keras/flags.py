@@ -42,6 +42,7 @@ from t2t_keras.configs import (SHARED_EMBEDDINGS_PROBLEM, DataConfig, DecodeConf
                                ModelConfig, RunConfig, TrainConfig, WeightsConfig,
                                dtype_name, flag_name, guided_alignment_problems)
 from t2t_keras.data.sources import sources
+from t2t_keras.trained import modeldir
 
 FLAGS = flags.FLAGS
 
@@ -352,7 +353,6 @@ def use_recipe(model_dir: str, fv=FLAGS) -> RecipeUse:
   decode, score and export decode a model as its recipe says, as tensor2tensor's
   hparams and OpenNMT-tf's model configuration do. Given flags win; a directory
   without a record keeps the flags' defaults. Call before reading the configs."""
-  from t2t_keras.trained import modeldir  # pylint: disable=import-outside-toplevel
   applied, overridden = {}, {}
   for name, value in modeldir.recipe_decoding_of(model_dir).items():
     if name not in fv or name in _NOT_RECORDED:

@@ -26,6 +26,8 @@ from t2t_keras import flags as t2t_flags
 from t2t_keras import outputs
 from t2t_keras.configs import DecodeConfig
 from t2t_keras.errors import DataError
+from t2t_keras.textio import read_lines
+from t2t_keras.trained import modeldir
 
 FLAGS = flags.FLAGS
 t2t_flags.define_all()
@@ -47,8 +49,6 @@ def run() -> None:
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
 
-  from t2t_keras.trained import modeldir
-  from t2t_keras.textio import read_lines
   from t2t_keras.inference.translator import Translator
 
   tf.get_logger().setLevel("WARNING")

@@ -299,14 +299,15 @@ def test_tensorflow_is_an_extra_so_a_tpu_vm_keeps_its_own():
       _requirements("test")), "the test extra must install on a TPU VM's TensorFlow"
 
 
-def test_import_without_tensorflow_says_how_to_install_it(monkeypatch):
+def test_a_command_without_tensorflow_says_how_to_install_it(monkeypatch):
+  """The package imports without TensorFlow (tests/layering_test.py); a command's first
+  step, `console.quiet_tensorflow()`, says how to install it."""
+  from t2t_keras import console  # pylint: disable=import-outside-toplevel
   real = importlib.util.find_spec
   monkeypatch.setattr(importlib.util, "find_spec",
                       lambda name, *a: None if name == "tensorflow" else real(name, *a))
-  spec = importlib.util.spec_from_file_location(
-      "t2t_keras_without_tensorflow", os.path.join(REPO_ROOT, "t2t_keras", "__init__.py"))
   with pytest.raises(ImportError, match=r"pip install 't2t_keras\[tensorflow\]'.*Cloud TPU"):
-    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    console.quiet_tensorflow(["t2t-train"])
 
 
 def test_a_tensorflow_text_of_another_line_is_named_with_the_fix(monkeypatch):

@@ -35,6 +35,7 @@ from absl import logging  # noqa: E402
 
 from t2t_keras import export  # noqa: E402
 from t2t_keras import flags as t2t_flags  # noqa: E402
+from t2t_keras.trained import modeldir  # noqa: E402
 
 FLAGS = flags.FLAGS
 t2t_flags.define_all()
@@ -79,8 +80,6 @@ def run() -> None:
   """Checks the flags against the model directory, then writes the export."""
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
-
-  from t2t_keras.trained import modeldir
   tf.get_logger().setLevel("ERROR")
   export_format = export.FORMATS[FLAGS.format]
   recipe = t2t_flags.use_recipe(FLAGS.model_dir)  # before the flags are read

@@ -40,7 +40,9 @@ from t2t_keras import BOS_ID, EOS_ID, NUM_RESERVED_IDS, PAD_ID, UNK_ID
 from t2t_keras.configs import ModelConfig
 from t2t_keras.errors import ExportError
 from t2t_keras.export import QUANTIZATIONS, ExportSettings, publish
+from t2t_keras.inference import loading
 from t2t_keras.model.layers import position as position_lib
+from t2t_keras.trained import modeldir
 
 INSTALL_HINT = 'pip install -e ".[ctranslate2]"  (or: pip install ctranslate2)'
 MODEL_FILE = "model.bin"  # what ctranslate2.Translator opens first
@@ -268,15 +270,12 @@ def write(spec, export_dir: str, quantization: Optional[str], vocab_file,
 
 # The format's interface (t2t_keras/export/__init__.py: `Format`).
 def default_dir(model_dir: str) -> str:
-  from t2t_keras.trained import modeldir  # pylint: disable=import-outside-toplevel
   return modeldir.default_export_dir(model_dir, ctranslate2=True)
 
 
 def export_from_settings(settings: ExportSettings) -> str:
   """Restores the model (latest, checkpoint_path or average_last_n) in float32 and
   writes it as a CTranslate2 model directory (weights of `settings.quantization`)."""
-  from t2t_keras.trained import modeldir  # pylint: disable=import-outside-toplevel
-  from t2t_keras.inference import loading  # pylint: disable=import-outside-toplevel
   check_target(settings.export_dir, settings.quantization, False)
   loaded = loading.load(settings.model_dir, settings.weights.checkpoint_path,
                         settings.weights.average_last_n, "float32")
@@ -293,7 +292,6 @@ def guided_alignment_layer(model_dir: str) -> int:
   (--train_alignments), else the last. CTranslate2 averages the first
   `alignment_heads` heads of that layer, so only head 0 (the default guided head)
   can be read alone: another guided head is said, not silently replaced."""
-  from t2t_keras.trained import modeldir  # pylint: disable=import-outside-toplevel
   guided = modeldir.guided_alignment_of(model_dir)
   if guided is None:
     return -1

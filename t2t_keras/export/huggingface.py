@@ -74,7 +74,9 @@ from t2t_keras import BOS_ID, EOS_ID, PAD_ID, UNK_ID, language_tags
 from t2t_keras.configs import DecodeConfig, ModelConfig
 from t2t_keras.errors import ExportError
 from t2t_keras.export import ExportSettings, publish
+from t2t_keras.inference import loading
 from t2t_keras.model.layers import position as position_lib
+from t2t_keras.trained import model_card, modeldir
 
 INSTALL_HINT = 'pip install -e ".[huggingface]"  (or: pip install transformers torch)'
 WEIGHTS_FILE = "model.safetensors"  # written last: its presence marks a whole export
@@ -306,8 +308,6 @@ def _json(value) -> bytes:
 def model_card_readme(card: dict, config: ModelConfig, languages=()) -> str:
   """README.md: the Hub's front matter, how to use the model, and the model card of a
   SavedModel export (t2t_keras/trained/model_card.py) as JSON."""
-  # pylint: disable=import-outside-toplevel
-  from t2t_keras.trained import model_card
   kind = architecture(config)
   tag = f">>{languages[0]}<< " if languages else ""
   # The card's own lines, without the SavedModel's path of its JSON file.
@@ -421,9 +421,6 @@ def export_from_settings(settings: ExportSettings) -> str:
   writes it as a transformers model directory."""
   # pylint: disable=import-outside-toplevel
   from absl import logging
-
-  from t2t_keras.trained import model_card, modeldir
-  from t2t_keras.inference import loading
   check_target(settings.export_dir)
   loaded = loading.load(settings.model_dir, settings.weights.checkpoint_path,
                         settings.weights.average_last_n, "float32")

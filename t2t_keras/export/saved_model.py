@@ -73,10 +73,11 @@ from typing import Optional
 
 import tensorflow as tf
 
-from t2t_keras.trained import model_card
-from t2t_keras.inference import decoding
+from t2t_keras.trained import model_card, modeldir
+from t2t_keras.inference import decoding, loading
 from t2t_keras.errors import ExportError
 from t2t_keras.export import ExportSettings, publish
+from t2t_keras.parsing.constraint import TreeConstraint
 # The module the SavedModel serves, and the limits its signatures enforce (serving.py).
 from t2t_keras.export.serving import RequestLimits, Translator
 
@@ -210,9 +211,6 @@ def translator_of(settings: ExportSettings) -> tuple:
   """(the `Translator` of the model directory's weights and settings, the checkpoints
   its weights come from). ExportError for a --decode_dtype the model cannot take and
   for --constrain_trees on a model that is no parser."""
-  # pylint: disable=import-outside-toplevel
-  from t2t_keras.trained import modeldir
-  from t2t_keras.inference import loading
   model_dir, config, dtype = settings.model_dir, settings.decode_config, settings.weights.dtype
   if dtype:
     try:
@@ -224,7 +222,6 @@ def translator_of(settings: ExportSettings) -> tuple:
                         settings.weights.average_last_n, dtype)
   constraint = None
   if config.constrain_trees:
-    from t2t_keras.parsing.constraint import TreeConstraint
     try:
       constraint = TreeConstraint.from_tokenizer(
           loaded.tokenizer, loaded.data_config.parsing_linearization)
@@ -241,7 +238,6 @@ def translator_of(settings: ExportSettings) -> tuple:
 
 # The format's interface (t2t_keras/export/__init__.py: `Format`).
 def default_dir(model_dir: str) -> str:
-  from t2t_keras.trained import modeldir  # pylint: disable=import-outside-toplevel
   return modeldir.default_export_dir(model_dir)
 
 

@@ -19,6 +19,7 @@ import tensorflow as tf
 from t2t_keras import EOS_ID, PAD_ID
 # word_starts as well: decode and the tests read it here, beside `align` (its `starts`).
 from t2t_keras.data.tokens.words import word_index, word_starts  # noqa: F401
+from t2t_keras.inference.ensemble import forced_pass
 
 
 # model -> {attention layer: its traced forced pass}: the decode command aligns each
@@ -50,8 +51,6 @@ def force(model, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[in
     attention_layer: also return this decoder layer's cross-attention (-1 = last).
     progress: an object with `update(n)` (e.g. `console.Progress`), or None.
   """
-  # pylint: disable=import-outside-toplevel
-  from t2t_keras.inference.ensemble import forced_pass
   if len(sources) != len(targets):
     raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
   layer = -1 if attention_layer is None else attention_layer

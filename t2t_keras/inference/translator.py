@@ -275,6 +275,11 @@ class Translator:
     return scoring.force(self.model, source_ids, target_ids,
                          batch_size=self.decode_config.batch_size, progress=meter)
 
+  def truncation_note(self, cut: int, total: int) -> Optional[str]:
+    """The note on `cut` of `total` sources cut to this decoding's max_input_length
+    (None when none was)."""
+    return translate.truncation_note(cut, total, self.decode_config.max_input_length)
+
   def describe(self, sentences) -> str:
     """The decode command's first line: how many `sentences` decode with what (the
     checkpoints; several: their average), how, and in which mode and why."""

@@ -18,6 +18,8 @@ from t2t_keras import console, errors  # noqa: E402
 
 console.quiet_tensorflow()  # before TensorFlow is imported
 
+from t2t_keras.trained import averaging  # noqa: E402
+
 flags.DEFINE_string("model_dir", None, "The training directory holding ckpt-<step> files.")
 flags.DEFINE_string("output_dir", None,
                     "Where the averaged checkpoint, config.json and vocabulary go.")
@@ -34,8 +36,6 @@ def main(argv):
     raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
-
-  from t2t_keras.trained import averaging
 
   tf.get_logger().setLevel("WARNING")
   path = averaging.write_averaged(FLAGS.model_dir, FLAGS.output_dir, FLAGS.last_n,

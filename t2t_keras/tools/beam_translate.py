@@ -38,6 +38,9 @@ import time
 from absl import app
 from absl import flags
 
+from t2t_keras import console
+from t2t_keras.errors import InputError
+
 flags.DEFINE_string("saved_model", None,
                     "The SavedModel: `python -m t2t_keras.export`'s --export_dir (its "
                     "highest version) or one version directory; local or gs://.")
@@ -77,7 +80,6 @@ def main(argv):
       raise
     sys.exit('error: beam_translate needs Apache Beam: pip install -e ".[beam]" (or '
              "pip install 't2t_keras[beam]')")
-  from t2t_keras.errors import InputError  # pylint: disable=import-outside-toplevel
   try:
     options = beam_pipeline.pipeline_options(argv[1:])
     export = beam_pipeline.read_export(beam_pipeline.resolve_export(FLAGS.saved_model))
@@ -114,7 +116,6 @@ def main(argv):
 
 def console_main():
   """The `t2t-beam-translate` command (setup.py) and `python tools/beam_translate.py`."""
-  from t2t_keras import console  # pylint: disable=import-outside-toplevel
   console.own_help(__name__)
   app.run(main, flags_parser=parse_flags)
 

@@ -37,6 +37,7 @@ import time
 from absl import app
 from absl import flags
 
+from t2t_keras import console
 from t2t_keras.configs import DecodeConfig  # the inference settings (no TensorFlow)
 
 # The flags of the inference settings this tool reads, with their defaults.
@@ -208,7 +209,6 @@ def translate(translator, sources, settings: DecodeConfig, length_penalty: float
 
 def console_main():
   """The `t2t-ct2-translate` console script (setup.py) and `python tools/ct2_translate.py`."""
-  from t2t_keras import console  # pylint: disable=import-outside-toplevel
   console.own_help(__name__)
   app.run(main)
 

@@ -31,6 +31,8 @@ from typing import List, Tuple
 from absl import app
 from absl import flags
 
+from t2t_keras import console
+
 DEFAULT_PORTS = {"rest": 8501, "grpc": 8500}  # tensorflow_model_server's usual ports
 
 flags.DEFINE_string("server", None, "host:port of tensorflow_model_server (default "
@@ -242,7 +244,6 @@ def main(argv):
 
 def console_main():
   """The `t2t-query-server` command (setup.py) and `python tools/query_serving.py`."""
-  from t2t_keras import console  # pylint: disable=import-outside-toplevel
   console.own_help(__name__)
   app.run(main)
 

@@ -46,6 +46,9 @@ import time
 
 from absl import app, flags
 
+from t2t_keras import console, metrics
+from t2t_keras.learning_curves import read_scalars
+
 flags.DEFINE_string("recipe", None,
                     "The recipe, e.g. flags/multi30k_en_de.cfg: the recipes "
                     "are in flags/ of a checkout of the repository (not installed by "
@@ -206,10 +209,9 @@ def main(argv):
       train_wall = run(train_cmd, os.path.join(FLAGS.model_dir, "train.log"), signals)
     decode_wall = run(decode_cmd, os.path.join(FLAGS.model_dir, "decode.log"), signals)
 
-  # pylint: disable=import-outside-toplevel
-  from t2t_keras.trained import modeldir
-  from t2t_keras import metrics
-  from t2t_keras.learning_curves import read_scalars
+  # The one deferred import: t2t_keras.trained imports TensorFlow, which the rest of
+  # this tool (and its --help) does without.
+  from t2t_keras.trained import modeldir  # pylint: disable=import-outside-toplevel
   with open(hypotheses, encoding="utf-8") as f:
     hyps = [line.rstrip("\n") for line in f]
   with open(FLAGS.test_ref, encoding="utf-8") as f:
@@ -249,8 +251,6 @@ def main(argv):
 
 def console_main():
   """The `t2t-run-recipe` command (setup.py) and `python tools/run_recipe.py`."""
-  # pylint: disable=import-outside-toplevel
-  from t2t_keras import console
   console.own_help(__name__)
   app.run(main)
 

@@ -18,6 +18,12 @@ import json
 import sys
 from collections.abc import Sequence
 
+from t2t_keras import console
+
+console.quiet_tensorflow()  # before TensorFlow is imported (t2t_keras.trained imports it)
+
+from t2t_keras.trained import model_card  # noqa: E402
+
 
 def _dir_argument(argv: Sequence[str]) -> str | None:
   """The value of `--dir D` or `--dir=D` in argv, if any."""
@@ -31,10 +37,6 @@ def _dir_argument(argv: Sequence[str]) -> str | None:
 
 def show_card(argv: Sequence[str], out=None) -> int:
   """`card --dir D`: prints the card as JSON (exit 0), or says there is none (exit 1)."""
-  # pylint: disable=import-outside-toplevel
-  from t2t_keras import console
-  console.quiet_tensorflow(argv)
-  from t2t_keras.trained import model_card
   out = out or sys.stdout
   path = _dir_argument(argv)
   if not path:
@@ -56,15 +58,12 @@ def console_main():
   if len(argv) > 1 and argv[1] == "card":
     sys.exit(show_card(argv))
   # pylint: disable=import-outside-toplevel
-  from t2t_keras import console
-  console.quiet_tensorflow(argv)
   import tensorflow_text  # noqa: F401  pylint: disable=unused-import
   from tensorflow.python.tools import saved_model_cli
   # --help: this docstring and saved_model_cli's flags (absl answers --help before its
   # argparse commands could).
   console.own_help(__name__, adopt=(saved_model_cli.__name__,))
 
-  from t2t_keras.trained import model_card
   path = _dir_argument(argv)
   if len(argv) > 1 and argv[1] == "show" and path:
     card = model_card.read(path)

@@ -18,6 +18,7 @@ from t2t_keras import console, errors  # noqa: E402
 console.quiet_tensorflow()  # before TensorFlow is imported
 
 from t2t_keras import flags as t2t_flags  # noqa: E402
+from t2t_keras.inference import attention_maps, loading  # noqa: E402
 
 t2t_flags.define_decode_flags()
 flags.DEFINE_string("model_dir", None, "A model directory written by training.")
@@ -34,8 +35,6 @@ def main(argv):
     raise app.UsageError("--model_dir and --sentence are required.")
   # pylint: disable=import-outside-toplevel
   import tensorflow as tf
-
-  from t2t_keras.inference import attention_maps, loading
   tf.get_logger().setLevel("ERROR")
   loaded = loading.load(FLAGS.model_dir, FLAGS.checkpoint_path)
   maps = attention_maps.attention_maps(loaded.model, loaded.tokenizer, FLAGS.sentence,

@@ -46,6 +46,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 import t2t_keras
+from t2t_keras.learning_curves import read_scalars
 from t2t_keras.trained import modeldir
 
 CARD_FILE = os.path.join("assets.extra", "model_card.json")  # in the version directory
@@ -108,8 +109,6 @@ def dev_bleu(model_dir: str) -> dict | None:
   record = modeldir.last_dev_bleu(model_dir)
   if record is not None:
     return record
-  # pylint: disable=import-outside-toplevel
-  from t2t_keras.learning_curves import read_scalars
   points = read_scalars(modeldir.logs_dir(model_dir, "eval")).get("bleu")
   if not points:
     return None
