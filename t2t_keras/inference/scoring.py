@@ -19,7 +19,7 @@ import tensorflow as tf
 from t2t_keras import EOS_ID, PAD_ID
 # word_starts as well: decode and the tests read it here, beside `align` (its `starts`).
 from t2t_keras.data.tokens.words import word_index, word_starts  # noqa: F401
-from t2t_keras.inference.ensemble import forced_pass
+from t2t_keras.inference import ensemble
 
 
 # model -> {attention layer: its traced forced pass}: the decode command aligns each
@@ -61,7 +61,7 @@ def force(model, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[in
     @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32)] * 2,
                  autograph=False, reduce_retracing=True)
     def run(inputs, outputs):
-      log_probs, attention = forced_pass(model_ref(), inputs, outputs, layer)
+      log_probs, attention = ensemble.forced_pass(model_ref(), inputs, outputs, layer)
       token = tf.gather(log_probs, outputs, batch_dims=2)  # (B, T)
       return token, attention
 
