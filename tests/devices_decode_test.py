@@ -14,6 +14,7 @@ from t2t_keras.errors import ConfigError
 from t2t_keras.inference import decoding
 from t2t_keras.inference import translator as translator_lib
 from tests import inprocess
+from tests.bulk_decode_test import interrupted_run
 
 TWO = ("CPU:0", "CPU:1")
 
@@ -80,8 +81,9 @@ def test_a_device_the_host_lacks_is_refused_naming_the_flag(tiny_model_dir):
 def test_decode_on_two_devices_writes_one_devices_bytes(trained_reverse_dir, tmp_path,
                                                         monkeypatch):
   """40 lines in 2 windows of 5 batches of 4: batches run on each device (the output
-  ids are there), and the output (every beam and its score) is the one-device run's, byte
-  for byte; the first line and the progress name the devices."""
+  ids are there), and the output (every beam and its score) is the one-device run's,
+  byte for byte; the first line and the progress name the devices; a run interrupted
+  on one device resumes on two."""
   source = tmp_path / "in.txt"
   source.write_text("".join(line + "\n" for line in reverse_lines(40)), encoding="utf-8")
   common = (f"--model_dir={trained_reverse_dir}", f"--input_file={source}",
@@ -104,6 +106,14 @@ def test_decode_on_two_devices_writes_one_devices_bytes(trained_reverse_dir, tmp
   first = next(line for line in two.stderr.splitlines() if line.startswith("decoding "))
   assert "2 batches at a time on each of 2 devices (CPU:0, CPU:1)" in first, first
   assert "decoded 40/40 sentences on CPU:0, CPU:1 (" in two.stderr, two.stderr[-2000:]
+
+  # A run interrupted on one device resumes on two (a VM with other GPUs): the same file.
+  resumed = tmp_path / "resumed.txt"
+  interrupted_run(monkeypatch, trained_reverse_dir, 1, *common[1:],
+                  f"--output_file={resumed}")
+  again = inprocess.run("decode", *common, "--decode_devices=all", f"--output_file={resumed}")
+  assert again.returncode == 0 and "resuming" in again.stderr, again.stderr[-2000:]
+  assert resumed.read_bytes() == expected
 
 
 @pytest.mark.slow
