@@ -119,14 +119,18 @@ def test_decode_on_two_devices_writes_one_devices_bytes(trained_reverse_dir, tmp
 @pytest.mark.slow
 def test_each_device_decodes_over_its_own_copy_of_the_weights(trained_reverse_dir):
   """The weights are copied once onto each device where they are not (the loaded model
-  is on CPU:0 and serves it), and XLA's greedy search on both devices (a program
-  compiled for each) gives one device's ids and scores exactly."""
+  is on CPU:0 and serves it; not for scoring, which runs on one device), and XLA's
+  greedy search on both devices (a program compiled for each) gives one device's ids
+  and scores exactly."""
   config = DecodeConfig(beam_size=1, batch_size=4, extra_decode_length=4)
   lines = reverse_lines(24, seed=12)
   one = translator_lib.Translator.load(trained_reverse_dir, config, xla=True)
   both = translator_lib.Translator.load(trained_reverse_dir,
                                         dataclasses.replace(config, devices="all"), xla=True)
   assert one.devices == () and one.replicas == [one.model]
+  pairs = [(line, " ".join(line.split()[::-1])) for line in lines[:3]]
+  assert [f.total for f in both.score(pairs)] == [f.total for f in one.score(pairs)]
+  assert "replicas" not in vars(both)  # scoring runs on one device: no copy made for it
   assert both.devices == TWO and both.replicas[0] is both.model
   copy = both.replicas[1]
   assert copy is not both.model

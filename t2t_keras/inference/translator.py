@@ -13,6 +13,7 @@ service gets the same speed and the same bytes from the same calls.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from typing import List, Optional, Sequence, Tuple, Union
@@ -91,8 +92,8 @@ def choose_devices(decode_config: DecodeConfig) -> Tuple[str, ...]:
   or () for TensorFlow's default device alone, as without the flag. 'auto': every GPU
   when the host has more than one, else (); 'all': every GPU, else every CPU device
   (logical CPU devices: how tests check it); or the devices listed. Call it after
-  `choose_parallel_batches`: but for 'auto' on a host without two GPUs, it starts
-  TensorFlow's runtime.
+  `choose_parallel_batches`: it starts TensorFlow's runtime (but for 'auto' on a host
+  without two GPUs, which asks the physical devices only).
 
   Raises:
     ConfigError: a device this host does not have, or one listed twice (naming
@@ -169,8 +170,8 @@ class Translator:
     devices: the devices `translate` spreads batches over (`choose_devices`); () =
       TensorFlow's default device.
     replicas: the model on each of `devices`, in order (`loading.on_device`: `model`
-      itself where its weights are, else a copy there); `model` alone without devices.
-      `score` and `alignments` run on `model`.
+      itself where its weights are, else a copy there, made on the first translation);
+      `model` alone without devices. `score` and `alignments` run on `model`.
   """
 
   def __init__(self, model, loaded: Sequence[loading.Loaded], decode_config: DecodeConfig,
@@ -188,11 +189,11 @@ class Translator:
         for each `translate` call's lines.
       constraint: the tree constraint of a parsing model (`tree_constraint`).
       devices: the devices to decode on (`choose_devices`' names); None:
-        `choose_devices(decode_config)`. Each gets a copy of the weights, made once here.
+        `choose_devices(decode_config)`. Each gets a copy of the weights, made once
+        when the first lines are translated (scoring alone makes none).
     """
     self.model, self.loaded = model, list(loaded)
     self.devices = tuple(choose_devices(decode_config) if devices is None else devices)
-    self.replicas = [loading.on_device(model, d) for d in self.devices] or [model]
     self.tokenizer = self.loaded[0].tokenizer
     self.xla_given = xla is not None
     if self.xla_given:
@@ -243,6 +244,11 @@ class Translator:
     return cls(model, loaded, decode_config, xla=xla, sentences=sentences,
                constraint=tree_constraint(decode_config, loaded, model_dirs),
                devices=devices)
+
+  @functools.cached_property
+  def replicas(self) -> list:
+    """See the class docstring."""
+    return [loading.on_device(self.model, d) for d in self.devices] or [self.model]
 
   def config_for(self, sentences: int) -> DecodeConfig:
     """The settings a call translating `sentences` sentences decodes with."""
