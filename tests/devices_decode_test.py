@@ -4,6 +4,7 @@ byte for byte that of one device. There is no GPU here: conftest splits the CPU 
 2 logical devices before TensorFlow starts, and the tests decode on those."""
 
 import dataclasses
+import logging
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import tensorflow as tf
 
 from t2t_keras.configs import DecodeConfig
 from t2t_keras.errors import ConfigError
-from t2t_keras.inference import decoding
+from t2t_keras.inference import decoding, loading
 from t2t_keras.inference import translator as translator_lib
 from tests import inprocess
 from tests.bulk_decode_test import interrupted_run
@@ -142,3 +143,16 @@ def test_each_device_decodes_over_its_own_copy_of_the_weights(trained_reverse_di
   assert [(r.ids, r.scores) for r in got] == [(r.ids, r.scores) for r in expected]
   assert sum(r.texts[0] == " ".join(line.split()[::-1])
              for r, line in zip(got, lines)) > 12  # a model that reverses, not noise
+
+
+@pytest.mark.slow
+def test_a_function_per_device_sets_off_no_retracing_warning(tiny_model_dir, caplog):
+  """One decode function per device, each traced once: TensorFlow's warning about
+  frequent retracing (5 traces of one code within 10 calls, as 8 GPUs would make) is
+  not printed."""
+  model, loaded = loading.load_ensemble([tiny_model_dir])
+  config = DecodeConfig(beam_size=1, batch_size=2, parallel_batches=1, extra_decode_length=2)
+  translator = translator_lib.Translator(model, loaded, config, devices=TWO * 3)
+  with caplog.at_level(logging.WARNING, logger="tensorflow"):
+    assert len(translator.translate(["a dog"] * 12)) == 12
+  assert not [r for r in caplog.records if "retracing" in r.getMessage()], caplog.text

@@ -377,5 +377,10 @@ def _traced(model, config: DecodeConfig, tree_constraint, target_prefix: bool):
                       target_prefix=prefix)
   # No autograph: decoding has no Python control flow on tensors (the loops are
   # explicit tf.while_loops), and tracing plain Python is faster and more predictable.
-  return tf.function(decode, input_signature=signature,
-                     jit_compile=config.jit_compile or None, autograph=False)
+  function = tf.function(decode, input_signature=signature,
+                         jit_compile=config.jit_compile or None, autograph=False)
+  # Each function traces once (its signature); TensorFlow's warning about frequent
+  # retracing counts the traces of every function of this code together, so one per
+  # device (--decode_devices on 8 GPUs) would set it off for nothing.
+  function._omit_frequent_tracing_warning = True  # pylint: disable=protected-access
+  return function
