@@ -624,6 +624,17 @@ class DecodeConfig:
       "every core on it. (translate.translate with N > 1 runs N batches from threads; "
       "its caller sets threads per op.)", flag="decode_parallel_batches",
       check=AT_LEAST_0, only="decode")
+  devices: str = setting(
+      "auto", "Devices the decode command spreads its batches over, batch i on the i-th "
+      "mod N, each device with its own copy of the weights and --decode_parallel_batches "
+      "batches at a time: 'auto' = every GPU when the host has more than one, else "
+      "TensorFlow's default device (as without the flag); 'all' = every GPU, or every "
+      "CPU device on a host without; or a list such as GPU:0,GPU:1. The same "
+      "translations on any number of devices (docs/decoding.md).",
+      flag="decode_devices", only="decode",
+      check=(lambda v: v.strip() in ("auto", "all") or all(
+          re.fullmatch(r"(/device:)?(CPU|GPU):\d+", part.strip(), re.IGNORECASE)
+          for part in v.split(",")), "must be auto, all or devices such as GPU:0,GPU:1"))
   jit_compile: bool = setting(
       False, "Decode with XLA (faster steps on CPU; docs/benchmarks.md). Batches are "
       "padded to --decode_batch_size rows and a power-of-two source width (16, 32, "

@@ -227,11 +227,13 @@ class Progress:
 
   `total` None: unknown (a stream), the line shows done and rate only. `done`: work
   done before this run (a resumed decode); the rate and ETA count this run's work.
+  `where`: the devices doing it, named after the count (decode on several devices).
   """
 
   def __init__(self, total: Optional[int], unit: str = "sentences", every: float = 5.0,
-               stream=None, verb: str = "decoded", done: int = 0):
+               stream=None, verb: str = "decoded", done: int = 0, where: str = ""):
     self.total, self.unit, self.every, self.verb = total, unit, every, verb
+    self.on = f" on {where}" if where else ""
     self.stream = stream or sys.stderr
     self.start = self.last = time.time()
     self.done = self.before = done
@@ -245,11 +247,11 @@ class Progress:
       elapsed = max(now - self.start, 1e-9)
       rate = (self.done - self.before) / elapsed
       if self.total is None:
-        print(f"{self.verb} {self.done} {self.unit} ({rate:.1f} {self.unit}/s, elapsed "
+        print(f"{self.verb} {self.done} {self.unit}{self.on} ({rate:.1f} {self.unit}/s, elapsed "
               f"{elapsed:.0f}s)", file=self.stream, flush=True)
         return
       eta = (self.total - self.done) / rate if rate > 0 else float("inf")
-      print(f"{self.verb} {self.done}/{self.total} {self.unit} ({rate:.1f} {self.unit}/s, "
+      print(f"{self.verb} {self.done}/{self.total} {self.unit}{self.on} ({rate:.1f} {self.unit}/s, "
             f"elapsed {elapsed:.0f}s, eta {eta:.0f}s)", file=self.stream, flush=True)
 
 

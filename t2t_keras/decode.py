@@ -163,8 +163,9 @@ def output_settings(decode_config: DecodeConfig, model_dirs, weights, attention)
   """What decides the output's bytes, by flag: a resumed run must have the same."""
   settings = {f"--{flag_name(field)}": getattr(decode_config, field.name)
               for field in dataclasses.fields(decode_config)
-              # batches at a time: the same output; XLA: resolved after the model loads
-              if field.name not in ("parallel_batches", "jit_compile")}
+              # batches at a time, devices: the same output; XLA: resolved after the
+              # model loads
+              if field.name not in ("parallel_batches", "devices", "jit_compile")}
 
   def path(given):  # a relative path and its absolute form are the same
     return given and outputs.normalized(given)

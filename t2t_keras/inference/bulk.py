@@ -499,7 +499,8 @@ def decode(job: Job, translator, multiple: bool, attention=(-1, -1)) -> Decoded:
   state to resume them). `multiple`: every beam or sample is written, as
   `score<TAB>text` lines, an empty line after each input's; `attention`: the (decoder
   layer, head) of --output_alignments."""
-  meter = console.Progress(job.lines, done=job.done)
+  meter = console.Progress(job.lines, done=job.done,
+                           where=translator.where() if len(translator.devices) > 1 else "")
   references = job.aligned_paths.get("--reference_file")
   done = Decoded()
   with job:

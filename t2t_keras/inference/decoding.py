@@ -24,6 +24,8 @@ independent of the batch it was decoded in.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from typing import TYPE_CHECKING, Callable, Optional
 
 import tensorflow as tf
@@ -326,7 +328,8 @@ def per_row(t: tf.Tensor, k: int) -> tf.Tensor:
 
 
 def make_decode_fn(model, config: DecodeConfig,
-                   tree_constraint: Optional[TreeConstraint] = None) -> Callable:
+                   tree_constraint: Optional[TreeConstraint] = None,
+                   device: Optional[str] = None) -> Callable:
   """A function (B, S) int32 -> (ids, scores) decoding with `decode_ids`, for
   `t2t_keras.inference.translate`.
 
@@ -335,14 +338,24 @@ def make_decode_fn(model, config: DecodeConfig,
   without) is a tf.function traced once per rank of shapes; under XLA
   (`config.jit_compile`) it compiles once per distinct shape:
   `t2t_keras.inference.translate` pads batches to few shapes (`padded_width`).
+  With `device` (e.g. "GPU:1") every call runs there (the model's variables should
+  be there too: `loading.on_device`); each such function traces, and under XLA
+  compiles, its own program for its device.
   """
   functions = {}
+  place = (lambda: tf.device(device)) if device else contextlib.nullcontext
+  # Threads decoding batches side by side (--decode_parallel_batches) make the
+  # function once between them, so that it traces (and under XLA compiles) once.
+  lock = threading.Lock()
 
   def decode(inputs, *args):
     prefixed = len(args) > int(config.sampling)
-    if prefixed not in functions:
-      functions[prefixed] = _traced(model, config, tree_constraint, prefixed)
-    return functions[prefixed](inputs, *args)
+    with lock:
+      if prefixed not in functions:
+        functions[prefixed] = _traced(model, config, tree_constraint, prefixed)
+    with place():  # the scope is the calling thread's: a worker per device sets its own
+      return functions[prefixed](inputs, *args)
+  decode.device = device
   return decode
 
 
@@ -364,5 +377,10 @@ def _traced(model, config: DecodeConfig, tree_constraint, target_prefix: bool):
                       target_prefix=prefix)
   # No autograph: decoding has no Python control flow on tensors (the loops are
   # explicit tf.while_loops), and tracing plain Python is faster and more predictable.
-  return tf.function(decode, input_signature=signature,
-                     jit_compile=config.jit_compile or None, autograph=False)
+  function = tf.function(decode, input_signature=signature,
+                         jit_compile=config.jit_compile or None, autograph=False)
+  # Each function traces once (its signature); TensorFlow's warning about frequent
+  # retracing counts the traces of every function of this code together, so one per
+  # device (--decode_devices on 8 GPUs) would set it off for nothing.
+  function._omit_frequent_tracing_warning = True  # pylint: disable=protected-access
+  return function

@@ -131,3 +131,28 @@ def load_ensemble(model_dirs: Sequence[str], checkpoint_path: Optional[str] = No
   if len(loaded) == 1:
     return first.model, loaded
   return Ensemble([l.model for l in loaded]), loaded
+
+
+def on_device(model, device: str):
+  """`model` (a Transformer or an `Ensemble`) with its variables on `device`: the
+  model itself when they are there already, else a copy made there, each weight read
+  once from `model` (through the host). Decoding on several devices
+  (`Translator`, --decode_devices) gives each device such a copy, so that its steps
+  read their weights from its own memory, never across devices."""
+  if isinstance(model, Ensemble):
+    members = [on_device(m, device) for m in model.models]
+    same = all(c is m for c, m in zip(members, model.models))
+    return model if same else Ensemble(members)
+  where = tf.DeviceSpec.from_string(device)
+  if all(_same_device(tf.DeviceSpec.from_string(v.value.device), where)
+         for v in model.weights):
+    return model
+  with tf.device(device):
+    copy = create_model(model.model_config)
+    copy.set_weights(model.get_weights())
+  return copy
+
+
+def _same_device(spec: tf.DeviceSpec, where: tf.DeviceSpec) -> bool:
+  return (spec.device_type or "").upper() == (where.device_type or "").upper() and (
+      spec.device_index or 0) == (where.device_index or 0)

@@ -11,10 +11,12 @@ note); the exported SavedModel does the same steps in its graph.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
+import math
 import sys
 import time
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
@@ -63,9 +65,10 @@ def truncation_note(cut: int, total: int, max_input_length: int, what: str = "in
           f"--max_input_length to {doing} them whole.")
 
 
-def translate(decode_fn: Callable, tokenizer, sentences: Sequence[str],
-              config: DecodeConfig, *, target_prefixes: Optional[Sequence[str]] = None,
-              progress=True, first_key: int = 0) -> List[Translation]:
+def translate(decode_fn: Union[Callable, Sequence[Callable]], tokenizer,
+              sentences: Sequence[str], config: DecodeConfig, *,
+              target_prefixes: Optional[Sequence[str]] = None, progress=True,
+              first_key: int = 0) -> List[Translation]:
   """Translates strings; the result is in input order.
 
   Sentences are tokenized in the graph (a multilingual model's sources start with the
@@ -79,10 +82,13 @@ def translate(decode_fn: Callable, tokenizer, sentences: Sequence[str],
   bucket, not per batch. `config.parallel_batches` > 1 decodes that many batches at a
   time, from as many threads; the caller sets TensorFlow's threads per op before its
   runtime starts, as `translator.Translator` does (`translator.choose_parallel_batches`).
+  Given a list of N functions (one per device), batch i is decoded by the i-th mod N,
+  `config.parallel_batches` at a time on each: the same batches, the same results.
 
   Args:
     decode_fn: `decoding.make_decode_fn(model, config, ...)`: the model, and the tree
-      constraint of a parsing model, are its.
+      constraint of a parsing model, are its; or a list of them, one per device
+      (`make_decode_fn(..., device=...)` over the model's copy on that device).
     tokenizer: the data tokenizer (tokenize/detokenize).
     sentences: source strings.
     config: the settings `decode_fn` was made with.
@@ -95,6 +101,7 @@ def translate(decode_fn: Callable, tokenizer, sentences: Sequence[str],
   """
   if not sentences:
     return []
+  decode_fns = list(decode_fn) if isinstance(decode_fn, (list, tuple)) else [decode_fn]
   if target_prefixes is not None and len(target_prefixes) != len(sentences):
     raise ValueError(f"{len(target_prefixes)} target prefixes for {len(sentences)} "
                      "sentences: give one per sentence (an empty one decodes freely)")
@@ -107,7 +114,7 @@ def translate(decode_fn: Callable, tokenizer, sentences: Sequence[str],
   meter = progress if isinstance(progress, console.Progress) else (
       console.Progress(len(sources)) if progress else None)
 
-  def decode_batch(chunk):
+  def decode_batch(chunk, decode_fn):
     out_ids, scores = decode_fn(*_decode_args(chunk, sources, prefixes, config, first_key))
     # Only the search's final results: without return_beams it stops once each row's
     # best beam is final, and the other beams may be unfinished.
@@ -123,12 +130,21 @@ def translate(decode_fn: Callable, tokenizer, sentences: Sequence[str],
     return len(chunk)
 
   chunks = batches([len(s) for s in sources], config)
-  workers = min(config.parallel_batches, len(chunks))
   # Batches side by side (--decode_parallel_batches; TensorFlow frees the GIL while
-  # it decodes), results and progress in batch order.
-  with concurrent.futures.ThreadPoolExecutor(max(workers, 1)) as pool:
-    for count in (pool.map(decode_batch, chunks) if workers > 1
-                  else map(decode_batch, chunks)):
+  # it decodes), on each device; results and progress in batch order. Batch i goes to
+  # device i mod N: the batches do not depend on N, so neither do the translations.
+  devices = len(decode_fns)
+  workers = min(config.parallel_batches, math.ceil(len(chunks) / devices))
+  with contextlib.ExitStack() as stack:
+    if devices == 1 and workers <= 1:  # one batch at a time, in this thread
+      counts = (decode_batch(chunk, decode_fns[0]) for chunk in chunks)
+    else:  # a pool of threads per device
+      pools = [stack.enter_context(concurrent.futures.ThreadPoolExecutor(max(workers, 1)))
+               for _ in decode_fns]
+      futures = [pools[i % devices].submit(decode_batch, chunk, decode_fns[i % devices])
+                 for i, chunk in enumerate(chunks)]
+      counts = (future.result() for future in futures)
+    for count in counts:
       if meter:
         meter.update(count)
   return results

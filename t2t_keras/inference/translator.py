@@ -13,6 +13,7 @@ service gets the same speed and the same bytes from the same calls.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from typing import List, Optional, Sequence, Tuple, Union
@@ -78,6 +79,47 @@ def choose_parallel_batches(decode_config: DecodeConfig, sentences: Optional[int
   return dataclasses.replace(decode_config, parallel_batches=workers)
 
 
+def host_devices() -> List[str]:
+  """This host's CPU and GPU devices as --decode_devices names them (CPU:0, GPU:1, ...),
+  logical devices included (starts TensorFlow's runtime)."""
+  return [device.name.replace("/device:", "") for device in tf.config.list_logical_devices()
+          if device.device_type in ("CPU", "GPU")]
+
+
+def choose_devices(decode_config: DecodeConfig) -> Tuple[str, ...]:
+  """--decode_devices resolved against this host: the devices batches are spread over
+  (`translate.translate` gives batch i to the i-th mod N, each its copy of the weights),
+  or () for TensorFlow's default device alone, as without the flag. 'auto': every GPU
+  when the host has more than one, else (); 'all': every GPU, else every CPU device
+  (logical CPU devices: how tests check it); or the devices listed. Call it after
+  `choose_parallel_batches`: it starts TensorFlow's runtime (but for 'auto' on a host
+  without two GPUs, which asks the physical devices only).
+
+  Raises:
+    ConfigError: a device this host does not have, or one listed twice (naming
+      --decode_devices and the host's devices).
+  """
+  value = decode_config.devices.strip()
+  if value == "auto" and len(tf.config.list_physical_devices("GPU")) < 2:
+    return ()
+  host = host_devices()
+  gpus = [name for name in host if name.startswith("GPU:")]
+  if value == "auto":
+    return tuple(gpus) if len(gpus) > 1 else ()
+  if value == "all":
+    return tuple(gpus or [name for name in host if name.startswith("CPU:")])
+  chosen = [part.strip().upper().replace("/DEVICE:", "") for part in value.split(",")]
+  unknown = [name for name in chosen if name not in host]
+  if unknown:
+    raise ConfigError(
+        f"--decode_devices={value}: this host has no {', '.join(unknown)}; its devices are "
+        f"{', '.join(host)}. Name some of them, or use 'auto' (every GPU when there are "
+        "several) or 'all'.")
+  if len(set(chosen)) < len(chosen):
+    raise ConfigError(f"--decode_devices={value} names a device twice: name each once.")
+  return tuple(chosen)
+
+
 def with_language(config: DecodeConfig, data_config: DataConfig) -> DecodeConfig:
   """`config` with its target language resolved against the model's data
   (`language_tags.check_request`: the dev files' language by default).
@@ -125,11 +167,16 @@ class Translator:
       time resolved; `jit_compile` too when the number of sentences was given).
     xla_given: whether XLA or graph mode was chosen by the caller (or the recipe),
       rather than by `choose_xla` from each input's number of sentences.
+    devices: the devices `translate` spreads batches over (`choose_devices`); () =
+      TensorFlow's default device.
+    replicas: the model on each of `devices`, in order (`loading.on_device`: `model`
+      itself where its weights are, else a copy there, made on the first translation);
+      `model` alone without devices. `score` and `alignments` run on `model`.
   """
 
   def __init__(self, model, loaded: Sequence[loading.Loaded], decode_config: DecodeConfig,
                *, xla: Optional[bool] = None, sentences: Optional[int] = None,
-               constraint=None):
+               constraint=None, devices: Optional[Sequence[str]] = None):
     """Wraps a model already loaded (`Translator.load` loads one).
 
     Args:
@@ -141,8 +188,12 @@ class Translator:
         decode command's input): XLA or graph mode is chosen once for them; None:
         for each `translate` call's lines.
       constraint: the tree constraint of a parsing model (`tree_constraint`).
+      devices: the devices to decode on (`choose_devices`' names); None:
+        `choose_devices(decode_config)`. Each gets a copy of the weights, made once
+        when the first lines are translated (scoring alone makes none).
     """
     self.model, self.loaded = model, list(loaded)
+    self.devices = tuple(choose_devices(decode_config) if devices is None else devices)
     self.tokenizer = self.loaded[0].tokenizer
     self.xla_given = xla is not None
     if self.xla_given:
@@ -152,7 +203,7 @@ class Translator:
       decode_config = choose_xla(decode_config, sentences, self.xla_given)
     self.decode_config = decode_config
     self._constraint = constraint
-    self._decode_fns = {}  # jit_compile -> its decode_fn: traced searches are reused
+    self._decode_fns = {}  # jit_compile -> a decode_fn per device: traces are reused
 
   @classmethod
   def load(cls, model_dir: Union[str, Sequence[str]],
@@ -187,10 +238,17 @@ class Translator:
     decode_config = with_language(decode_config, modeldir.data_config_of(model_dirs[0]))
     # Before the model loads: threads per op are set before TensorFlow's runtime starts.
     decode_config = choose_parallel_batches(decode_config, sentences, alignments)
+    devices = choose_devices(decode_config)  # a device the host lacks: before the loading
     model, loaded = loading.load_ensemble(model_dirs, weights.checkpoint_path,
                                           weights.average_last_n, weights.dtype)
     return cls(model, loaded, decode_config, xla=xla, sentences=sentences,
-               constraint=tree_constraint(decode_config, loaded, model_dirs))
+               constraint=tree_constraint(decode_config, loaded, model_dirs),
+               devices=devices)
+
+  @functools.cached_property
+  def replicas(self) -> list:
+    """See the class docstring."""
+    return [loading.on_device(self.model, d) for d in self.devices] or [self.model]
 
   def config_for(self, sentences: int) -> DecodeConfig:
     """The settings a call translating `sentences` sentences decodes with."""
@@ -200,10 +258,16 @@ class Translator:
 
   def decode_fn(self, config: DecodeConfig):
     """The model's search under `config` (`decoding.make_decode_fn`), made once per
-    mode."""
+    mode; on the first of `devices` when there are some (`decode_fns`: all)."""
+    return self.decode_fns(config)[0]
+
+  def decode_fns(self, config: DecodeConfig) -> list:
+    """The search under `config` on each of `devices`, over its replica (one without
+    devices), made once per mode: under XLA each compiles its own programs."""
     if config.jit_compile not in self._decode_fns:
-      self._decode_fns[config.jit_compile] = decoding.make_decode_fn(
-          self.model, config, self._constraint)
+      self._decode_fns[config.jit_compile] = [
+          decoding.make_decode_fn(replica, config, self._constraint, device)
+          for replica, device in zip(self.replicas, self.devices or [None])]
     return self._decode_fns[config.jit_compile]
 
   def translations(self, lines: Sequence[str], *,
@@ -213,7 +277,7 @@ class Translator:
     beam with `return_beams`, the samples when sampling), output and source ids,
     whether the source was cut. Arguments as `translate.translate`'s."""
     config = self.config_for(len(lines))
-    return translate.translate(self.decode_fn(config), self.tokenizer, lines, config,
+    return translate.translate(self.decode_fns(config), self.tokenizer, lines, config,
                                target_prefixes=target_prefixes, progress=progress,
                                first_key=first_key)
 
@@ -292,6 +356,11 @@ class Translator:
       how = f"beam {config.beam_size}, alpha {config.alpha}"
     how += (f"; {config.parallel_batches} batches at a time"
             if config.parallel_batches > 1 else "")
+    if len(self.devices) > 1:
+      how += (f"{' on each of' if config.parallel_batches > 1 else '; batches spread over'}"
+              f" {len(self.devices)} devices ({self.where()})")
+    elif self.devices:
+      how += f"; on {self.devices[0]}"
     used = self.describe_weights()
     if config.jit_compile:
       mode = "XLA" + ("" if self.xla_given else
@@ -304,6 +373,10 @@ class Translator:
     return (f"decoding {sentences} sentences with {used}"
             f"{' (ensemble)' if len(self.loaded) > 1 else ''} ({how}, extra length "
             f"{config.extra_decode_length}; {mode})")
+
+  def where(self) -> str:
+    """The devices it decodes on ("GPU:0, GPU:1"); "" on the default device."""
+    return ", ".join(self.devices)
 
   def describe_weights(self) -> str:
     """The checkpoints it decodes with (several in one model: their average)."""
