@@ -256,9 +256,11 @@ def _peak_rss_mb(args):
 
 @pytest.mark.slow
 def test_memory_does_not_grow_with_the_input(tiny_model_dir, tmp_path):
-  """Peak memory of 200,000 short lines within 1.3x of 2,000's, and within 60 MB of it:
-  the TensorFlow runtime (about 900 MB) dwarfs the lines, so the ratio alone passes
-  even when the input is held whole (the whole-file decode: +170 MB at 200,000)."""
+  """Peak memory of 200,000 short lines within 1.3x of 2,000's, and within 100 MB of it:
+  the TensorFlow runtime (about 950 MB) dwarfs the lines, so the ratio alone passes
+  even when the input is held whole (the file in one window: +170 MB at 200,000). In
+  windows the growth is about 35 MB on an idle host and was 64 MB once in CI beside
+  other installs: the bound sits between."""
   peaks = {}
   for lines in (2000, 200000):
     source = write_lines(tmp_path / f"src{lines}.txt", lines)
@@ -269,7 +271,7 @@ def test_memory_does_not_grow_with_the_input(tiny_model_dir, tmp_path):
                                  "--beam_size=1", "--max_input_length=2",
                                  "--extra_decode_length=0", "--decode_batch_size=2000"])
     assert len((tmp_path / f"out{lines}.txt").read_bytes().splitlines()) == lines
-  assert peaks[200000] <= 1.3 * peaks[2000] and peaks[200000] - peaks[2000] < 60, peaks
+  assert peaks[200000] <= 1.3 * peaks[2000] and peaks[200000] - peaks[2000] < 100, peaks
 
 
 def test_alignments_of_every_window_share_one_trace(tiny_model_dir, tmp_path, monkeypatch):
