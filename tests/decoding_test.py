@@ -111,6 +111,27 @@ def test_cached_decoding_equals_uncached(models, beam, alpha, slotted, which,
   np.testing.assert_allclose(scores.numpy(), want_scores.numpy(), rtol=1e-4, atol=1e-5)
 
 
+def test_graph_beam_search_runs_position_0_on_a_row_per_sentence(model, monkeypatch):
+  """Graph mode runs position 0 once per sentence and repeats its logits and cache K
+  times (`GrowingCache._first_step`); the results are those of the step on all K rows.
+  (Mutation: `_first_step` not taken: the rows of the first call are B * K.)"""
+  inputs = sources(np.random.default_rng(4), [6, 3, 9])
+  config = DecodeConfig(beam_size=3, extra_decode_length=4, return_beams=True)
+  rows, step = [], model.decode_step
+
+  def counting(ids, *args, **kwargs):
+    rows.append(int(ids.shape[0]))
+    return step(ids, *args, **kwargs)
+  monkeypatch.setattr(model, "decode_step", counting)
+  ids, scores = decoding.decode_ids(model, inputs, config)  # eagerly: shapes are known
+  assert rows[0] == 3 and rows[1] == 9, rows
+  monkeypatch.setattr(decoding.GrowingCache, "_first_step",
+                      lambda self, *args: decoding.RowCache.step(self, *args))
+  all_ids, all_scores = decoding.decode_ids(model, inputs, config)
+  np.testing.assert_array_equal(ids.numpy(), all_ids.numpy())
+  np.testing.assert_allclose(scores.numpy(), all_scores.numpy(), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("which", ["plain", "pointer", "relative"])
 def test_padding_does_not_change_translations(models, which):
   model = models[which]

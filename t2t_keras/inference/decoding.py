@@ -253,6 +253,33 @@ class GrowingCache(RowCache):
   grow = True
   batch = beam_search_lib.ShrinkingBatch()
 
+  def step(self, ids, index, state, context):
+    if self.k > 1 and not self.pointing and tf.get_static_value(index) == 0:
+      return self._first_step(ids, index, state, context)
+    return super().step(ids, index, state, context)
+
+  def _first_step(self, ids, index, state, context):
+    """Position 0, where the K hypotheses of a sentence are one (the start token and an
+    empty cache): the decoder runs on a row per sentence, and its logits and cache are
+    repeated K times, as CTranslate2 does: the first step has K times fewer rows. The
+    search runs position 0 before its loop (`ShrinkingBatch`), where the index is a
+    constant; inside the loop every step runs on all rows."""
+    k = self.k
+    cross, mask, _ = context
+    one_row = lambda t: t[::k]  # noqa: E731
+    logits, cache = self.model.decode_step(
+        ids[::k], index, tf.nest.map_structure(one_row, state), cross, mask, grow=True,
+        weights=_one_beam(self.weights))
+    return per_row(logits, k), tf.nest.map_structure(lambda t: per_row(t, k), cache)
+
+
+def _one_beam(weights):
+  """`step_weights` (a model's dict, or an ensemble's tuple of them) for a step of one
+  hypothesis per sentence."""
+  if isinstance(weights, dict):
+    return dict(weights, beams=1)
+  return tuple(_one_beam(w) for w in weights)
+
 
 class SlottedCache(RowCache):
   """XLA, beams up to `MAX_SLOTTED_BEAM`: the cache keeps a slot per beam in place and

@@ -68,9 +68,12 @@ class ShrinkingBatch:
         tf.TensorShape([None, k, search.static_length]), tf.TensorShape([None, k]))
     out_ids = tf.fill([batch, k, search.decode_length], tf.constant(PAD_ID, tf.int32))
     out_scores = tf.fill([batch, k], tf.constant(NEG_INF))
+    # Position 0 runs before the loop: there the step sees a constant index, and may run
+    # the K identical hypotheses of a sentence as one (`decoding.GrowingCache`).
+    first = step(initial, tf.range(batch), context, out_ids, out_scores)
     final, sentences, _, out_ids, out_scores = tf.while_loop(
-        not_done, step, (initial, tf.range(batch), context, out_ids, out_scores),
-        shape_invariants=loop_shapes, maximum_iterations=search.decode_length)
+        not_done, step, first, shape_invariants=loop_shapes,
+        maximum_iterations=tf.maximum(search.decode_length - 1, 0))
     # Sentences still searching at the length limit end with their best so far.
     ids, scores = search.outputs(final)
     where = sentences[:, None]

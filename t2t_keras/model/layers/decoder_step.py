@@ -18,11 +18,16 @@ recomputed. Here:
   Merge, NextIteration). Checkpoints and training weights do not change: the fused
   kernel exists only inside a decoding graph;
 - cross-attention keys and values are one matmul per sentence (`cross_key_value`);
-- LayerNorm is Keras' arithmetic (`keras.ops.layer_normalization`) in ten ops.
+- LayerNorm is Keras' arithmetic (`keras.ops.layer_normalization`): in graph mode
+  in the form oneDNN runs as one kernel (`layer_norm`), under XLA in ten ops XLA fuses;
+- the query scale, 1/8 for 64-dimensional heads, is folded into self-attention's fused
+  kernel and into the cross-attention keys where that is exact (a power of two);
+- weights in another dtype than the compute dtype (float32 weights of a bfloat16 or
+  float16 decoding) are cast once per batch, not in every step.
 The arithmetic is the layers' (tests/decoder_step_test.py compares the step with the
 teacher-forced pass for every position encoding and cache layout): the same matmuls
-and reductions on the same rows; eagerly the logits are bit for bit those of the
-layers' form. In a graph, TensorFlow's optimizer fuses other ops in one form than in
+and reductions on the same rows; eagerly, with the plain LayerNorm, the logits are bit
+for bit those of the layers' form. In a graph, TensorFlow's optimizer fuses other ops in one form than in
 the other (a MatMul with its BiasAdd and Relu here), which moves logits by a few
 units in the last place (docs/benchmarks.md).
 
@@ -32,6 +37,7 @@ Dk/Dv per head, D model dimension, L cached positions, S source length.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple, Optional
 
 import tensorflow as tf
@@ -55,6 +61,9 @@ class StepInputs(NamedTuple):
   # while tracing: the reshapes then read no shape at run time, and 1 needs no
   # transposes; None: R / B, read at run time.
   beams: Optional[int] = None
+  # LayerNorm in the form TensorFlow's oneDNN graph rewrite runs as one kernel
+  # (`layer_norm`): graph mode; XLA fuses the plain form itself.
+  fused_norm: bool = False
 
 
 # ------------------------------------------------------------------ weights, once a batch
@@ -63,37 +72,69 @@ def norm_weights(layer):
   return layer.gamma, layer.beta, float(layer.epsilon)
 
 
-def _read(variable, dtype, rows=None):
-  """A variable's value in the step, in the compute dtype (as a 2-D matrix of `rows`
-  rows when given): read inside the loop, since reading a variable is one kernel per
-  step, while a tensor made outside the loop is a loop input the while loop passes on
-  in three (Switch, Merge, NextIteration)."""
-  value = tf.cast(variable, dtype)
+def _weight(variable, dtype):
+  """A weight as the step reads it: the variable itself when it is in the compute dtype
+  (the step reads it: one kernel per step, while a tensor made outside the loop is a
+  loop input the while loop passes on in three, Switch, Merge and NextIteration), else
+  its value cast once here, per decoded batch, not in every step (a cast in the step
+  would rewrite every weight at every position)."""
+  return variable if variable.dtype == dtype else tf.cast(variable, dtype)
+
+
+def _read(weight, dtype, rows=None):
+  """A weight in the step, in the compute dtype (as a 2-D matrix of `rows` rows when
+  given): a variable is read here; a tensor from `_weight` is already cast (the cast is
+  then no op)."""
+  value = tf.cast(weight, dtype)
   return value if rows is None else tf.reshape(value, [rows, -1])
+
+
+def query_scale(attention) -> float:
+  """The factor `_attend` scales queries by, 1 / sqrt(Dk)."""
+  return 1.0 / (attention.key_size ** 0.5)
+
+
+def exact_scale(attention) -> bool:
+  """Whether the query scale is a power of two (Dk a power of 4: 64 in every recipe),
+  so that it can move into a matrix product without changing a bit of its result:
+  multiplying by a power of two rounds nothing."""
+  mantissa, _ = math.frexp(query_scale(attention))
+  return mantissa == 0.5
 
 
 def attention_weights(attention, fuse_self: bool, dtype) -> dict:
   """A MultiHeadAttention's weights for the step: for self-attention (`fuse_self`) its
   Q, K and V kernels concatenated into one (D, H * (2 Dk + Dv)) matrix, made here,
-  once; for cross-attention the query's kernel alone (its keys and values are the
-  sentence's, `cross_key_value`). The output kernel is read in the step."""
+  once, with the query scale folded into Q's columns when that is exact
+  (`exact_scale`: the step then skips a multiplication); for cross-attention the
+  query's kernel alone (its keys and values are the sentence's, `cross_key_value`,
+  which carry the scale when it is exact). The output kernel is read in the step."""
   dim = attention.query_dense.kernel.shape[0]
-  weights = {"layer": attention}
+  weights = {"layer": attention,
+             "output": _weight(attention.output_dense.kernel, dtype),
+             "scaled": exact_scale(attention)}
   if fuse_self:
-    weights["qkv"] = tf.concat([_read(dense.kernel, dtype, dim) for dense in (
-        attention.query_dense, attention.key_dense, attention.value_dense)], axis=1)
+    query = _read(attention.query_dense.kernel, dtype, dim)
+    if weights["scaled"]:
+      query = query * tf.cast(query_scale(attention), dtype)
+    weights["qkv"] = tf.concat([query] + [_read(dense.kernel, dtype, dim) for dense in (
+        attention.key_dense, attention.value_dense)], axis=1)
+  else:
+    weights["query"] = _weight(attention.query_dense.kernel, dtype)
   return weights
 
 
 def layer_weights(layer, dtype) -> dict:
   """A DecoderLayer's weights in the step's form."""
+  ffn = layer.ffn
   return {
       "self": attention_weights(layer.self_attention, True, dtype),
       "cross": attention_weights(layer.cross_attention, False, dtype),
       "norms": [norm_weights(r.norm) for r in (layer.self_attention_residual,
                                                layer.cross_attention_residual,
                                                layer.ffn_residual)],
-      "ffn": layer.ffn,
+      "ffn": [_weight(v, dtype) for v in (ffn.filter_dense.kernel, ffn.filter_dense.bias,
+                                          ffn.output_dense.kernel, ffn.output_dense.bias)],
   }
 
 
@@ -107,7 +148,9 @@ def position_table(position, length, dim: int, dtype):
 
 def cross_key_value(attention, encoded):
   """Cross-attention keys (B, H, S, Dk) and values (B, H, S, Dv) of the encoder output
-  (B, S, D), once per sentence, with one matmul for both (the kernels concatenated)."""
+  (B, S, D), once per sentence, with one matmul for both (the kernels concatenated).
+  When the query scale is exact (`exact_scale`) the keys carry it: q . (s k) is
+  (s q) . k to the bit, and the step's queries go unscaled."""
   dtype = encoded.dtype
   dim, heads = encoded.shape[-1], attention.num_heads
   kernel = tf.concat([_read(attention.key_dense.kernel, dtype, dim),
@@ -116,6 +159,8 @@ def cross_key_value(attention, encoded):
   projected = tf.matmul(tf.reshape(encoded, [-1, dim]), kernel)  # (B * S, H * (Dk + Dv))
   key, value = tf.split(projected, [heads * attention.key_size,
                                     heads * attention.value_size], axis=1)
+  if exact_scale(attention):
+    key = key * tf.cast(query_scale(attention), dtype)
   key = tf.reshape(key, [shape[0], shape[1], heads, attention.key_size])
   value = tf.reshape(value, [shape[0], shape[1], heads, attention.value_size])
   return tf.transpose(key, [0, 2, 1, 3]), tf.transpose(value, [0, 2, 1, 3])
@@ -153,11 +198,30 @@ def update_cache(cache, update, index):
   return ops.scatter_update(cache, indices, update)
 
 
-def layer_norm(x, norm):
-  """Keras' LayerNormalization of rows (R, D), same arithmetic, fewer ops."""
+def layer_norm(x, norm, fused: bool = False):
+  """Keras' LayerNormalization of rows (R, D), same arithmetic, fewer ops.
+
+  `fused` (graph mode): the normalisation as a training-mode FusedBatchNormV3 over a
+  (1, R, D, 1) NCHW view, one channel per row, scaled by gamma and shifted by beta
+  after it: the form Keras 2's LayerNormalization took, which TensorFlow's oneDNN
+  graph rewrite (the remapper, on by default on x86 CPUs) runs as one `_MklLayerNorm`
+  kernel with any gamma and beta, where the plain form is ten kernels (the rewrite's
+  pattern for that form never matches). Elsewhere the op is one kernel too (cuDNN on
+  GPUs, TensorFlow's own on CPUs without oneDNN). Same arithmetic up to the order of
+  the sums: the logits move by a few units in the last place.
+  """
   gamma, beta, epsilon = norm
   dtype = x.dtype
   x = tf.cast(x, tf.float32)
+  if fused:
+    rows, dim = tf.shape(x)[0], x.shape[-1]
+    normalized, *_ = tf.raw_ops.FusedBatchNormV3(
+        x=tf.reshape(x, [1, rows, dim, 1]), scale=tf.fill([rows], 1.0),
+        offset=tf.fill([rows], 0.0), mean=tf.constant([], tf.float32),
+        variance=tf.constant([], tf.float32), epsilon=epsilon, data_format="NCHW",
+        is_training=True)
+    return tf.cast(tf.cast(beta, tf.float32)
+                   + tf.reshape(normalized, [rows, dim]) * tf.cast(gamma, tf.float32), dtype)
   mean = tf.reduce_mean(x, axis=-1, keepdims=True)
   variance = tf.reduce_mean(tf.math.squared_difference(x, mean), axis=-1, keepdims=True)
   inv = tf.math.rsqrt(variance + epsilon) * tf.cast(gamma, tf.float32)
@@ -175,25 +239,29 @@ def _relative(q, attention, keys, index):
   return tf.matmul(q, rel_keys, transpose_b=True), rel_values  # q . a_K: (R', H, Q, keys)
 
 
-def _queries(q, attention, beams: Optional[int], sentences=None):
-  """Rows of queries (R, H * Dk), scaled as `_attend` scales them, as the G queries of
-  each sentence: (B, H, G, Dk) (a reshape alone when G = `beams` = 1; `beams` None: G
-  from B = `sentences`, read at run time)."""
+def _queries(q, attention, beams: Optional[int], sentences=None, scaled=False):
+  """Rows of queries (R, H * Dk), scaled as `_attend` scales them (unless `scaled`:
+  their kernel or the keys carry the scale), as the G queries of each sentence:
+  (B, H, G, Dk) (a reshape alone when G = `beams` = 1; `beams` None: G from B =
+  `sentences`, read at run time)."""
   heads, dk = attention.num_heads, attention.key_size
-  q = q * tf.cast(1.0 / (dk ** 0.5), q.dtype)
+  if not scaled:
+    q = q * tf.cast(query_scale(attention), q.dtype)
   if beams == 1:
     return tf.reshape(q, [-1, heads, 1, dk])
   shape = [-1, beams, heads, dk] if beams else [sentences, -1, heads, dk]
   return tf.transpose(tf.reshape(q, shape), [0, 2, 1, 3])
 
 
-def _context_rows(context, attention, beams: Optional[int]):
-  """(B, H, G, Dv) attention outputs -> rows (R, H * Dv) through the output kernel."""
+def _context_rows(context, w, beams: Optional[int]):
+  """(B, H, G, Dv) attention outputs -> rows (R, H * Dv) through the output kernel
+  (`w`: `attention_weights`)."""
+  attention = w["layer"]
   if beams != 1:
     context = tf.transpose(context, [0, 2, 1, 3])  # (B, G, H, Dv)
   rows = attention.num_heads * attention.value_size
   return tf.matmul(tf.reshape(context, [-1, rows]),
-                   _read(attention.output_dense.kernel, context.dtype, rows))
+                   _read(w["output"], context.dtype, rows))
 
 
 def self_attention(y, w, cache, step: StepInputs):
@@ -213,7 +281,7 @@ def self_attention(y, w, cache, step: StepInputs):
   else:
     keys = update_cache(cache["key"], k, step.index)  # (B, H, G * L, Dk)
     values = update_cache(cache["value"], v, step.index)
-  q = _queries(q, attention, step.slots)  # (R, H, 1, Dk) or (B, H, G, Dk)
+  q = _queries(q, attention, step.slots, scaled=w["scaled"])  # (R, H, 1, Dk) or (B, H, G, Dk)
   logits = tf.matmul(q, keys, transpose_b=True)  # (R, H, 1, L) or (B, H, G, G * L)
   rel_values = None
   if attention.max_relative_position:
@@ -232,29 +300,30 @@ def self_attention(y, w, cache, step: StepInputs):
   context = tf.matmul(probs, values)  # (R, H, 1, Dv) or (B, H, G, Dv)
   if rel_values is not None:
     context += tf.matmul(probs, rel_values)
-  return _context_rows(context, attention, step.slots), {"key": keys, "value": values}
+  return _context_rows(context, w, step.slots), {"key": keys, "value": values}
 
 
-def cross_attention(y, attention, key_value, step: StepInputs):
+def cross_attention(y, w, key_value, step: StepInputs):
   """Rows y (R, D) attend over their sentence's keys/values (B, H, S, D*): the G = R / B
-  hypotheses of a sentence are G queries of one matmul against its keys."""
+  hypotheses of a sentence are G queries of one matmul against its keys (which carry
+  the query scale when it is exact, `cross_key_value`)."""
+  attention = w["layer"]
   key, value = key_value
   dim = attention.query_dense.kernel.shape[0]
-  q = tf.matmul(y, _read(attention.query_dense.kernel, y.dtype, dim))
-  q = _queries(q, attention, step.beams, tf.shape(key)[0])  # (B, H, G, Dk)
+  q = tf.matmul(y, _read(w["query"], y.dtype, dim))
+  q = _queries(q, attention, step.beams, tf.shape(key)[0], scaled=w["scaled"])  # (B, H, G, Dk)
   logits = tf.cast(tf.matmul(q, key, transpose_b=True), tf.float32)  # (B, H, G, S)
   probs = tf.nn.softmax(tf.where(step.memory_mask, logits, _MASK_VALUE))
   context = tf.matmul(tf.cast(probs, y.dtype), value)  # (B, H, G, Dv)
-  return _context_rows(context, attention, step.beams)
+  return _context_rows(context, w, step.beams)
 
 
 def feed_forward(y, ffn):
-  """max(0, y W1 + b1) W2 + b2 on rows (a FeedForward's weights)."""
+  """max(0, y W1 + b1) W2 + b2 on rows (`layer_weights`' W1, b1, W2, b2)."""
   dtype = y.dtype
-  hidden = tf.nn.relu(tf.nn.bias_add(tf.matmul(y, _read(ffn.filter_dense.kernel, dtype)),
-                                     _read(ffn.filter_dense.bias, dtype)))
-  return tf.nn.bias_add(tf.matmul(hidden, _read(ffn.output_dense.kernel, dtype)),
-                        _read(ffn.output_dense.bias, dtype))
+  w1, b1, w2, b2 = (_read(w, dtype) for w in ffn)
+  hidden = tf.nn.relu(tf.nn.bias_add(tf.matmul(y, w1), b1))
+  return tf.nn.bias_add(tf.matmul(hidden, w2), b2)
 
 
 def decoder_layer(x, w, cache, key_value, step: StepInputs, pre_norm: bool):
@@ -264,8 +333,8 @@ def decoder_layer(x, w, cache, key_value, step: StepInputs, pre_norm: bool):
 
   def block(x, norm, sublayer):
     if pre_norm:
-      return x + sublayer(layer_norm(x, norm))
-    return layer_norm(x + sublayer(x), norm)
+      return x + sublayer(layer_norm(x, norm, step.fused_norm))
+    return layer_norm(x + sublayer(x), norm, step.fused_norm)
 
   new_cache = {}
 
@@ -274,6 +343,6 @@ def decoder_layer(x, w, cache, key_value, step: StepInputs, pre_norm: bool):
     return output
 
   x = block(x, norms[0], attend_self)
-  x = block(x, norms[1], lambda y: cross_attention(y, w["cross"]["layer"], key_value, step))
+  x = block(x, norms[1], lambda y: cross_attention(y, w["cross"], key_value, step))
   x = block(x, norms[2], lambda y: feed_forward(y, w["ffn"]))
   return x, new_cache["cache"]
