@@ -27,9 +27,9 @@ recomputed. Here:
 The arithmetic is the layers' (tests/decoder_step_test.py compares the step with the
 teacher-forced pass for every position encoding and cache layout): the same matmuls
 and reductions on the same rows; eagerly, with the plain LayerNorm, the logits are bit
-for bit those of the layers' form. In a graph, TensorFlow's optimizer fuses other ops in one form than in
-the other (a MatMul with its BiasAdd and Relu here), which moves logits by a few
-units in the last place (docs/benchmarks.md).
+for bit those of the layers' form. In a graph, TensorFlow's optimizer fuses other ops
+in one form than in the other (a MatMul with its BiasAdd and Relu here), which moves
+logits by a few units in the last place (docs/benchmarks.md).
 
 Shapes: R rows (hypotheses), B sentences, G = R / B hypotheses per sentence, H heads,
 Dk/Dv per head, D model dimension, L cached positions, S source length.
