@@ -178,6 +178,27 @@ def test_served_step_runs_each_layer_norm_as_one_onednn_kernel(model_dir, served
   assert fused >= norms, (fused, norms)
 
 
+def test_served_step_reads_its_stored_weights(export_path):
+  """The export stores the transposed output embedding and the fused self-attention
+  kernels (`Transformer.store_step_weights`) and the served step reads those copies:
+  zeroing the stored output kernel in the session changes every translation.
+  (Mutation: `step_weights` ignoring the stored copies: the outputs stay.)"""
+  session_model = SessionModel(export_path)
+  handles = [op for op in session_model.graph.get_operations()
+             if op.type == "VarHandleOp" and "step_output_kernel" in op.name]
+  assert handles, sorted(op.name for op in session_model.graph.get_operations()
+                         if op.type == "VarHandleOp")
+  inputs = np.array(SENTENCES[:2], object)
+  before = session_model.run(inputs=inputs)["outputs"]
+  with session_model.graph.as_default():
+    handle = handles[0].outputs[0]
+    shape = session_model.session.run(tf.raw_ops.VariableShape(input=handle))
+    session_model.session.run(tf.raw_ops.AssignVariableOp(
+        resource=handle, value=tf.zeros(shape, tf.float32)))
+  after = session_model.run(inputs=inputs)["outputs"]
+  assert not np.array_equal(before, after), before
+
+
 def test_ids_rows_end_at_their_first_eos_whatever_the_padding(export_path, served):
   """TF Serving's batching pads int32 inputs with the tensor's first element: the
   short rows arrive followed by copies of a real token, and must translate as alone."""

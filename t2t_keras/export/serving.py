@@ -92,6 +92,10 @@ class Translator(tf.Module):
     # saved_model_cli load in graph (session) mode, which restores only variables the
     # SavedModel tracks as tf.Variables (as keras.export.ExportArchive does too).
     self.model_variables = [getattr(v, "value", v) for v in model.weights]
+    # The decoding step's weights in the layout it reads them (the transposed output
+    # embedding, the fused self-attention kernels), stored rather than made again by
+    # every request: `Transformer.store_step_weights`.
+    self.step_variables = model.store_step_weights()
     self.tokenizer = tokenizer
     self.config = config
     self.tree_constraint = tree_constraint  # parsing: only valid trees (or None)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 
 import keras
+import tensorflow as tf
 from keras import ops
 
 from t2t_keras import BOS_ID, PAD_ID
@@ -338,14 +339,44 @@ class Transformer(keras.Model):
     """
     c = self.model_config
     dtype = self.compute_dtype
+    stored = self.__dict__.get("_stored_step_weights")
+    layers = [decoder_step.layer_weights(layer, dtype) for layer in self.decoder_layers]
+    if stored is not None:  # `store_step_weights`: read in the step, made by no request
+      for layer, qkv in zip(layers, stored["qkv"]):
+        layer["self"]["qkv"] = qkv
     return {
         "positions": (None if max_length is None else decoder_step.position_table(
             self.decoder_position, max_length, c.hidden_size, dtype)),
-        "layers": [decoder_step.layer_weights(layer, dtype) for layer in self.decoder_layers],
+        "layers": layers,
         "final_norm": decoder_step.norm_weights(self.decoder_norm) if c.pre_norm else None,
-        "output_kernel": self.output_kernel(),  # (D, V)
+        "output_kernel": (self.output_kernel() if stored is None
+                          else stored["output_kernel"]),  # (D, V)
         "beams": beams,
     }
+
+  def store_step_weights(self) -> list:
+    """Keeps the weights the decoding step reads in another layout than the layers' in
+    variables of their own: the transposed output embedding (D, V) and each decoder
+    layer's fused self-attention kernel (`decoder_step.attention_weights`), in the
+    compute dtype. `step_weights` then reads them instead of making them for every
+    decoded batch, which for a SavedModel is every request (transposing an 8k x 256
+    embedding alone takes about a millisecond). For an export, whose weights never
+    change: the copies do not follow later changes of the model's weights, and they
+    hold the embedding a second time. Returns the variables, for the caller to track
+    (kept out of Keras' own tracking, so checkpoints never see them)."""
+    stored = self.__dict__.get("_stored_step_weights")
+    if stored is None:
+      dtype = self.compute_dtype
+      with tf.init_scope():
+        stored = {
+            "output_kernel": tf.Variable(self.output_kernel(), trainable=False,
+                                         name="step_output_kernel"),
+            "qkv": [tf.Variable(decoder_step.attention_weights(
+                layer.self_attention, True, dtype)["qkv"], trainable=False,
+                name=f"step_qkv_{i}") for i, layer in enumerate(self.decoder_layers)],
+        }
+      object.__setattr__(self, "_stored_step_weights", stored)
+    return [stored["output_kernel"], *stored["qkv"]]
 
   def decode_step(self, ids, index, cache, cross_key_values, memory_mask, slots=None,
                   source_pointer=None, grow=False, weights=None):
