@@ -18,13 +18,13 @@ from t2t_keras.model import create_model
 V = 40
 
 
-def make_model(position, pre_norm=False, dtype="float32"):
+def make_model(position, pre_norm=False, dtype="float32", key_size=6):
   keras.utils.set_random_seed(7)
   # Unequal key and value sizes (Table 3 row A), 1 / sqrt(Dk) not a power of two: a
   # wrong split of the fused kernel or a wrongly applied scale shows.
   model = create_model(ModelConfig(
       vocab_size=V, hidden_size=16, filter_size=32, num_heads=2, num_hidden_layers=2,
-      key_size=6, value_size=10, layer_prepostprocess_dropout=0.0, pre_norm=pre_norm,
+      key_size=key_size, value_size=10, layer_prepostprocess_dropout=0.0, pre_norm=pre_norm,
       position_embedding=position, max_relative_position=3, dtype=dtype))
   # Noise on every weight: norms start at gamma 1, beta 0, so a step that mixed up
   # their parts would pass.
@@ -79,6 +79,28 @@ def test_step_logits_equal_teacher_forcing(position, layout):
                              atol=1e-5)
 
 
+@pytest.mark.parametrize("layout", ["growing", "slotted"])
+def test_an_exact_query_scale_moves_into_the_weights(layout):
+  """Dk = 16: the scale 1/4 is a power of two, so the step folds it into the fused
+  kernel's query columns and the cross-attention keys (and multiplies no query); the
+  logits are still the teacher-forced pass's. (Mutation: the scale folded and applied
+  again, or folded into the kernel but not the keys: the logits move.)"""
+  model = make_model("sinusoid", key_size=16)
+  inputs, targets = sources_and_targets(np.random.default_rng(3))
+  if layout == "slotted":
+    inputs = np.repeat(inputs[:2], 2, axis=0)
+    targets = np.concatenate([targets, targets[::-1]])[:4]
+  weights = model.step_weights(targets.shape[1] + 2)
+  attention = model.decoder_layers[0].self_attention
+  assert weights["layers"][0]["self"]["scaled"] and weights["layers"][0]["cross"]["scaled"]
+  np.testing.assert_array_equal(weights["layers"][0]["self"]["qkv"][:, :32].numpy(),
+                                attention.query_dense.kernel.numpy().reshape(16, 32) / 4)
+  full = model({"inputs": inputs, "targets": targets}).numpy()
+  np.testing.assert_allclose(step_logits(model, inputs, targets, layout, weights), full,
+                             atol=1e-5)
+  assert not make_model("sinusoid").step_weights(4)["layers"][0]["self"]["scaled"]
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "mixed_float16"])
 @pytest.mark.parametrize("layout", ["growing", "fixed"])
 def test_step_under_mixed_precision(dtype, layout):
@@ -88,6 +110,11 @@ def test_step_under_mixed_precision(dtype, layout):
   inputs, targets = sources_and_targets(np.random.default_rng(2))
   full = model({"inputs": inputs, "targets": targets}).numpy()
   weights = model.step_weights(targets.shape[1] + 2)
+  # The float32 weights are cast once, here, for the whole search: the step gets
+  # tensors in the compute dtype, never a variable it would cast at every position.
+  layer = weights["layers"][0]
+  for weight in (*layer["ffn"], layer["self"]["output"], layer["cross"]["query"]):
+    assert isinstance(weight, tf.Tensor) and weight.dtype == model.compute_dtype, weight
   # The step's matmuls have other shapes than the full pass's, so half-precision sums
   # may round differently: two units in the last place of the largest logit (a mixed-up
   # weight moves logits by far more; the float32 test above holds to 1e-5).
