@@ -13,10 +13,20 @@ with beam --beam_size and greedily in graph mode (the decode command's path), af
 untimed pass; printed: the best and the median of --passes timed passes, and the
 median CPU time (all threads) per sentence, steadier on a shared host. With --out the
 ids and scores are saved, so two checkouts can be compared for equal translations.
+
+With --export_dir (a SavedModel of `python -m t2t_keras.export`) and --src: the
+kernels TensorFlow runs per output position, after Grappler (its fusions counted as
+the one kernel they are), as TF Serving runs them: the SavedModel in a TF1 session,
+one request of --batch_size lines of --src, traced (`RunOptions.FULL_TRACE`), once
+with its outputs held to at least --min_lengths' first length and once to its second
+(an export per length, `--min_decode_length`); the kernels' difference over the
+difference in the search loop's iterations (its LoopCond kernels) is the cost of one
+position of the search, the rest the request's own.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import sys
 import time
@@ -34,6 +44,11 @@ flags.DEFINE_integer("max_length", 10, "Longest source (tokens, EOS excluded).")
 flags.DEFINE_integer("passes", 5, "Timed passes; the best counts.")
 flags.DEFINE_string("out", None, "Save the ids and scores here (.npz).")
 flags.DEFINE_bool("count_only", False, "Only count ops per step.")
+flags.DEFINE_string("export_dir", None, "Count the kernels a SavedModel runs per output "
+                    "position (see the docstring): a model directory to export from.")
+flags.DEFINE_string("src", None, "--export_dir: source sentences, one per line.")
+flags.DEFINE_list("min_lengths", ["8", "24"], "--export_dir: two output lengths.")
+flags.DEFINE_integer("top_ops", 25, "--export_dir: the op types to show.")
 FLAGS = flags.FLAGS
 
 
@@ -86,8 +101,62 @@ def sources(vocab: int, rng) -> list:
   return batches
 
 
+def executed_kernels(export_path: str, lines):
+  """(kernels, loop iterations) the SavedModel runs for one request of `lines`, after
+  Grappler (a TF1 session as TF Serving's, traced)."""
+  import tensorflow as tf
+  import tensorflow_text  # noqa: F401  (the tokenizer's ops)
+  graph = tf.Graph()
+  session = tf.compat.v1.Session(graph=graph)
+  with graph.as_default():
+    meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], export_path)
+  signature = meta.signature_def["serving_default"]
+  feeds = {signature.inputs["inputs"].name: np.array(lines, object)}
+  fetches = [t.name for t in signature.outputs.values()]
+  session.run(fetches, feeds)  # untimed: the first run optimizes the graph
+  metadata = tf.compat.v1.RunMetadata()
+  session.run(fetches, feeds, options=tf.compat.v1.RunOptions(
+      trace_level=tf.compat.v1.RunOptions.FULL_TRACE), run_metadata=metadata)
+  stats = [node for device in metadata.step_stats.dev_stats for node in device.node_stats]
+  # A node's label is "name = Op(inputs)".
+  ops = collections.Counter(node.timeline_label.partition(" = ")[2].partition("(")[0]
+                            for node in stats)
+  return ops, ops["LoopCond"]
+
+
+def kernels_per_position():
+  """--export_dir: kernels per output position and per request (see the docstring)."""
+  import tempfile
+
+  from t2t_keras.configs import DecodeConfig, WeightsConfig
+  from t2t_keras.export import ExportSettings
+  from t2t_keras.export.saved_model import export_from_settings
+  with open(FLAGS.src, encoding="utf-8") as f:
+    lines = [line.rstrip("\n") for line in f][:FLAGS.batch_size]
+  lengths = [int(n) for n in FLAGS.min_lengths]
+  counts = []
+  for length in lengths:
+    path = export_from_settings(ExportSettings(
+        model_dir=FLAGS.export_dir, export_dir=tempfile.mkdtemp(), weights=WeightsConfig(),
+        decode_config=DecodeConfig(beam_size=FLAGS.beam_size, alpha=0.0, min_decode_length=length,
+                            extra_decode_length=length + 2)))
+    counts.append(executed_kernels(path, lines))
+  (short_ops, short_loops), (long_ops, long_loops) = counts
+  short, long = sum(short_ops.values()), sum(long_ops.values())
+  per_position = (long - short) / (long_loops - short_loops)
+  print(f"{len(lines)} sentences, beam {FLAGS.beam_size}: {short:,} kernels in "
+        f"{short_loops} loop conditions, {long:,} in {long_loops}; per position "
+        f"{per_position:.0f}; the rest {short - per_position * short_loops:.0f}")
+  kinds = (long_ops - short_ops).most_common(FLAGS.top_ops)
+  print("per position by op: " + ", ".join(
+      f"{op} {n / (long_loops - short_loops):.1f}" for op, n in kinds))
+
+
 def main(argv):
   del argv
+  if FLAGS.export_dir:
+    kernels_per_position()
+    return
   import dataclasses
 
   import tensorflow as tf
@@ -129,5 +198,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  flags.mark_flag_as_required("model_dir")
   app.run(main)
