@@ -119,9 +119,12 @@ def executed_kernels(export_path: str, lines):
       trace_level=tf.compat.v1.RunOptions.FULL_TRACE), run_metadata=metadata)
   stats = [node for device in metadata.step_stats.dev_stats for node in device.node_stats]
   # A node's label is "name = Op(inputs)".
-  ops = collections.Counter(node.timeline_label.partition(" = ")[2].partition("(")[0]
-                            for node in stats)
-  return ops, ops["LoopCond"]
+  kinds = [node.timeline_label.partition(" = ")[2].partition("(")[0] for node in stats]
+  ops = collections.Counter(kinds)
+  micros = collections.Counter()
+  for kind, node in zip(kinds, stats):
+    micros[kind] += node.op_end_rel_micros
+  return ops, ops["LoopCond"], micros
 
 
 def kernels_per_position():
@@ -141,7 +144,7 @@ def kernels_per_position():
         decode_config=DecodeConfig(beam_size=FLAGS.beam_size, alpha=0.0, min_decode_length=length,
                             extra_decode_length=length + 2)))
     counts.append(executed_kernels(path, lines))
-  (short_ops, short_loops), (long_ops, long_loops) = counts
+  (short_ops, short_loops, _), (long_ops, long_loops, long_micros) = counts
   short, long = sum(short_ops.values()), sum(long_ops.values())
   per_position = (long - short) / (long_loops - short_loops)
   print(f"{len(lines)} sentences, beam {FLAGS.beam_size}: {short:,} kernels in "
@@ -150,6 +153,11 @@ def kernels_per_position():
   kinds = (long_ops - short_ops).most_common(FLAGS.top_ops)
   print("per position by op: " + ", ".join(
       f"{op} {n / (long_loops - short_loops):.1f}" for op, n in kinds))
+  total = sum(long_micros.values())
+  print(f"kernel time of the request at {lengths[1]} positions, {total / 1e3:.1f} ms (traced, "
+        "so slower than untraced; the kernels' own time, not the gaps between them): " +
+        ", ".join(f"{op} {100 * t / total:.1f}%" for op, t in long_micros.most_common(
+            FLAGS.top_ops)))
 
 
 def main(argv):
