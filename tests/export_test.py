@@ -17,7 +17,6 @@ from t2t_keras.configs import DecodeConfig, WeightsConfig
 from t2t_keras.data.tokens import tokenizer as tokenizer_lib
 from t2t_keras.export import ExportSettings
 from t2t_keras.export.saved_model import export_from_settings
-from t2t_keras.trained import modeldir
 from tests import inprocess
 from tests.conftest import (REPO_ROOT, TINY_EXPORT_DECODE, TINY_EXPORT_MAX_INPUT, SessionModel,
                             build_tiny_model_dir)
@@ -156,26 +155,6 @@ def test_ids_signature_matches_strings(export_path, served):
   by_text = served.run(inputs=np.array(SENTENCES[:2], object))
   np.testing.assert_array_equal(vocab.detokenize(by_ids["output_ids"][:, 0]).numpy(),
                                 by_text["outputs"])
-
-
-def test_served_step_runs_each_layer_norm_as_one_onednn_kernel(model_dir, served):
-  """The graph export's decoder step writes LayerNorm in the form TensorFlow's oneDNN
-  rewrite fuses (`decoder_step.layer_norm`): in the session TF Serving runs, the graph
-  after Grappler has a `_MklLayerNorm` for every norm of the step. (Mutation: the step
-  in the plain ten-op form leaves none.)"""
-  from tensorflow.python.util import _pywrap_util_port  # pylint: disable=import-outside-toplevel
-  assert _pywrap_util_port.IsMklEnabled(), "these tests expect TensorFlow's x86 build (oneDNN)"
-  signature = served.signatures["serving_default"]
-  metadata = tf.compat.v1.RunMetadata()
-  served.session.run(
-      {name: t.name for name, t in signature.outputs.items()},
-      feed_dict={signature.inputs["inputs"].name: np.array(SENTENCES[:2], object)},
-      options=tf.compat.v1.RunOptions(output_partition_graphs=True), run_metadata=metadata)
-  fused = sum(node.op == "_MklLayerNorm" for graph in metadata.partition_graphs
-              for node in graph.node)
-  config = modeldir.load_model_config(model_dir)
-  norms = 3 * config.num_hidden_layers + int(config.pre_norm)  # the step's; a loop body once
-  assert fused >= norms, (fused, norms)
 
 
 def test_served_step_reads_its_stored_weights(export_path):

@@ -419,8 +419,7 @@ class Transformer(keras.Model):
     slots_per_row = 1 if slots is None else slots.shape[1]
     step = decoder_step.StepInputs(
         index, self._step_mask(index, cache, slots, grow), memory_mask, grow,
-        slots=slots_per_row, beams=weights["beams"] or (None if slots is None else slots_per_row),
-        fused_norm=grow)
+        slots=slots_per_row, beams=weights["beams"] or (None if slots is None else slots_per_row))
     new_cache = []
     for layer_weights, layer_cache, key_value in zip(weights["layers"], cache,
                                                      cross_key_values):
@@ -428,7 +427,7 @@ class Transformer(keras.Model):
                                                   step, self.model_config.pre_norm)
       new_cache.append(layer_cache)
     if weights["final_norm"] is not None:
-      x = decoder_step.layer_norm(x, weights["final_norm"], fused=grow)
+      x = decoder_step.layer_norm(x, weights["final_norm"])
     return self.softmax_embedding.logits(x, weights["output_kernel"]), new_cache
 
   def _step_position(self, x, index, table):

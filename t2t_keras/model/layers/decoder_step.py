@@ -18,16 +18,15 @@ recomputed. Here:
   Merge, NextIteration). Checkpoints and training weights do not change: the fused
   kernel exists only inside a decoding graph;
 - cross-attention keys and values are one matmul per sentence (`cross_key_value`);
-- LayerNorm is Keras' arithmetic (`keras.ops.layer_normalization`): in graph mode
-  in the form oneDNN runs as one kernel (`layer_norm`), under XLA in ten ops XLA fuses;
+- LayerNorm is Keras' arithmetic (`keras.ops.layer_normalization`) in ten ops;
 - the query scale, 1/8 for 64-dimensional heads, is folded into self-attention's fused
   kernel and into the cross-attention keys where that is exact (a power of two);
 - weights in another dtype than the compute dtype (float32 weights of a bfloat16 or
   float16 decoding) are cast once per batch, not in every step.
 The arithmetic is the layers' (tests/decoder_step_test.py compares the step with the
 teacher-forced pass for every position encoding and cache layout): the same matmuls
-and reductions on the same rows; eagerly, with the plain LayerNorm, the logits are bit
-for bit those of the layers' form. In a graph, TensorFlow's optimizer fuses other ops
+and reductions on the same rows; eagerly the logits are bit for bit those of the
+layers' form. In a graph, TensorFlow's optimizer fuses other ops
 in one form than in the other (a MatMul with its BiasAdd and Relu here), which moves
 logits by a few units in the last place (docs/benchmarks.md).
 
@@ -61,9 +60,6 @@ class StepInputs(NamedTuple):
   # while tracing: the reshapes then read no shape at run time, and 1 needs no
   # transposes; None: R / B, read at run time.
   beams: Optional[int] = None
-  # LayerNorm in the form TensorFlow's oneDNN graph rewrite runs as one kernel
-  # (`layer_norm`): graph mode; XLA fuses the plain form itself.
-  fused_norm: bool = False
 
 
 # ------------------------------------------------------------------ weights, once a batch
@@ -198,30 +194,16 @@ def update_cache(cache, update, index):
   return ops.scatter_update(cache, indices, update)
 
 
-def layer_norm(x, norm, fused: bool = False):
+def layer_norm(x, norm):
   """Keras' LayerNormalization of rows (R, D), same arithmetic, fewer ops.
 
-  `fused` (graph mode): the normalisation as a training-mode FusedBatchNormV3 over a
-  (1, R, D, 1) NCHW view, one channel per row, scaled by gamma and shifted by beta
-  after it: the form Keras 2's LayerNormalization took, which TensorFlow's oneDNN
-  graph rewrite (the remapper, on by default on x86 CPUs) runs as one `_MklLayerNorm`
-  kernel with any gamma and beta, where the plain form is ten kernels (the rewrite's
-  pattern for that form never matches). Elsewhere the op is one kernel too (cuDNN on
-  GPUs, TensorFlow's own on CPUs without oneDNN). Same arithmetic up to the order of
-  the sums: the logits move by a few units in the last place.
-  """
+  (The form TensorFlow's oneDNN rewrite runs as one `_MklLayerNorm` kernel, a
+  training-mode FusedBatchNormV3 over a (1, R, D, 1) view scaled by gamma after it,
+  was measured slower in graph-mode decoding: the kernel builds its oneDNN primitive
+  at every call, docs/benchmarks.md, "Decoding's fourth pass".)"""
   gamma, beta, epsilon = norm
   dtype = x.dtype
   x = tf.cast(x, tf.float32)
-  if fused:
-    rows, dim = tf.shape(x)[0], x.shape[-1]
-    normalized, *_ = tf.raw_ops.FusedBatchNormV3(
-        x=tf.reshape(x, [1, rows, dim, 1]), scale=tf.fill([rows], 1.0),
-        offset=tf.fill([rows], 0.0), mean=tf.constant([], tf.float32),
-        variance=tf.constant([], tf.float32), epsilon=epsilon, data_format="NCHW",
-        is_training=True)
-    return tf.cast(tf.cast(beta, tf.float32)
-                   + tf.reshape(normalized, [rows, dim]) * tf.cast(gamma, tf.float32), dtype)
   mean = tf.reduce_mean(x, axis=-1, keepdims=True)
   variance = tf.reduce_mean(tf.math.squared_difference(x, mean), axis=-1, keepdims=True)
   inv = tf.math.rsqrt(variance + epsilon) * tf.cast(gamma, tf.float32)
@@ -333,8 +315,8 @@ def decoder_layer(x, w, cache, key_value, step: StepInputs, pre_norm: bool):
 
   def block(x, norm, sublayer):
     if pre_norm:
-      return x + sublayer(layer_norm(x, norm, step.fused_norm))
-    return layer_norm(x + sublayer(x), norm, step.fused_norm)
+      return x + sublayer(layer_norm(x, norm))
+    return layer_norm(x + sublayer(x), norm)
 
   new_cache = {}
 
