@@ -88,3 +88,13 @@ class IdTokenizer:
   def detokenize(self, ids):  # pragma: no cover
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     return tf.strings.reduce_join(tf.strings.as_string(ids), axis=-1, separator=" ")
+
+  # One vocabulary for both sides, as the package's tokenizers say (the export's
+  # signatures read .source and .target).
+  @property
+  def source(self):
+    return self
+
+  @property
+  def target(self):
+    return self
