@@ -163,8 +163,13 @@ def kernels_per_position():
 def main(argv):
   del argv
   if FLAGS.export_dir:
+    if not FLAGS.src:
+      raise app.UsageError("--export_dir counts kernels on sentences: give --src")
     kernels_per_position()
     return
+  if not FLAGS.model_dir:
+    raise app.UsageError("give --model_dir (a trained model directory), or --export_dir "
+                         "and --src")
   import dataclasses
 
   import tensorflow as tf
