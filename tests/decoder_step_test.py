@@ -14,6 +14,7 @@ import tensorflow as tf
 from t2t_keras import BOS_ID, EOS_ID, PAD_ID
 from t2t_keras.configs import ModelConfig
 from t2t_keras.model import create_model
+from t2t_keras.model.layers import decoder_step
 
 V = 40
 
@@ -141,6 +142,45 @@ def test_a_wrong_fusion_shows(position):
     weights["layers"][0]["self"]["qkv"] = wrong
     bad = step_logits(model, inputs, targets, "growing", weights)
     assert np.abs(bad - full).max() > 1e-3
+
+
+@pytest.mark.parametrize("limit", [0, 2 ** 17])
+def test_few_rows_attention_takes_elementwise_kernels(limit, monkeypatch):
+  """A graph-mode step (growing cache) on few rows attends by elementwise kernels
+  (`decoder_step.few_rows`: up to FEW_ROWS_PRODUCTS products), on many by batched
+  matrix products; either way the logits are the teacher-forced pass's. (Mutation:
+  `few_rows` always false, or the elementwise form summing over the wrong axis.)"""
+  monkeypatch.setattr(decoder_step, "FEW_ROWS_PRODUCTS", limit)
+  calls, elementwise = [], decoder_step._few_rows_attention
+
+  def counting(*args):
+    calls.append(1)
+    return elementwise(*args)
+  monkeypatch.setattr(decoder_step, "_few_rows_attention", counting)
+  model = make_model("sinusoid")
+  inputs, targets = sources_and_targets(np.random.default_rng(4))
+  full = model({"inputs": inputs, "targets": targets}).numpy()
+  weights = model.step_weights(targets.shape[1] + 2)
+  np.testing.assert_allclose(step_logits(model, inputs, targets, "growing", weights), full,
+                             atol=1e-5)
+  # Eagerly the condition picks one branch: self- and cross-attention of both layers
+  # at each of the 7 positions, or none.
+  assert len(calls) == (2 * 2 * 7 if limit else 0)
+
+
+def test_few_rows_is_a_size_limit():
+  """The choice counts rows x heads x key positions x Dk: 4 heads of 64 (this
+  project's small recipes) take the elementwise form up to 512 row-positions."""
+  model = make_model("sinusoid", key_size=64)  # 2 heads of 64: 1,024 row-positions
+  layer = model.decoder_layers[0]
+  mask = tf.ones([1, 1, 1, 16], bool)
+
+  def few(rows, index):
+    return [bool(p) for p in decoder_step.few_rows(tf.zeros([rows, 16]), index, mask, layer)]
+  assert few(4, 0) == [True, True]
+  assert few(64, 15) == [True, True]  # 64 x 16 = 1,024 both
+  assert few(64, 16) == [False, True]  # 17 cached positions
+  assert few(65, 0) == [True, False]  # 65 x 16 source positions
 
 
 def test_fused_weights_leave_the_checkpoint_alone():

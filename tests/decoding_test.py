@@ -15,6 +15,7 @@ from t2t_keras.inference import decoding, processors, translate
 from t2t_keras.configs import DecodeConfig, ModelConfig
 from t2t_keras.data.tokens.tokenizer import IntegerTokenizer
 from t2t_keras.model import create_model
+from t2t_keras.model.layers import decoder_step
 
 V = 30
 
@@ -130,6 +131,23 @@ def test_graph_beam_search_runs_position_0_on_a_row_per_sentence(model, monkeypa
   all_ids, all_scores = decoding.decode_ids(model, inputs, config)
   np.testing.assert_array_equal(ids.numpy(), all_ids.numpy())
   np.testing.assert_allclose(scores.numpy(), all_scores.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_graph_search_attends_on_few_rows_as_by_products(model, monkeypatch, beam):
+  """In graph mode each step chooses at run time between elementwise attention (few
+  rows) and batched products (`decoder_step.few_rows`): a search with every step on
+  the one form finds what it finds with every step on the other. (Mutation: the
+  elementwise form's probabilities unnormalised.)"""
+  inputs = sources(np.random.default_rng(7), [6, 3, 9, 5])
+  config = DecodeConfig(beam_size=beam, extra_decode_length=5, return_beams=True)
+  results = []
+  for limit in (2 ** 30, 0):
+    monkeypatch.setattr(decoder_step, "FEW_ROWS_PRODUCTS", limit)
+    results.append(decoding.make_decode_fn(model, config)(tf.constant(inputs)))
+  (ids, scores), (product_ids, product_scores) = results
+  np.testing.assert_array_equal(ids.numpy(), product_ids.numpy())
+  np.testing.assert_allclose(scores.numpy(), product_scores.numpy(), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("which", ["plain", "pointer", "relative"])

@@ -419,7 +419,9 @@ class Transformer(keras.Model):
     slots_per_row = 1 if slots is None else slots.shape[1]
     step = decoder_step.StepInputs(
         index, self._step_mask(index, cache, slots, grow), memory_mask, grow,
-        slots=slots_per_row, beams=weights["beams"] or (None if slots is None else slots_per_row))
+        slots=slots_per_row, beams=weights["beams"] or (None if slots is None else slots_per_row),
+        few_rows=decoder_step.few_rows(x, index, memory_mask, self.decoder_layers[0]) if grow
+        else None)
     new_cache = []
     for layer_weights, layer_cache, key_value in zip(weights["layers"], cache,
                                                      cross_key_values):

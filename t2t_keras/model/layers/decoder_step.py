@@ -18,6 +18,10 @@ recomputed. Here:
   Merge, NextIteration). Checkpoints and training weights do not change: the fused
   kernel exists only inside a decoding graph;
 - cross-attention keys and values are one matmul per sentence (`cross_key_value`);
+- in graph mode, attention on few rows (one sentence, a batch's last ones) runs as
+  elementwise products and sums rather than oneDNN's batched products and softmax,
+  whose per-call cost dominates there; the choice is made at run time by size
+  (`few_rows`);
 - LayerNorm is Keras' arithmetic (`keras.ops.layer_normalization`) in ten ops;
 - the query scale, 1/8 for 64-dimensional heads, is folded into self-attention's fused
   kernel and into the cross-attention keys where that is exact (a power of two);
@@ -60,6 +64,9 @@ class StepInputs(NamedTuple):
   # while tracing: the reshapes then read no shape at run time, and 1 needs no
   # transposes; None: R / B, read at run time.
   beams: Optional[int] = None
+  # Graph mode (`grow`): two () bool, whether self- and cross-attention are small enough
+  # for elementwise kernels (`few_rows`); None: always the batched matrix products.
+  few_rows: Optional[tuple] = None
 
 
 # ------------------------------------------------------------------ weights, once a batch
@@ -264,25 +271,83 @@ def self_attention(y, w, cache, step: StepInputs):
     keys = update_cache(cache["key"], k, step.index)  # (B, H, G * L, Dk)
     values = update_cache(cache["value"], v, step.index)
   q = _queries(q, attention, step.slots, scaled=w["scaled"])  # (R, H, 1, Dk) or (B, H, G, Dk)
+  if not attention.max_relative_position:
+    context = attend(q, keys, values, step.self_mask, few_rows_of(step, 0))
+    return _context_rows(context, w, step.slots), {"key": keys, "value": values}
+  # Relative positions: their terms join the logits and the context.
   logits = tf.matmul(q, keys, transpose_b=True)  # (R, H, 1, L) or (B, H, G, G * L)
-  rel_values = None
-  if attention.max_relative_position:
-    length = tf.shape(keys)[2]
-    if step.grow:
-      extra, rel_values = _relative(q, attention, length, step.index)
-    else:  # G slots of L positions, every query at index
-      slots = step.slots
-      extra, rel_values = _relative(q, attention, length // slots, step.index)
-      extra, rel_values = tf.tile(extra, [1, 1, 1, slots]), tf.tile(rel_values, [slots, 1])
-    logits += extra
-  logits = tf.cast(logits, tf.float32)
-  if step.self_mask is not None:
-    logits = tf.where(step.self_mask, logits, _MASK_VALUE)
-  probs = tf.cast(tf.nn.softmax(logits), y.dtype)
-  context = tf.matmul(probs, values)  # (R, H, 1, Dv) or (B, H, G, Dv)
-  if rel_values is not None:
-    context += tf.matmul(probs, rel_values)
+  length = tf.shape(keys)[2]
+  if step.grow:
+    extra, rel_values = _relative(q, attention, length, step.index)
+  else:  # G slots of L positions, every query at index
+    slots = step.slots
+    extra, rel_values = _relative(q, attention, length // slots, step.index)
+    extra, rel_values = tf.tile(extra, [1, 1, 1, slots]), tf.tile(rel_values, [slots, 1])
+  probs = _softmax(logits + extra, step.self_mask, y.dtype)
+  # (R, H, 1, Dv) or (B, H, G, Dv)
+  context = tf.matmul(probs, values) + tf.matmul(probs, rel_values)
   return _context_rows(context, w, step.slots), {"key": keys, "value": values}
+
+
+def _softmax(logits, mask, dtype):
+  """The attention weights of `logits` where `mask` (None: everywhere), in float32,
+  returned in `dtype`."""
+  logits = tf.cast(logits, tf.float32)
+  if mask is not None:
+    logits = tf.where(mask, logits, _MASK_VALUE)
+  return tf.cast(tf.nn.softmax(logits), dtype)
+
+
+# Attention of at most this many products (rows x heads x key positions x Dk) takes
+# elementwise kernels in graph mode: on this side of it oneDNN's per-call cost
+# outweighs the elementwise form's arithmetic (docs/benchmarks.md, "Decoding's fourth
+# pass": 4-8x faster at 4 rows; at 64 rows of 4 heads, or 16 of 8, the products win).
+FEW_ROWS_PRODUCTS = 2 ** 17
+
+
+def few_rows(x, index, memory_mask, layer):
+  """For a graph-mode step on rows x (R, D) at position `index`: whether its
+  self-attention (over index + 1 cached positions) and its cross-attention (over the
+  S source positions of `memory_mask` (B, 1, 1, S)) are small enough for the
+  elementwise form (`FEW_ROWS_PRODUCTS`), as two () bool tensors."""
+  attention = layer.self_attention
+  limit = FEW_ROWS_PRODUCTS // (attention.num_heads * attention.key_size)
+  rows = tf.shape(x)[0]
+  return (rows * (index + 1) <= limit, rows * tf.shape(memory_mask)[3] <= limit)
+
+
+def few_rows_of(step: StepInputs, which: int):
+  """`step.few_rows`' predicate for self- (0) or cross-attention (1), else None."""
+  return None if step.few_rows is None else step.few_rows[which]
+
+
+def attend(q, keys, values, mask, few_rows=None):
+  """softmax(q k^T) v, queries q (N, H, G, Dk) over keys (N, H, L, Dk) where `mask`
+  (None: all of them): by batched matrix products, or with `few_rows` (a () bool
+  tensor, `few_rows()`) chosen when the step runs, by elementwise kernels when it
+  holds (`_few_rows_attention`)."""
+  def products():
+    return tf.matmul(_softmax(tf.matmul(q, keys, transpose_b=True), mask, q.dtype), values)
+  if few_rows is None:
+    return products()
+  return tf.cond(few_rows, lambda: _few_rows_attention(q, keys, values, mask), products)
+
+
+def _few_rows_attention(q, keys, values, mask):
+  """`attend`'s few-rows form: (N, H, G, 1, Dk) * (N, H, 1, L, Dk) summed over Dk,
+  then the softmax as exp(log_softmax), then (N, H, G, L, 1) * (N, H, 1, L, Dv) summed
+  over L. Why: on a few rows TensorFlow's oneDNN batched product and softmax cost
+  40-60 us a call (a primitive for shapes that change every step), the elementwise
+  kernels a few us; on many rows the products win (docs/benchmarks.md). In float32,
+  as a matrix product accumulates half-precision inputs."""
+  dtype = q.dtype
+  q, keys, values = (tf.cast(t, tf.float32) for t in (q, keys, values))
+  logits = tf.reduce_sum(q[:, :, :, None] * keys[:, :, None], -1)  # (N, H, G, L)
+  if mask is not None:
+    logits = tf.where(mask, logits, _MASK_VALUE)
+  probs = tf.exp(tf.nn.log_softmax(logits))
+  context = tf.reduce_sum(probs[..., None] * values[:, :, None], 3)  # (N, H, G, Dv)
+  return tf.cast(context, dtype)
 
 
 def cross_attention(y, w, key_value, step: StepInputs):
@@ -294,9 +359,7 @@ def cross_attention(y, w, key_value, step: StepInputs):
   dim = attention.query_dense.kernel.shape[0]
   q = tf.matmul(y, _read(w["query"], y.dtype, dim))
   q = _queries(q, attention, step.beams, tf.shape(key)[0], scaled=w["scaled"])  # (B, H, G, Dk)
-  logits = tf.cast(tf.matmul(q, key, transpose_b=True), tf.float32)  # (B, H, G, S)
-  probs = tf.nn.softmax(tf.where(step.memory_mask, logits, _MASK_VALUE))
-  context = tf.matmul(tf.cast(probs, y.dtype), value)  # (B, H, G, Dv)
+  context = attend(q, key, value, step.memory_mask, few_rows_of(step, 1))  # (B, H, G, Dv)
   return _context_rows(context, w, step.beams)
 
 
