@@ -144,12 +144,14 @@ def test_a_wrong_fusion_shows(position):
     assert np.abs(bad - full).max() > 1e-3
 
 
-@pytest.mark.parametrize("limit", [0, 2 ** 17])
-def test_few_rows_attention_takes_elementwise_kernels(limit, monkeypatch):
-  """A graph-mode step (growing cache) on few rows attends by elementwise kernels
+@pytest.mark.parametrize("limit,by_size", [(0, True), (2 ** 17, True), (2 ** 17, False)])
+def test_few_rows_attention_takes_elementwise_kernels(limit, by_size, monkeypatch):
+  """A graph-mode step (growing cache) whose weights ask for it (`attention_by_size`,
+  the SavedModel's search) attends on few rows by elementwise kernels
   (`decoder_step.few_rows`: up to FEW_ROWS_PRODUCTS products), on many by batched
-  matrix products; either way the logits are the teacher-forced pass's. (Mutation:
-  `few_rows` always false, or the elementwise form summing over the wrong axis.)"""
+  matrix products; without it (the decode command) always by products. Either way the
+  logits are the teacher-forced pass's. (Mutation: `few_rows` always false, or taken
+  without the entry, or the elementwise form's sum wrong.)"""
   monkeypatch.setattr(decoder_step, "FEW_ROWS_PRODUCTS", limit)
   calls, elementwise = [], decoder_step._few_rows_attention
 
@@ -160,12 +162,12 @@ def test_few_rows_attention_takes_elementwise_kernels(limit, monkeypatch):
   model = make_model("sinusoid")
   inputs, targets = sources_and_targets(np.random.default_rng(4))
   full = model({"inputs": inputs, "targets": targets}).numpy()
-  weights = model.step_weights(targets.shape[1] + 2)
+  weights = dict(model.step_weights(targets.shape[1] + 2), attention_by_size=by_size)
   np.testing.assert_allclose(step_logits(model, inputs, targets, "growing", weights), full,
                              atol=1e-5)
   # Eagerly the condition picks one branch: self- and cross-attention of both layers
   # at each of the 7 positions, or none.
-  assert len(calls) == (2 * 2 * 7 if limit else 0)
+  assert len(calls) == (2 * 2 * 7 if limit and by_size else 0)
 
 
 def test_few_rows_is_a_size_limit():

@@ -135,12 +135,14 @@ def test_graph_beam_search_runs_position_0_on_a_row_per_sentence(model, monkeypa
 
 @pytest.mark.parametrize("beam", [1, 3])
 def test_graph_search_attends_on_few_rows_as_by_products(model, monkeypatch, beam):
-  """In graph mode each step chooses at run time between elementwise attention (few
-  rows) and batched products (`decoder_step.few_rows`): a search with every step on
-  the one form finds what it finds with every step on the other. (Mutation: the
-  elementwise form's probabilities unnormalised.)"""
+  """With `attention_by_size` (the SavedModel's search) each graph-mode step chooses
+  at run time between elementwise attention (few rows) and batched products
+  (`decoder_step.few_rows`): a search with every step on the one form finds what it
+  finds with every step on the other. (Mutation: the elementwise form's probabilities
+  unnormalised.)"""
   inputs = sources(np.random.default_rng(7), [6, 3, 9, 5])
-  config = DecodeConfig(beam_size=beam, extra_decode_length=5, return_beams=True)
+  config = DecodeConfig(beam_size=beam, extra_decode_length=5, return_beams=True,
+                        attention_by_size=True)
   results = []
   for limit in (2 ** 30, 0):
     monkeypatch.setattr(decoder_step, "FEW_ROWS_PRODUCTS", limit)

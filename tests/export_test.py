@@ -178,6 +178,24 @@ def test_served_step_reads_its_stored_weights(export_path):
   assert not np.array_equal(before, after), before
 
 
+def test_served_search_attends_on_few_rows_by_elementwise_kernels(export_path):
+  """The SavedModel's graph-mode search chooses its attention by size at each step
+  (`DecodeConfig.attention_by_size`): a request of one sentence, as TF Serving runs it,
+  attends by elementwise kernels (their softmax is a LogSoftmax, which nothing else of
+  the search runs). (Mutation: the export's search without `attention_by_size`.)"""
+  session_model = SessionModel(export_path)
+  signature = session_model.signatures["serving_default"]
+  metadata = tf.compat.v1.RunMetadata()
+  session_model.session.run(
+      [t.name for t in signature.outputs.values()],
+      {signature.inputs["inputs"].name: np.array(SENTENCES[:1], object)},
+      options=tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+      run_metadata=metadata)
+  kinds = {node.timeline_label.partition(" = ")[2].partition("(")[0]
+           for device in metadata.step_stats.dev_stats for node in device.node_stats}
+  assert "LogSoftmax" in kinds, sorted(kinds)
+
+
 def test_ids_rows_end_at_their_first_eos_whatever_the_padding(export_path, served):
   """TF Serving's batching pads int32 inputs with the tensor's first element: the
   short rows arrive followed by copies of a real token, and must translate as alone."""

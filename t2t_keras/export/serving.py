@@ -104,7 +104,8 @@ class Translator(tf.Module):
     self.xla_max_rows = min(int(xla_max_rows) or self.limits.max_rows, self.limits.max_rows)
     # The graph-mode search, and the XLA one: fixed shapes, a request one batch of at
     # most xla_max_rows rows (padded to a power of two), which caps its halvings.
-    self.graph_config = dataclasses.replace(config, jit_compile=False)
+    self.graph_config = dataclasses.replace(config, jit_compile=False,
+                                            attention_by_size=True)
     self._searches = _Searches()
     self.xla_config = dataclasses.replace(
         config, jit_compile=True,

@@ -137,7 +137,7 @@ def decode_ids(model, inputs: tf.Tensor, config: DecodeConfig,
                          vocab_size=model.model_config.output_vocab_size)
 
   layout = cache_layout(model, k, decode_length, config.jit_compile,
-                        xla_halvings(config, max_rows))
+                        xla_halvings(config, max_rows), config.attention_by_size)
   # What every step reads and never changes, one row per sentence: passed to the step as the
   # search's context, so that it leaves the batch with its sentence.
   context = (cross_key_values, memory_mask, (encoded, inputs) if layout.pointing else ())
@@ -253,6 +253,11 @@ class GrowingCache(RowCache):
   grow = True
   batch = beam_search_lib.ShrinkingBatch()
 
+  def __init__(self, model, k: int, decode_length, attention_by_size: bool = False):
+    super().__init__(model, k, decode_length)
+    if attention_by_size:
+      self.weights = _with(self.weights, attention_by_size=True)
+
   def step(self, ids, index, state, context):
     if self.k > 1 and not self.pointing and tf.get_static_value(index) == 0:
       return self._first_step(ids, index, state, context)
@@ -273,12 +278,17 @@ class GrowingCache(RowCache):
     return per_row(logits, k), tf.nest.map_structure(lambda t: per_row(t, k), cache)
 
 
-def _one_beam(weights):
-  """`step_weights` (a model's dict, or an ensemble's tuple of them) for a step of one
-  hypothesis per sentence."""
+def _with(weights, **entries):
+  """`step_weights` (a model's dict, or an ensemble's tuple of them) with `entries`
+  changed."""
   if isinstance(weights, dict):
-    return dict(weights, beams=1)
-  return tuple(_one_beam(w) for w in weights)
+    return dict(weights, **entries)
+  return tuple(_with(w, **entries) for w in weights)
+
+
+def _one_beam(weights):
+  """`step_weights` for a step of one hypothesis per sentence."""
+  return _with(weights, beams=1)
 
 
 class SlottedCache(RowCache):
@@ -334,16 +344,17 @@ class SlottedCache(RowCache):
 
 
 def cache_layout(model, k: int, decode_length, in_place_cache: bool,
-                 halvings: int = 0) -> RowCache:
+                 halvings: int = 0, attention_by_size: bool = False) -> RowCache:
   """The self-attention cache's layout for a search of `k` hypotheses per sentence.
 
   Without XLA the cache grows by a position per step (one row per hypothesis): each
   step copies and attends over what was decoded, not over the longest output possible;
   and a search drops a sentence from the batch once its result is final. XLA needs
   fixed shapes: a fixed-size cache, kept in place for beams up to `MAX_SLOTTED_BEAM`,
-  whose beam search halves the batch instead (`xla_halvings`)."""
+  whose beam search halves the batch instead (`xla_halvings`). `attention_by_size`:
+  graph mode's attention chosen by size at each step (`DecodeConfig.attention_by_size`)."""
   if not in_place_cache:
-    return GrowingCache(model, k, decode_length)
+    return GrowingCache(model, k, decode_length, attention_by_size)
   if k == 1 or k > MAX_SLOTTED_BEAM:
     return RowCache(model, k, decode_length)
   return SlottedCache(model, k, decode_length, halvings)

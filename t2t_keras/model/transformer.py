@@ -402,7 +402,9 @@ class Transformer(keras.Model):
       grow: the cache grows (`init_cache(B, 0)`, one position appended per step;
         graph mode only: XLA needs the fixed size); not with `slots`.
       weights: `step_weights()`, taken once before the loop (faster); None takes
-        them in the step.
+        them in the step. With an entry `attention_by_size` true, a growing cache's
+        attention is chosen by size at each step (`decoder_step.few_rows`), in float32
+        (in half precision the two forms would round at different places).
 
     Returns:
       (float32 logits (B * K, V) for position `index`, updated cache).
@@ -420,8 +422,9 @@ class Transformer(keras.Model):
     step = decoder_step.StepInputs(
         index, self._step_mask(index, cache, slots, grow), memory_mask, grow,
         slots=slots_per_row, beams=weights["beams"] or (None if slots is None else slots_per_row),
-        few_rows=decoder_step.few_rows(x, index, memory_mask, self.decoder_layers[0]) if grow
-        else None)
+        few_rows=(decoder_step.few_rows(x, index, memory_mask, self.decoder_layers[0])
+                  if grow and weights.get("attention_by_size") and x.dtype == tf.float32
+                  else None))
     new_cache = []
     for layer_weights, layer_cache, key_value in zip(weights["layers"], cache,
                                                      cross_key_values):

@@ -338,16 +338,13 @@ def _few_rows_attention(q, keys, values, mask):
   then the softmax as exp(log_softmax), then (N, H, G, L, 1) * (N, H, 1, L, Dv) summed
   over L. Why: on a few rows TensorFlow's oneDNN batched product and softmax cost
   40-60 us a call (a primitive for shapes that change every step), the elementwise
-  kernels a few us; on many rows the products win (docs/benchmarks.md). In float32,
-  as a matrix product accumulates half-precision inputs."""
-  dtype = q.dtype
-  q, keys, values = (tf.cast(t, tf.float32) for t in (q, keys, values))
+  kernels a few us; on many rows the products win (docs/benchmarks.md). Float32 only
+  (`Transformer.decode_step`)."""
   logits = tf.reduce_sum(q[:, :, :, None] * keys[:, :, None], -1)  # (N, H, G, L)
   if mask is not None:
     logits = tf.where(mask, logits, _MASK_VALUE)
   probs = tf.exp(tf.nn.log_softmax(logits))
-  context = tf.reduce_sum(probs[..., None] * values[:, :, None], 3)  # (N, H, G, Dv)
-  return tf.cast(context, dtype)
+  return tf.reduce_sum(probs[..., None] * values[:, :, None], 3)  # (N, H, G, Dv)
 
 
 def cross_attention(y, w, key_value, step: StepInputs):
