@@ -228,29 +228,34 @@ def _relative(q, attention, keys, index):
   return tf.matmul(q, rel_keys, transpose_b=True), rel_values  # q . a_K: (R', H, Q, keys)
 
 
-def _queries(q, attention, beams: Optional[int], sentences=None, scaled=False):
-  """Rows of queries (R, H * Dk), scaled as `_attend` scales them (unless `scaled`:
-  their kernel or the keys carry the scale), as the G queries of each sentence:
-  (B, H, G, Dk) (a reshape alone when G = `beams` = 1; `beams` None: G from B =
-  `sentences`, read at run time)."""
-  heads, dk = attention.num_heads, attention.key_size
-  if not scaled:
-    q = q * tf.cast(query_scale(attention), q.dtype)
+def _scaled(q, attention, scaled: bool):
+  """Rows of queries (R, H * Dk) scaled as `_attend` scales them, unless `scaled`
+  (their kernel or the keys carry the scale)."""
+  return q if scaled else q * tf.cast(query_scale(attention), q.dtype)
+
+
+def _queries(q, heads: int, beams: Optional[int], sentences=None):
+  """Rows of queries (R, H * Dk) as the G queries of each sentence: (B, H, G, Dk) (a
+  reshape alone when G = `beams` = 1; `beams` None: G from B = `sentences`, read at
+  run time)."""
+  dk = q.shape[-1] // heads
   if beams == 1:
     return tf.reshape(q, [-1, heads, 1, dk])
   shape = [-1, beams, heads, dk] if beams else [sentences, -1, heads, dk]
   return tf.transpose(tf.reshape(q, shape), [0, 2, 1, 3])
 
 
-def _context_rows(context, w, beams: Optional[int]):
-  """(B, H, G, Dv) attention outputs -> rows (R, H * Dv) through the output kernel
-  (`w`: `attention_weights`)."""
-  attention = w["layer"]
+def _rows(context, beams: Optional[int]):
+  """(B, H, G, Dv) attention outputs -> rows (R, H * Dv)."""
   if beams != 1:
     context = tf.transpose(context, [0, 2, 1, 3])  # (B, G, H, Dv)
-  rows = attention.num_heads * attention.value_size
-  return tf.matmul(tf.reshape(context, [-1, rows]),
-                   _read(w["output"], context.dtype, rows))
+  return tf.reshape(context, [-1, context.shape[1 if beams == 1 else 2] * context.shape[3]])
+
+
+def _output(rows, w):
+  """Attention output rows (R, H * Dv) through the output kernel (`w`:
+  `attention_weights`)."""
+  return tf.matmul(rows, _read(w["output"], rows.dtype, rows.shape[-1]))
 
 
 def self_attention(y, w, cache, step: StepInputs):
@@ -270,10 +275,11 @@ def self_attention(y, w, cache, step: StepInputs):
   else:
     keys = update_cache(cache["key"], k, step.index)  # (B, H, G * L, Dk)
     values = update_cache(cache["value"], v, step.index)
-  q = _queries(q, attention, step.slots, scaled=w["scaled"])  # (R, H, 1, Dk) or (B, H, G, Dk)
+  q = _scaled(q, attention, w["scaled"])
   if not attention.max_relative_position:
-    context = attend(q, keys, values, step.self_mask, few_rows_of(step, 0))
-    return _context_rows(context, w, step.slots), {"key": keys, "value": values}
+    rows = attend(q, keys, values, step.self_mask, step.slots, few_rows_of(step, 0))
+    return _output(rows, w), {"key": keys, "value": values}
+  q = _queries(q, heads, step.slots)  # (R, H, 1, Dk) or (B, H, G, Dk)
   # Relative positions: their terms join the logits and the context.
   logits = tf.matmul(q, keys, transpose_b=True)  # (R, H, 1, L) or (B, H, G, G * L)
   length = tf.shape(keys)[2]
@@ -286,7 +292,7 @@ def self_attention(y, w, cache, step: StepInputs):
   probs = _softmax(logits + extra, step.self_mask, y.dtype)
   # (R, H, 1, Dv) or (B, H, G, Dv)
   context = tf.matmul(probs, values) + tf.matmul(probs, rel_values)
-  return _context_rows(context, w, step.slots), {"key": keys, "value": values}
+  return _output(_rows(context, step.slots), w), {"key": keys, "value": values}
 
 
 def _softmax(logits, mask, dtype):
@@ -321,30 +327,46 @@ def few_rows_of(step: StepInputs, which: int):
   return None if step.few_rows is None else step.few_rows[which]
 
 
-def attend(q, keys, values, mask, few_rows=None):
-  """softmax(q k^T) v, queries q (N, H, G, Dk) over keys (N, H, L, Dk) where `mask`
-  (None: all of them): by batched matrix products, or with `few_rows` (a () bool
-  tensor, `few_rows()`) chosen when the step runs, by elementwise kernels when it
-  holds (`_few_rows_attention`)."""
+def attend(q, keys, values, mask, beams: Optional[int], few_rows=None):
+  """softmax(q k^T) v for rows of queries q (R, H * Dk), the G of each sentence its
+  `beams` (None: R / B, read at run time), over keys (B, H, L, Dk) where `mask` (None:
+  all of them): the attention output rows (R, H * Dv). By batched matrix products, or
+  with `few_rows` (a () bool tensor, `few_rows()`) chosen when the step runs, by
+  elementwise kernels when it holds (`_few_rows_attention`)."""
+  heads = keys.shape[1]
+
   def products():
-    return tf.matmul(_softmax(tf.matmul(q, keys, transpose_b=True), mask, q.dtype), values)
+    queries = _queries(q, heads, beams, tf.shape(keys)[0])  # (B, H, G, Dk)
+    probs = _softmax(tf.matmul(queries, keys, transpose_b=True), mask, q.dtype)
+    return _rows(tf.matmul(probs, values), beams)
   if few_rows is None:
     return products()
-  return tf.cond(few_rows, lambda: _few_rows_attention(q, keys, values, mask), products)
+  return tf.cond(few_rows, lambda: _few_rows_attention(q, keys, values, mask, beams),
+                 products)
 
 
-def _few_rows_attention(q, keys, values, mask):
-  """`attend`'s few-rows form: (N, H, G, 1, Dk) * (N, H, 1, L, Dk) summed over Dk,
-  then the softmax as exp(log_softmax), then (N, H, G, L, 1) * (N, H, 1, L, Dv) summed
-  over L. Why: on a few rows TensorFlow's oneDNN batched product and softmax cost
-  40-60 us a call (a primitive for shapes that change every step), the elementwise
-  kernels a few us; on many rows the products win (docs/benchmarks.md). Float32 only
-  (`Transformer.decode_step`)."""
-  logits = tf.reduce_sum(q[:, :, :, None] * keys[:, :, None], -1)  # (N, H, G, L)
-  if mask is not None:
-    logits = tf.where(mask, logits, _MASK_VALUE)
-  probs = tf.exp(tf.nn.log_softmax(logits))
-  return tf.reduce_sum(probs[..., None] * values[:, :, None], 3)  # (N, H, G, Dv)
+def _few_rows_attention(q, keys, values, mask, beams: Optional[int]):
+  """`attend`'s few-rows form: each query times its sentence's keys, summed over Dk;
+  the softmax as exp(log_softmax); the weights times the values, summed over the
+  positions; in the rows' own order (B, G, H, ...), so no transposes. Why: on a few
+  rows TensorFlow's oneDNN batched product and softmax cost 40-60 us a call (a
+  primitive for shapes that change every step), these kernels a few us each; on many
+  rows the products win (docs/benchmarks.md). Float32 only (`Transformer.decode_step`)."""
+  heads, dk, dv = keys.shape[1], keys.shape[3], values.shape[3]
+  if beams == 1:  # a query per sentence: (B, H, 1, Dk) against (B, H, L, Dk)
+    logits = tf.reduce_sum(tf.reshape(q, [-1, heads, 1, dk]) * keys, -1)  # (B, H, L)
+    if mask is not None:
+      logits = tf.where(tf.squeeze(mask, 1), logits, _MASK_VALUE)
+    probs = tf.exp(tf.nn.log_softmax(logits))
+    context = tf.reduce_sum(tf.expand_dims(probs, -1) * values, 2)  # (B, H, Dv)
+  else:  # G queries per sentence: (B, G, H, 1, Dk) against (B, 1, H, L, Dk)
+    shape = [-1, beams, heads, 1, dk] if beams else [tf.shape(keys)[0], -1, heads, 1, dk]
+    logits = tf.reduce_sum(tf.reshape(q, shape) * tf.expand_dims(keys, 1), -1)  # (B, G, H, L)
+    if mask is not None:  # (B, 1, 1, L)
+      logits = tf.where(mask, logits, _MASK_VALUE)
+    probs = tf.exp(tf.nn.log_softmax(logits))
+    context = tf.reduce_sum(tf.expand_dims(probs, -1) * tf.expand_dims(values, 1), 3)
+  return tf.reshape(context, [-1, heads * dv])  # (R, H * Dv)
 
 
 def cross_attention(y, w, key_value, step: StepInputs):
@@ -354,10 +376,8 @@ def cross_attention(y, w, key_value, step: StepInputs):
   attention = w["layer"]
   key, value = key_value
   dim = attention.query_dense.kernel.shape[0]
-  q = tf.matmul(y, _read(w["query"], y.dtype, dim))
-  q = _queries(q, attention, step.beams, tf.shape(key)[0], scaled=w["scaled"])  # (B, H, G, Dk)
-  context = attend(q, key, value, step.memory_mask, few_rows_of(step, 1))  # (B, H, G, Dv)
-  return _context_rows(context, w, step.beams)
+  q = _scaled(tf.matmul(y, _read(w["query"], y.dtype, dim)), attention, w["scaled"])
+  return _output(attend(q, key, value, step.memory_mask, step.beams, few_rows_of(step, 1)), w)
 
 
 def feed_forward(y, ffn):
