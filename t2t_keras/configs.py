@@ -693,9 +693,9 @@ class DecodeConfig:
   # No flag: a fixed output width whatever the sources (callers that compare the
   # outputs of different batches); None = the source width + extra_decode_length.
   decode_length: Optional[int] = setting(None)
-  # No flag: graph mode's float32 attention on few rows by elementwise kernels, chosen
-  # at each step by its size (`decoder_step.few_rows`), which makes a sentence's last
-  # digits depend on the rows beside it. The SavedModel sets it (a request's latency: the
+  # No flag: float32 attention on few rows by elementwise kernels, chosen at each step
+  # by its size (`decoder_step.few_rows`), which makes a sentence's last digits depend
+  # on the rows beside it. The SavedModel's searches set it (a request's latency: the
   # client makes the batches); the decode command does not, so that its output is the
   # same bytes whatever the batches (shards, resumed runs, devices).
   attention_by_size: bool = setting(False)

@@ -133,23 +133,33 @@ def test_graph_beam_search_runs_position_0_on_a_row_per_sentence(model, monkeypa
   np.testing.assert_allclose(scores.numpy(), all_scores.numpy(), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("beam", [1, 3])
-def test_graph_search_attends_on_few_rows_as_by_products(model, monkeypatch, beam):
-  """With `attention_by_size` (the SavedModel's search) each graph-mode step chooses
-  at run time between elementwise attention (few rows) and batched products
-  (`decoder_step.few_rows`): a search with every step on the one form finds what it
-  finds with every step on the other. (Mutation: the elementwise form's probabilities
-  unnormalised.)"""
+@pytest.mark.parametrize("beam,jit", [(1, False), (3, False), (1, True), (3, True)])
+def test_search_attends_on_few_rows_as_by_products(model, monkeypatch, beam, jit):
+  """With `attention_by_size` (the SavedModel's searches) each step chooses between
+  elementwise attention (few rows) and batched products by size
+  (`decoder_step.few_rows`; at run time in graph mode, when compiling under XLA): a
+  search with every step on the one form finds what it finds with every step on the
+  other, in both cache layouts of XLA (a row per hypothesis for greedy search, slots
+  for beams). (Mutation: the elementwise form's probabilities unnormalised, or the
+  slotted mask's queries and heads mixed up.)"""
   inputs = sources(np.random.default_rng(7), [6, 3, 9, 5])
   config = DecodeConfig(beam_size=beam, extra_decode_length=5, return_beams=True,
-                        attention_by_size=True)
-  results = []
-  for limit in (2 ** 30, 0):
+                        attention_by_size=True, jit_compile=jit, batch_size=4)
+
+  def search(limit):
     monkeypatch.setattr(decoder_step, "FEW_ROWS_PRODUCTS", limit)
-    results.append(decoding.make_decode_fn(model, config)(tf.constant(inputs)))
-  (ids, scores), (product_ids, product_scores) = results
-  np.testing.assert_array_equal(ids.numpy(), product_ids.numpy())
-  np.testing.assert_allclose(scores.numpy(), product_scores.numpy(), rtol=1e-5, atol=1e-5)
+    ids, scores = decoding.make_decode_fn(model, config)(tf.constant(inputs))
+    return ids.numpy(), scores.numpy()
+  (ids, scores), (product_ids, product_scores) = search(2 ** 30), search(0)
+  np.testing.assert_array_equal(ids, product_ids)
+  np.testing.assert_allclose(scores, product_scores, rtol=1e-5, atol=1e-5)
+  # The branch that runs is the one chosen: with the elementwise form broken, the
+  # few-rows search changes and the products' does not.
+  elementwise = decoder_step._few_rows_attention
+  monkeypatch.setattr(decoder_step, "_few_rows_attention",
+                      lambda *args: 3 * elementwise(*args))
+  assert not np.allclose(search(2 ** 30)[1], product_scores, rtol=1e-3)
+  np.testing.assert_allclose(search(0)[1], product_scores, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("which", ["plain", "pointer", "relative"])

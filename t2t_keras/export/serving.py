@@ -108,7 +108,7 @@ class Translator(tf.Module):
                                             attention_by_size=True)
     self._searches = _Searches()
     self.xla_config = dataclasses.replace(
-        config, jit_compile=True,
+        config, jit_compile=True, attention_by_size=True,
         batch_size=decoding.padded_width(self.xla_max_rows, minimum=1))
     if self.jit_compile:
       # Beam search alone is compiled (the string ops stay outside: XLA has no

@@ -214,7 +214,7 @@ class RowCache(beam_search_lib.StateRows):
   grow = False
   batch = beam_search_lib.FullBatch()
 
-  def __init__(self, model, k: int, decode_length):
+  def __init__(self, model, k: int, decode_length, attention_by_size: bool = False):
     super().__init__(k)
     self.model = model
     self.decode_length = decode_length
@@ -224,6 +224,8 @@ class RowCache(beam_search_lib.StateRows):
     # The decoder's weights in the step's form (fused, reshaped, cast), taken once here,
     # outside the search loop, rather than in every step.
     self.weights = model.step_weights(decode_length, beams=k)
+    if attention_by_size:  # `DecodeConfig.attention_by_size`
+      self.weights = _with(self.weights, attention_by_size=True)
 
   def init(self, sentences):
     """The model's state for the K hypotheses of each of `sentences`."""
@@ -252,11 +254,6 @@ class GrowingCache(RowCache):
 
   grow = True
   batch = beam_search_lib.ShrinkingBatch()
-
-  def __init__(self, model, k: int, decode_length, attention_by_size: bool = False):
-    super().__init__(model, k, decode_length)
-    if attention_by_size:
-      self.weights = _with(self.weights, attention_by_size=True)
 
   def step(self, ids, index, state, context):
     if self.k > 1 and not self.pointing and tf.get_static_value(index) == 0:
@@ -296,8 +293,9 @@ class SlottedCache(RowCache):
   is never reordered, only the table of which slot holds each position of each
   hypothesis (see Transformer.decode_step); the batch halves `halvings` times."""
 
-  def __init__(self, model, k: int, decode_length, halvings: int):
-    super().__init__(model, k, decode_length)
+  def __init__(self, model, k: int, decode_length, halvings: int,
+               attention_by_size: bool = False):
+    super().__init__(model, k, decode_length, attention_by_size)
     self.batch = beam_search_lib.HalvingBatch(halvings)
     self.positions = tf.range(decode_length)
     self.own_slot = tf.range(k)[None, :, None]
@@ -356,8 +354,8 @@ def cache_layout(model, k: int, decode_length, in_place_cache: bool,
   if not in_place_cache:
     return GrowingCache(model, k, decode_length, attention_by_size)
   if k == 1 or k > MAX_SLOTTED_BEAM:
-    return RowCache(model, k, decode_length)
-  return SlottedCache(model, k, decode_length, halvings)
+    return RowCache(model, k, decode_length, attention_by_size)
+  return SlottedCache(model, k, decode_length, halvings, attention_by_size)
 
 
 def per_row(t: tf.Tensor, k: int) -> tf.Tensor:

@@ -402,9 +402,8 @@ class Transformer(keras.Model):
       grow: the cache grows (`init_cache(B, 0)`, one position appended per step;
         graph mode only: XLA needs the fixed size); not with `slots`.
       weights: `step_weights()`, taken once before the loop (faster); None takes
-        them in the step. With an entry `attention_by_size` true, a growing cache's
-        attention is chosen by size at each step (`decoder_step.few_rows`), in float32
-        (in half precision the two forms would round at different places).
+        them in the step. With an entry `attention_by_size` true, attention is chosen
+        by size (`_few_rows`).
 
     Returns:
       (float32 logits (B * K, V) for position `index`, updated cache).
@@ -422,9 +421,7 @@ class Transformer(keras.Model):
     step = decoder_step.StepInputs(
         index, self._step_mask(index, cache, slots, grow), memory_mask, grow,
         slots=slots_per_row, beams=weights["beams"] or (None if slots is None else slots_per_row),
-        few_rows=(decoder_step.few_rows(x, index, memory_mask, self.decoder_layers[0])
-                  if grow and weights.get("attention_by_size") and x.dtype == tf.float32
-                  else None))
+        few_rows=self._few_rows(x, index, cache, memory_mask, grow, weights))
     new_cache = []
     for layer_weights, layer_cache, key_value in zip(weights["layers"], cache,
                                                      cross_key_values):
@@ -434,6 +431,17 @@ class Transformer(keras.Model):
     if weights["final_norm"] is not None:
       x = decoder_step.layer_norm(x, weights["final_norm"])
     return self.softmax_embedding.logits(x, weights["output_kernel"]), new_cache
+
+  def _few_rows(self, x, index, cache, memory_mask, grow: bool, weights):
+    """`StepInputs.few_rows` of a float32 step whose weights ask for attention by size
+    (`DecodeConfig.attention_by_size`): self-attention over the index + 1 positions
+    of a growing cache (chosen at run time) or over the whole fixed cache (under XLA
+    its shape is known when compiling, so the choice is made then); None otherwise
+    (in half precision the two forms would round at different places)."""
+    if not weights.get("attention_by_size") or x.dtype != tf.float32:
+      return None
+    last = index if grow else tf.shape(cache[0]["key"])[2] - 1
+    return decoder_step.few_rows(x, last, memory_mask, self.decoder_layers[0])
 
   def _step_position(self, x, index, table):
     """Rows x (R, D) plus the position encoding of `index` (a row of the sinusoid

@@ -18,10 +18,10 @@ recomputed. Here:
   Merge, NextIteration). Checkpoints and training weights do not change: the fused
   kernel exists only inside a decoding graph;
 - cross-attention keys and values are one matmul per sentence (`cross_key_value`);
-- in graph mode, attention on few rows (one sentence, a batch's last ones) runs as
-  elementwise products and sums rather than oneDNN's batched products and softmax,
-  whose per-call cost dominates there; the choice is made at run time by size
-  (`few_rows`);
+- where the caller asks (the SavedModel's searches, `DecodeConfig.attention_by_size`),
+  attention on few rows (one sentence, a batch's last ones) runs as elementwise
+  products and sums rather than batched products and a softmax, whose per-call cost
+  (oneDNN's in graph mode) dominates there; the choice is made by size (`few_rows`);
 - LayerNorm is Keras' arithmetic (`keras.ops.layer_normalization`) in ten ops;
 - the query scale, 1/8 for 64-dimensional heads, is folded into self-attention's fused
   kernel and into the cross-attention keys where that is exact (a power of two);
@@ -64,8 +64,8 @@ class StepInputs(NamedTuple):
   # while tracing: the reshapes then read no shape at run time, and 1 needs no
   # transposes; None: R / B, read at run time.
   beams: Optional[int] = None
-  # Graph mode (`grow`): two () bool, whether self- and cross-attention are small enough
-  # for elementwise kernels (`few_rows`); None: always the batched matrix products.
+  # Two () bool, whether self- and cross-attention are small enough for elementwise
+  # kernels (`few_rows`); None: always the batched matrix products.
   few_rows: Optional[tuple] = None
 
 
@@ -305,17 +305,18 @@ def _softmax(logits, mask, dtype):
 
 
 # Attention of at most this many products (rows x heads x key positions x Dk) takes
-# elementwise kernels in graph mode: on this side of it oneDNN's per-call cost
-# outweighs the elementwise form's arithmetic (docs/benchmarks.md, "Decoding's fourth
-# pass": 4-8x faster at 4 rows; at 64 rows of 4 heads, or 16 of 8, the products win).
+# elementwise kernels (`few_rows`): on this side of it the products' per-call cost
+# (oneDNN's, in graph mode) outweighs the elementwise form's arithmetic
+# (docs/benchmarks.md, "Decoding's fourth pass": 4-8x faster at 4 rows; at 64 rows of 4
+# heads, or 16 of 8, the products win).
 FEW_ROWS_PRODUCTS = 2 ** 17
 
 
 def few_rows(x, index, memory_mask, layer):
-  """For a graph-mode step on rows x (R, D) at position `index`: whether its
-  self-attention (over index + 1 cached positions) and its cross-attention (over the
-  S source positions of `memory_mask` (B, 1, 1, S)) are small enough for the
-  elementwise form (`FEW_ROWS_PRODUCTS`), as two () bool tensors."""
+  """For a step on rows x (R, D): whether its self-attention (over index + 1 cached
+  positions per query) and its cross-attention (over the S source positions of
+  `memory_mask` (B, 1, 1, S)) are small enough for the elementwise form
+  (`FEW_ROWS_PRODUCTS`), as two () bool tensors."""
   attention = layer.self_attention
   limit = FEW_ROWS_PRODUCTS // (attention.num_heads * attention.key_size)
   rows = tf.shape(x)[0]
@@ -361,9 +362,11 @@ def _few_rows_attention(q, keys, values, mask, beams: Optional[int]):
     context = tf.reduce_sum(tf.expand_dims(probs, -1) * values, 2)  # (B, H, Dv)
   else:  # G queries per sentence: (B, G, H, 1, Dk) against (B, 1, H, L, Dk)
     shape = [-1, beams, heads, 1, dk] if beams else [tf.shape(keys)[0], -1, heads, 1, dk]
-    logits = tf.reduce_sum(tf.reshape(q, shape) * tf.expand_dims(keys, 1), -1)  # (B, G, H, L)
-    if mask is not None:  # (B, 1, 1, L)
-      logits = tf.where(mask, logits, _MASK_VALUE)
+    queries = tf.reshape(q, shape)
+    logits = tf.reduce_sum(queries * tf.expand_dims(keys, 1), -1)  # (B, G, H, L)
+    if mask is not None:  # (B, 1, G, L) or (B, 1, 1, L) -> (B, G, 1, L)
+      logits = tf.where(mask if mask.shape[2] == 1 else tf.transpose(mask, [0, 2, 1, 3]),
+                        logits, _MASK_VALUE)
     probs = tf.exp(tf.nn.log_softmax(logits))
     context = tf.reduce_sum(tf.expand_dims(probs, -1) * tf.expand_dims(values, 1), 3)
   return tf.reshape(context, [-1, heads * dv])  # (R, H * Dv)
