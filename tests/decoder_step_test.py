@@ -178,11 +178,32 @@ def test_few_rows_is_a_size_limit():
   mask = tf.ones([1, 1, 1, 16], bool)
 
   def few(rows, index):
-    return [bool(p) for p in decoder_step.few_rows(tf.zeros([rows, 16]), index, mask, layer)]
+    return [bool(p) for p in decoder_step.few_rows(tf.zeros([rows, 16]), index + 1, mask,
+                                                   layer)]
   assert few(4, 0) == [True, True]
   assert few(64, 15) == [True, True]  # 64 x 16 = 1,024 both
   assert few(64, 16) == [False, True]  # 17 cached positions
   assert few(65, 0) == [True, False]  # 65 x 16 source positions
+
+
+@pytest.mark.parametrize("slots", [1, 2])
+def test_a_fixed_cache_counts_all_its_keys(slots, monkeypatch):
+  """Under XLA (a fixed cache) every query attends over the whole cache, all its
+  slots: the size choice counts those keys, not the positions decoded so far.
+  (Mutation: the index counted instead.)"""
+  model = make_model("sinusoid")  # 2 heads of 6: 12 products per row and key
+  rows, length = 4, 10
+  # Up to 40 row-keys: a step at position 0 is few, the cache's 4 x 10 x slots is not
+  # (with 2 slots).
+  monkeypatch.setattr(decoder_step, "FEW_ROWS_PRODUCTS", 12 * 40)
+  cache = model.init_cache(rows // slots, length, beam_size=slots)
+  x, mask = tf.zeros([rows, 16]), tf.ones([rows // slots, 1, 1, 3], bool)
+  few_self, few_cross = model._few_rows(  # pylint: disable=protected-access
+      x, 0, cache, mask, False, {"attention_by_size": True})
+  assert bool(few_self) == (slots == 1) and bool(few_cross)
+  grow = model._few_rows(x, 0, cache, mask, True, {"attention_by_size": True})  # pylint: disable=protected-access
+  assert bool(grow[0])  # a growing cache at position 0: one key per row
+  assert model._few_rows(x, 0, cache, mask, False, {}) is None  # pylint: disable=protected-access
 
 
 def test_fused_weights_leave_the_checkpoint_alone():

@@ -193,7 +193,22 @@ def test_served_search_attends_on_few_rows_by_elementwise_kernels(export_path):
       run_metadata=metadata)
   kinds = {node.timeline_label.partition(" = ")[2].partition("(")[0]
            for device in metadata.step_stats.dev_stats for node in device.node_stats}
+  # (Beam search itself runs no LogSoftmax; a greedy export's search would.)
   assert "LogSoftmax" in kinds, sorted(kinds)
+
+
+def test_both_searches_of_the_export_choose_attention_by_size(tiny_model_dir):
+  """The graph-mode and the XLA search of an export choose attention by size; the
+  decode command's config does not (its bytes do not depend on the batches).
+  (Mutation: either search's config without it.)"""
+  from t2t_keras.export import saved_model  # pylint: disable=import-outside-toplevel
+  loaded = loading.load(tiny_model_dir)
+  config = DecodeConfig(beam_size=2)
+  translator = saved_model.Translator(loaded.model, loaded.tokenizer, config,
+                                      jit_compile=True)
+  assert translator.graph_config.attention_by_size
+  assert translator.xla_config.attention_by_size
+  assert not config.attention_by_size
 
 
 def test_ids_rows_end_at_their_first_eos_whatever_the_padding(export_path, served):

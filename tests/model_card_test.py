@@ -89,6 +89,8 @@ def test_the_card_of_an_export_names_the_run(run_dir, exported):
   assert before <= datetime.datetime.fromisoformat(card["exported_at"]) <= after
   assert card["decoding"]["beam_size"] == 3 and card["decoding"]["alpha"] == 0.8
   assert card["decoding"]["max_input_length"] == 20
+  # What the export's searches do, not the config's default (`attention_by_size`).
+  assert card["decoding"]["attention_by_size"] is True
   assert card["model_dir"] == run_dir
 
 
@@ -136,7 +138,7 @@ class _FakeModel:
 def fake_translator(model_dir):
   return types.SimpleNamespace(model=_FakeModel(modeldir.load_model_config(model_dir)),
                                config=DECODE, max_input_length=16, tree_constraint=None,
-                               jit_compile=False)
+                               jit_compile=False, graph_config=DECODE)
 
 
 def test_dev_bleu_of_older_runs_comes_from_the_eval_logs(tiny_model_dir, tmp_path):
@@ -161,7 +163,7 @@ def test_dev_bleu_of_older_runs_comes_from_the_eval_logs(tiny_model_dir, tmp_pat
 def test_a_card_without_a_model_dir_and_the_data_fields_by_source():
   translator = types.SimpleNamespace(
       model=_FakeModel(ModelConfig(vocab_size=40)), config=DECODE,
-      max_input_length=16, tree_constraint=None, jit_compile=True)
+      max_input_length=16, tree_constraint=None, jit_compile=True, graph_config=DECODE)
   card = model_card.build(translator, None, now=datetime.datetime(2026, 1, 2, 3, 4, 5))
   assert card["training_data"] is None and card["dev_bleu"] is None
   assert card["exported_at"] == "2026-01-02T03:04:05" and card["vocab_size"] == 40

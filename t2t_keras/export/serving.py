@@ -219,8 +219,9 @@ class Translator(tf.Module):
     TensorFlow runs side by side, as the decode command keeps two batches in flight
     (--decode_parallel_batches): one search's ops are too small to keep both cores of
     a CPU busy. Every sentence's search is its own (its limit, its beams, its early
-    stop), so the translations are those of one search over all rows; a one-row
-    request leaves the second half empty, which costs a few milliseconds."""
+    stop), so the translations are those of one search over all rows (up to the last
+    digits, where attention is chosen by size: `DecodeConfig.attention_by_size`); a
+    one-row request leaves the second half empty, which costs a few milliseconds."""
     rows = tf.shape(ids)[0]
     order = tf.argsort(tf.reduce_sum(tf.cast(tf.not_equal(ids, PAD_ID), tf.int32), axis=1),
                        stable=True)
@@ -264,7 +265,8 @@ class Translator(tf.Module):
     power of two >= max(S, 16)) so that few shapes are ever compiled; filler rows are
     PAD alone, which `decode_ids` ends at step 0 (a lone EOS, an empty sentence, could
     run to its length limit). Padding changes no translation (limits are per
-    sentence)."""
+    sentence), up to the last digits where the padded rows move attention's choice by
+    size (`DecodeConfig.attention_by_size`)."""
     rows, width = tf.shape(ids)[0], tf.shape(ids)[1]
     powers = 2 ** tf.range(31)
     padded_rows = tf.reduce_min(tf.where(powers >= rows, powers, powers[-1]))

@@ -440,8 +440,9 @@ class Transformer(keras.Model):
     (in half precision the two forms would round at different places)."""
     if not weights.get("attention_by_size") or x.dtype != tf.float32:
       return None
-    last = index if grow else tf.shape(cache[0]["key"])[2] - 1
-    return decoder_step.few_rows(x, last, memory_mask, self.decoder_layers[0])
+    # Keys per query: the positions so far, or the whole fixed cache (all its slots).
+    positions = index + 1 if grow else tf.shape(cache[0]["key"])[2]
+    return decoder_step.few_rows(x, positions, memory_mask, self.decoder_layers[0])
 
   def _step_position(self, x, index, table):
     """Rows x (R, D) plus the position encoding of `index` (a row of the sinusoid

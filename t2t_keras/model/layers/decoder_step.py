@@ -312,15 +312,15 @@ def _softmax(logits, mask, dtype):
 FEW_ROWS_PRODUCTS = 2 ** 17
 
 
-def few_rows(x, index, memory_mask, layer):
-  """For a step on rows x (R, D): whether its self-attention (over index + 1 cached
-  positions per query) and its cross-attention (over the S source positions of
+def few_rows(x, positions, memory_mask, layer):
+  """For a step on rows x (R, D): whether its self-attention (over `positions` cached
+  keys per query) and its cross-attention (over the S source positions of
   `memory_mask` (B, 1, 1, S)) are small enough for the elementwise form
   (`FEW_ROWS_PRODUCTS`), as two () bool tensors."""
   attention = layer.self_attention
   limit = FEW_ROWS_PRODUCTS // (attention.num_heads * attention.key_size)
   rows = tf.shape(x)[0]
-  return (rows * (index + 1) <= limit, rows * tf.shape(memory_mask)[3] <= limit)
+  return (rows * positions <= limit, rows * tf.shape(memory_mask)[3] <= limit)
 
 
 def few_rows_of(step: StepInputs, which: int):
