@@ -138,7 +138,7 @@ class _FakeModel:
 def fake_translator(model_dir):
   return types.SimpleNamespace(model=_FakeModel(modeldir.load_model_config(model_dir)),
                                config=DECODE, max_input_length=16, tree_constraint=None,
-                               jit_compile=False, graph_config=DECODE)
+                               jit_compile=False)
 
 
 def test_dev_bleu_of_older_runs_comes_from_the_eval_logs(tiny_model_dir, tmp_path):
@@ -163,7 +163,7 @@ def test_dev_bleu_of_older_runs_comes_from_the_eval_logs(tiny_model_dir, tmp_pat
 def test_a_card_without_a_model_dir_and_the_data_fields_by_source():
   translator = types.SimpleNamespace(
       model=_FakeModel(ModelConfig(vocab_size=40)), config=DECODE,
-      max_input_length=16, tree_constraint=None, jit_compile=True, graph_config=DECODE)
+      max_input_length=16, tree_constraint=None, jit_compile=True)
   card = model_card.build(translator, None, now=datetime.datetime(2026, 1, 2, 3, 4, 5))
   assert card["training_data"] is None and card["dev_bleu"] is None
   assert card["exported_at"] == "2026-01-02T03:04:05" and card["vocab_size"] == 40

@@ -97,18 +97,19 @@ class Translator(tf.Module):
     # every request: `Transformer.store_step_weights`.
     self.step_variables = model.store_step_weights()
     self.tokenizer = tokenizer
-    self.config = config
+    # Its searches choose attention by size (`DecodeConfig.attention_by_size`): the
+    # client makes the batches, and a request's latency counts.
+    self.config = config = dataclasses.replace(config, attention_by_size=True)
     self.tree_constraint = tree_constraint  # parsing: only valid trees (or None)
     self.max_input_length = int(config.max_input_length)
     self.jit_compile = bool(jit_compile)
     self.xla_max_rows = min(int(xla_max_rows) or self.limits.max_rows, self.limits.max_rows)
     # The graph-mode search, and the XLA one: fixed shapes, a request one batch of at
     # most xla_max_rows rows (padded to a power of two), which caps its halvings.
-    self.graph_config = dataclasses.replace(config, jit_compile=False,
-                                            attention_by_size=True)
+    self.graph_config = dataclasses.replace(config, jit_compile=False)
     self._searches = _Searches()
     self.xla_config = dataclasses.replace(
-        config, jit_compile=True, attention_by_size=True,
+        config, jit_compile=True,
         batch_size=decoding.padded_width(self.xla_max_rows, minimum=1))
     if self.jit_compile:
       # Beam search alone is compiled (the string ops stay outside: XLA has no

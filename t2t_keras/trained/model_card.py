@@ -149,9 +149,7 @@ def build(translator, model_dir: str | None = None,
       "decoding": {**dataclasses.asdict(translator.config),
                    "max_input_length": int(translator.max_input_length),
                    "constrain_trees": translator.tree_constraint is not None,
-                   "jit_compile": bool(translator.jit_compile),
-                   # The searches' own setting, not the config's (the export sets it).
-                   "attention_by_size": bool(translator.graph_config.attention_by_size)},
+                   "jit_compile": bool(translator.jit_compile)},
       "training_data": None, "training": None, "dev_bleu": None, "best_dev": None,
   }
   if model_dir:
