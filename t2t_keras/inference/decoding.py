@@ -350,7 +350,7 @@ def cache_layout(model, k: int, decode_length, in_place_cache: bool,
   and a search drops a sentence from the batch once its result is final. XLA needs
   fixed shapes: a fixed-size cache, kept in place for beams up to `MAX_SLOTTED_BEAM`,
   whose beam search halves the batch instead (`xla_halvings`). `attention_by_size`:
-  graph mode's attention chosen by size at each step (`DecodeConfig.attention_by_size`)."""
+  each step's attention chosen by size, in either mode (`DecodeConfig.attention_by_size`)."""
   if not in_place_cache:
     return GrowingCache(model, k, decode_length, attention_by_size)
   if k == 1 or k > MAX_SLOTTED_BEAM:

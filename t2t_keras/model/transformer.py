@@ -436,7 +436,7 @@ class Transformer(keras.Model):
     """`StepInputs.few_rows` of a float32 step whose weights ask for attention by size
     (`DecodeConfig.attention_by_size`): self-attention over the index + 1 positions
     of a growing cache (chosen at run time) or over the whole fixed cache (under XLA
-    its shape is known when compiling, so the choice is made then); None otherwise
+    its shape, and so the condition, is known when compiling); None otherwise
     (in half precision the two forms would round at different places)."""
     if not weights.get("attention_by_size") or x.dtype != tf.float32:
       return None
